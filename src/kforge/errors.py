@@ -1,0 +1,118 @@
+"""Error classes, one per kind of failure, each with its own exit code.
+
+A :class:`KforgeError` is a *user* error: the CLI prints ``what``, ``why`` and ``fix``
+as one paragraph and exits with :attr:`exit_code`, without a traceback (``--verbose``
+shows it). Anything else that escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+
+
+class KforgeError(Exception):
+    """Base class. ``what`` happened, ``why``, and what to do (``fix``)."""
+
+    exit_code = 1
+    kind = "error"
+
+    def __init__(self, what: str, *, why: str | None = None, fix: str | None = None) -> None:
+        self.what = what.strip()
+        self.why = why.strip() if why else None
+        self.fix = fix.strip() if fix else None
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        parts = [self.what.rstrip(".") + "."]
+        if self.why:
+            parts.append(self.why.rstrip(".") + ".")
+        if self.fix:
+            parts.append(self.fix.rstrip(".") + ".")
+        return " ".join(parts)
+
+
+class ConfigError(KforgeError):
+    """forge.toml is malformed: unknown key, wrong type, duplicate project, unknown arch."""
+
+    exit_code = 2
+    kind = "config"
+
+
+class TargetError(KforgeError):
+    """A target id that names no known project, arch or platform, or a combination not in the matrix."""
+
+    exit_code = 3
+    kind = "target"
+
+
+class ArchError(TargetError):
+    """An arch spelling that kforge cannot parse, or an arch a project does not support."""
+
+    kind = "arch"
+
+
+class ToolchainError(KforgeError):
+    """nvcc/torch/compiler missing or too old for what the plan asks."""
+
+    exit_code = 4
+    kind = "toolchain"
+
+
+class SourceError(KforgeError):
+    """Upstream source missing, dirty, at the wrong commit, or an sdist with the wrong sha256."""
+
+    exit_code = 5
+    kind = "source"
+
+
+class PatchError(KforgeError):
+    """A patch series that does not apply (the tree is restored before this is raised)."""
+
+    exit_code = 6
+    kind = "patch"
+
+
+class BuildError(KforgeError):
+    """The compile itself failed."""
+
+    exit_code = 7
+    kind = "build"
+
+
+class RepairError(KforgeError):
+    """auditwheel/delvewheel could not repair the wheel."""
+
+    exit_code = 8
+    kind = "repair"
+
+
+class DoctorError(KforgeError):
+    """The wheel does not contain what it must (an expected arch, resolved symbols, allowed libs)."""
+
+    exit_code = 9
+    kind = "doctor"
+
+
+class GPUError(KforgeError):
+    """No usable GPU where one is required."""
+
+    exit_code = 10
+    kind = "gpu"
+
+
+class PublishError(KforgeError):
+    """The wheelhouse could not take the wheel (nothing half-published is left behind)."""
+
+    exit_code = 11
+    kind = "publish"
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, n: int = 3) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest choices, or ``""``."""
+    matches: Sequence[str] = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.6)
+    if not matches:
+        return ""
+    if len(matches) == 1:
+        return f" (did you mean '{matches[0]}'?)"
+    return " (did you mean " + ", ".join(f"'{m}'" for m in matches) + "?)"
