@@ -1,0 +1,122 @@
+"""Register nox sessions from forge.toml's matrix.
+
+``noxfile.py`` calls :func:`register` and nothing else. For every target of the matrix there is a
+``build-<target>`` and a ``test-<target>`` session, for every project a ``build-<project>`` (the host
+GPU's arch, or the project's default without a GPU) and a ``patch-<project>``, plus ``tests`` and
+``lint``. Session bodies are a few lines that call the ``kforge`` command.
+
+This module is imported by nox before kforge is installed anywhere, so it (and what it imports at the
+top) sticks to the standard library, ``packaging`` and ``nox`` itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PYPI_CPU_TORCH = "torch==2.13.0"  # the CPU build CI machines take from local disk; never unpinned
+
+
+def _has_venv(session: Any) -> bool:
+    return getattr(session, "venv_backend", "none") != "none" and session.virtualenv.is_sandboxed
+
+
+def install_kforge(session: Any, root: Path, *extras: str) -> None:
+    """Install kforge into the session's venv; with ``--no-venv`` use what the interpreter already has."""
+    if not _has_venv(session):
+        session.log("no venv (--no-venv): using the kforge and packages this interpreter already has")
+        session.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root / "src"), session.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]))
+        return
+    spec = f"{root}[{','.join(extras)}]" if extras else str(root)
+    session.install("-e", spec)
+
+
+def _has_torch(session: Any) -> bool:
+    out = session.run("python", "-c", "import importlib.util as u; print(u.find_spec('torch') is not None)",
+                      silent=True, external=True)
+    return str(out).strip().endswith("True")
+
+
+def register(nox: Any, root: Path) -> None:
+    """Create every session. ``nox`` is the imported nox module, ``root`` the monorepo root."""
+    from kforge.config import load_forge
+    from kforge.host import platform_name
+    from kforge.targets import expand_matrix
+
+    forge = load_forge(root)
+    host = platform_name()
+    kforge_cmd = ("python", "-m", "kforge.cli")
+
+    def add(name: str, func: Callable[[Any], None], doc: str, tags: list[str], **kw: Any) -> None:
+        func.__doc__ = doc
+        func.__name__ = name.replace("-", "_")
+        nox.session(name=name, tags=tags, **kw)(func)
+
+    venv_params = ["--system-site-packages"]  # reuse the machine's torch (the GPU host's, or none)
+
+    for target in expand_matrix(forge, host):
+        project = forge.projects[target.project]
+        tags = [target.project, target.arch_token, target.platform, "build"]
+        runs_here = target.platform == host
+        where = "" if runs_here else f" (needs a {target.platform} host)"
+
+        def build(session: Any, _t: str = target.id) -> None:
+            install_kforge(session, root)
+            session.run(*kforge_cmd, "build", _t, *session.posargs, external=True)
+
+        add(f"build-{target.id}", build,
+            f"{project.name} {target.arch.sm} {target.platform}: plan, source, patches, build, repair, doctor, publish{where}",
+            tags, venv_params=venv_params)
+
+        def test(session: Any, _t: str = target.id) -> None:
+            install_kforge(session, root)
+            session.run(*kforge_cmd, "test", _t, *session.posargs, external=True)
+
+        add(f"test-{target.id}", test,
+            f"{project.name} {target.arch.sm}: install the wheel from the wheelhouse index and run its GPU tests",
+            [target.project, target.arch_token, target.platform, "test"], venv_params=venv_params)
+
+    for project in forge.projects.values():
+        if host in project.platforms:
+            def build_host(session: Any, _p: str = project.name) -> None:
+                install_kforge(session, root)
+                session.run(*kforge_cmd, "build", _p, *session.posargs, external=True)
+
+            add(f"build-{project.name}", build_host,
+                f"{project.name} for this machine's GPU arch ({project.default_arch.sm} without a GPU)",
+                [project.name, "build"], venv_params=venv_params)
+
+        if project.patches is not None:
+            def patch(session: Any, _p: str = project.name) -> None:
+                install_kforge(session, root)
+                session.run(*kforge_cmd, "patches", "status", _p, *session.posargs, external=True)
+
+            add(f"patch-{project.name}", patch,
+                f"{project.name}: does our patch series apply to the pinned upstream? (per-patch status)",
+                [project.name, "patch"], python=False)
+
+    def tests(session: Any) -> None:
+        install_kforge(session, root, "test")
+        if not _has_torch(session):
+            session.install(PYPI_CPU_TORCH)
+        # The README's main job, through the whole chain, into a wheelhouse the tests then inspect;
+        # its wheel is installed with real pip from the generated index, as a user would.
+        wheelhouse = root / ".kforge" / "test-wheelhouse"
+        session.run(*kforge_cmd, "build", "fmha-sm90", "--wheelhouse", str(wheelhouse), external=True)
+        session.run("python", "-m", "pip", "install", "--force-reinstall", "--no-deps",
+                    "--index-url", (wheelhouse / "simple").as_uri(), "kforge-fmha", external=True)
+        session.run("python", "-m", "pytest", "tests", "kernels/fmha/tests", *session.posargs,
+                    env={"KFORGE_TEST_WHEELHOUSE": str(wheelhouse)}, external=True)
+
+    add("tests", tests, "the test suite: unit, integration (real nvcc), GPU tests skip without a GPU", ["tests"],
+        venv_params=venv_params)
+
+    def lint(session: Any) -> None:
+        if _has_venv(session):
+            session.install("ruff")
+        session.run("ruff", "check", "src", "tests", "noxfile.py", "tasks.py", "benchmarks", external=True)
+
+    add("lint", lint, "ruff over kforge, its tests and entry points", ["lint"])

@@ -1,0 +1,75 @@
+"""invoke tasks for the developer chores that aren't builds (`invoke --list`). Thin: each calls `kforge`."""
+
+import shlex
+import sys
+
+from invoke import Collection, task
+
+KFORGE = f"{shlex.quote(sys.executable)} -m kforge.cli"
+
+
+def _kforge(c, *words):
+    return c.run(" ".join([KFORGE, *map(shlex.quote, words)]), pty=False)
+
+
+@task(help={"project": "only this project"})
+def externals_status(c, project=None):
+    """Each upstream source: pinned, missing, dirty or at the wrong commit (and the command that fixes it)."""
+    _kforge(c, "sources", "status", *([project] if project else []))
+
+
+@task(help={"project": "only this project"})
+def externals_sync(c, project=None):
+    """Initialise the git submodules and check out the pinned commits; fetch and verify pinned sdists."""
+    _kforge(c, "sources", "sync", *([project] if project else []))
+
+
+@task(help={"project": "project whose patch series to show"})
+def patches_status(c, project):
+    """Per patch: applies cleanly / already applied / fails (with the file and hunk)."""
+    _kforge(c, "patches", "status", project)
+
+
+@task(help={"project": "project whose patch series to apply", "tree": "the tree to patch"})
+def patches_apply(c, project, tree=None):
+    """Apply the series atomically to a scratch tree (all or nothing; never into externals/)."""
+    _kforge(c, "patches", "apply", project, *(["--tree", tree] if tree else []))
+
+
+@task(help={"project": "project whose series to regenerate", "branch": "the rebased working branch"})
+def patches_refresh(c, project, branch=None):
+    """Regenerate patches/<project>/ from a working branch rebased onto a new pin."""
+    _kforge(c, "patches", "refresh", project, *(["--branch", branch] if branch else []))
+
+
+@task
+def wheelhouse_index(c):
+    """Rebuild the PEP 503 simple/ index of wheelhouse/ from the manifests."""
+    _kforge(c, "wheelhouse", "index")
+
+
+@task(help={"project": "only this project's wheels"})
+def wheelhouse_clean(c, project=None):
+    """Remove wheels (and their manifests) from wheelhouse/, then rebuild the index."""
+    _kforge(c, "wheelhouse", "clean", *([project] if project else []))
+
+
+@task(help={"check": "only check that the checked-in workflows match forge.toml"})
+def ci_generate(c, check=False):
+    """Generate .github/workflows/ from forge.toml's matrix."""
+    _kforge(c, "ci", "generate", *(["--check"] if check else []))
+
+
+def _ns(name, **tasks):
+    col = Collection(name)
+    for short, t in tasks.items():
+        col.add_task(t, name=short)
+    return col
+
+
+ns = Collection(
+    _ns("externals", status=externals_status, sync=externals_sync),
+    _ns("patches", status=patches_status, apply=patches_apply, refresh=patches_refresh),
+    _ns("wheelhouse", index=wheelhouse_index, clean=wheelhouse_clean),
+    _ns("ci", generate=ci_generate),
+)
