@@ -1,0 +1,159 @@
+"""Renderers: one arch list, written in each upstream knob's own format.
+
+Every function takes a sequence of :class:`~kforge.arch.Arch` (already parsed and checked)
+and returns the exact string (or flags) the upstream build reads. They are pure; the
+suffix rules they need come from :mod:`kforge.arch`. ``RENDERERS`` maps the format names
+that forge.toml uses to these functions.
+
+PTX policy (``ptx=``) for the renderers that can embed PTX:
+
+* ``"last"`` (default): PTX for the highest arch of the list, plus any arch parsed with ``+PTX``;
+* ``True``: PTX for every arch;
+* ``False``: PTX only for archs parsed with ``+PTX``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Literal
+
+from packaging.version import Version
+
+from kforge.arch import Arch, as_cuda_version
+from kforge.errors import ArchError, ToolchainError
+
+PtxPolicy = bool | Literal["last"]
+
+CMAKE_FAMILY_SUFFIX_MIN = Version("4.0")
+"""First CMake whose CMAKE_CUDA_ARCHITECTURES accepts ``f`` (``100f``): checked here, 3.25.1 and
+3.31.6 reject ``100f-real`` at configure time, 4.0.3 and 4.1.2 accept it. ``a`` (``90a``)
+is accepted by all four."""
+
+
+def _dedupe(archs: Iterable[Arch]) -> list[Arch]:
+    seen: dict[tuple[int, int, str], Arch] = {}
+    for a in archs:
+        if not isinstance(a, Arch):
+            raise ArchError(f"expected a parsed arch, got {a!r}", fix="parse it with kforge.arch.parse_arch")
+        key = (a.major, a.minor, a.variant)
+        if key not in seen:
+            seen[key] = a
+        elif a.ptx:
+            seen[key] = seen[key].with_ptx()
+    return list(seen.values())
+
+
+def _with_ptx(archs: Sequence[Arch], ptx: PtxPolicy) -> list[tuple[Arch, bool]]:
+    """Each arch with whether it carries PTX under the ``ptx`` policy."""
+    if ptx not in (True, False, "last"):
+        raise ArchError(f"unknown PTX policy {ptx!r}", fix="use true, false or \"last\"")
+    items = _dedupe(archs)
+    if not items:
+        raise ArchError("the arch list is empty", fix="name at least one arch, e.g. '80;90a;120'")
+    highest = max(items, key=lambda a: (a.major, a.minor, a.variant)) if ptx == "last" else None
+    return [(a, a.ptx or ptx is True or a is highest) for a in items]
+
+
+def render_gencode(archs: Sequence[Arch], *, ptx: PtxPolicy = "last") -> tuple[str, ...]:
+    """nvcc flags: ``-gencode=arch=compute_90a,code=sm_90a``, plus ``code=compute_X`` for PTX."""
+    flags: list[str] = []
+    for a, with_ptx in _with_ptx(archs, ptx):
+        flags.append(f"-gencode=arch={a.compute},code={a.sm}")
+        if with_ptx:
+            flags.append(f"-gencode=arch={a.compute},code={a.compute}")
+    return tuple(flags)
+
+
+def render_numbers(archs: Sequence[Arch], sep: str = ";") -> str:
+    """``FLASH_ATTN_CUDA_ARCHS`` style: ``80;90;120``. Variants and PTX are dropped (upstream picks them)."""
+    numbers: list[str] = []
+    for a in _dedupe(archs):
+        if str(a.numeric) not in numbers:
+            numbers.append(str(a.numeric))
+    return sep.join(numbers)
+
+
+def render_torch_arch_list(archs: Sequence[Arch], *, ptx: PtxPolicy = "last") -> str:
+    """``TORCH_CUDA_ARCH_LIST``: ``8.0;9.0a;12.0+PTX`` (torch adds PTX for entries with ``+PTX``)."""
+    return ";".join(a.dotted + ("+PTX" if p else "") for a, p in _with_ptx(archs, ptx))
+
+
+def render_cmake_architectures(
+    archs: Sequence[Arch], *, ptx: PtxPolicy = "last", cmake: Version | str | None = None
+) -> str:
+    """``CMAKE_CUDA_ARCHITECTURES``: ``80-real;90a-real;120a`` (no ``-real``: SASS and PTX).
+
+    With ``cmake`` (the CMake version that will read it), an ``f`` arch on a CMake older than
+    :data:`CMAKE_FAMILY_SUFFIX_MIN` raises :class:`ToolchainError` instead of a configure failure.
+    """
+    items = _with_ptx(archs, ptx)
+    if cmake is not None:
+        cm = Version(str(cmake))
+        family = [a for a, _ in items if a.variant == "f"]
+        if family and cm < CMAKE_FAMILY_SUFFIX_MIN:
+            raise ToolchainError(
+                f"CMake {cm} cannot take {family[0].number} in CMAKE_CUDA_ARCHITECTURES",
+                why=f"CMake accepts family ('f') archs there from {CMAKE_FAMILY_SUFFIX_MIN} on; older "
+                "versions only accept plain numbers and 'a'",
+                fix=f"use CMake >= {CMAKE_FAMILY_SUFFIX_MIN} (pip install 'cmake>={CMAKE_FAMILY_SUFFIX_MIN}'), "
+                f"or use {family[0].with_variant('a').number} or {family[0].base.number} instead",
+            )
+    return ";".join(a.number + ("" if p else "-real") for a, p in items)
+
+
+def default_variant(arch: Arch, cuda: Version | str) -> Arch:
+    """FlashInfer's rule for an arch given without a suffix, for CUDA ``cuda``.
+
+    9.x -> ``a``; 12.x -> ``f`` on CUDA >= 13 and ``a`` before; other >= 10 -> ``a``;
+    below 9 -> none. An explicit variant is kept. When the table says the picked variant
+    does not exist (or needs a newer CUDA), the base arch is returned.
+    """
+    if arch.variant:
+        return arch
+    v = as_cuda_version(cuda)
+    if arch.major == 9:
+        pick = "a"
+    elif arch.major == 12:
+        pick = "f" if v >= Version("13.0") else "a"
+    elif arch.major >= 10:
+        pick = "a"
+    else:
+        pick = ""
+    if not pick or pick not in arch.info.variants or v < arch.info.min_cuda_variant[pick]:
+        return arch
+    return arch.with_variant(pick)
+
+
+def render_flashinfer(archs: Sequence[Arch], cuda: Version | str) -> str:
+    """``FLASHINFER_CUDA_ARCH_LIST``: ``8.0 9.0a 12.0f`` (space separated, FlashInfer's default suffixes)."""
+    out: list[str] = []
+    for a in _dedupe(archs):
+        d = default_variant(a, cuda).dotted
+        if d not in out:
+            out.append(d)
+    return " ".join(out)
+
+
+def render_disable_flags(
+    archs: Sequence[Arch], families: Mapping[str, Collection[int]], prefix: str
+) -> dict[str, str]:
+    """FlashMLA style: ``{prefix+family: "1"}`` for every family with none of ``archs`` in it.
+
+    ``families={"SM90": {90}, "SM100": {100, 103}}, prefix="FLASH_MLA_DISABLE_"`` and archs
+    ``sm_120`` -> ``{"FLASH_MLA_DISABLE_SM90": "1", "FLASH_MLA_DISABLE_SM100": "1"}``.
+    """
+    wanted = {a.numeric for a in _dedupe(archs)}
+    return {f"{prefix}{name}": "1" for name, members in families.items() if not wanted & set(members)}
+
+
+RENDERERS: Mapping[str, Callable[..., object]] = MappingProxyType(
+    {
+        "gencode": render_gencode,
+        "numbers": render_numbers,
+        "torch": render_torch_arch_list,
+        "cmake": render_cmake_architectures,
+        "flashinfer": render_flashinfer,
+        "disable-flags": render_disable_flags,
+    }
+)
