@@ -1,0 +1,294 @@
+"""The patch series format and a reader for ``git format-patch`` files.
+
+``patches/<project>/series`` lists patches in the order they apply, one per line::
+
+    # comments and blank lines are ignored
+    0001-setup-accept-more-archs.patch
+    0002-setup-msvc-flags.patch      platform=windows
+    0003-sm120-gencode.patch         arch>=sm_120   upstream>=2.8,<3
+
+Each condition is ``key OP value``; all conditions of an entry must hold.
+
+* ``platform=linux,windows`` / ``platform!=windows`` (the build's platform)
+* ``arch=sm_120a`` / ``arch=sm_120`` (any suffix) / ``arch>=sm_100`` / ``arch!=sm_90a``:
+  holds if *any* arch of the build matches (``!=``: if none does)
+* ``upstream>=2.8.3`` / ``upstream==2.8.*`` / ``upstream<2.9,>=2.8``: a PEP 440 specifier on
+  the upstream version the project pins
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from kforge.errors import PatchError, did_you_mean
+
+KEYS = ("platform", "arch", "upstream")
+_COND = re.compile(r"^(?P<key>[a-z_]+)(?P<op>==|=|!=|>=|<=|>|<)(?P<value>.+)$")
+_ARCH = re.compile(r"^(?:sm_?|compute_?)?(?P<num>\d{2,3})(?P<var>[af]?)$", re.IGNORECASE)
+_ARCH_DOTTED = re.compile(r"^(?P<major>\d{1,2})\.(?P<minor>\d)(?P<var>[af]?)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class PatchContext:
+    """What a build looks like, to select conditional entries."""
+
+    platform: str  # "linux" | "windows" | ...
+    archs: tuple[str, ...] = ()  # "sm_120a", "sm_90a", "120", ...
+    upstream_version: str | None = None
+
+
+def parse_arch(text: str) -> tuple[int, str]:
+    """``"sm_120a"`` -> ``(120, "a")``; accepts ``120``, ``sm120f``, ``compute_90a``, ``12.0a``."""
+    t = text.strip()
+    m = _ARCH.match(t)
+    if m:
+        return int(m["num"]), m["var"].lower()
+    m = _ARCH_DOTTED.match(t)
+    if m:
+        return int(m["major"]) * 10 + int(m["minor"]), m["var"].lower()
+    raise PatchError(f"'{text}' is not an arch", fix="write archs like sm_90a, sm_120 or 12.0a")
+
+
+@dataclass(frozen=True)
+class Condition:
+    key: str
+    op: str
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.key}{self.op}{self.value}"
+
+    def holds(self, ctx: PatchContext) -> bool:
+        if self.key == "platform":
+            values = {v.strip().lower() for v in self.value.split(",")}
+            return (ctx.platform.lower() in values) == (self.op in ("=", "=="))
+        if self.key == "arch":
+            return self._arch_holds(ctx)
+        if ctx.upstream_version is None:
+            raise PatchError(
+                f"series entry condition '{self}' needs the upstream version, which is unknown",
+                fix="set upstream_version for the project in forge.toml, or pass --upstream-version",
+            )
+        spec = SpecifierSet(self._specifier())
+        return Version(ctx.upstream_version) in spec
+
+    def _arch_holds(self, ctx: PatchContext) -> bool:
+        archs = [parse_arch(a) for a in ctx.archs]
+        if self.op in ("=", "==", "!="):
+            wanted = [parse_arch(v) for v in self.value.split(",")]
+            any_match = any(n == wn and (not wv or v == wv) for n, v in archs for wn, wv in wanted)
+            return any_match if self.op != "!=" else not any_match
+        num, _ = parse_arch(self.value)
+        cmp = {">=": int.__ge__, "<=": int.__le__, ">": int.__gt__, "<": int.__lt__}[self.op]
+        return any(cmp(n, num) for n, _ in archs)
+
+    def _specifier(self) -> str:
+        parts = [p.strip() for p in self.value.split(",")]
+        first = ("==" if self.op == "=" else self.op) + parts[0]
+        return ",".join([first, *parts[1:]])
+
+    def validate(self, where: str) -> None:
+        try:
+            if self.key == "arch":
+                for v in self.value.split(","):
+                    parse_arch(v)
+                if self.op not in ("=", "==", "!=") and "," in self.value:
+                    raise PatchError(f"{where}: '{self}' compares with a list", fix="use one arch with >=, <=, >, <")
+            elif self.key == "upstream":
+                SpecifierSet(self._specifier())
+            elif self.op not in ("=", "==", "!="):
+                raise PatchError(f"{where}: '{self}': platform takes only = or !=", fix="e.g. platform=windows")
+        except InvalidSpecifier as exc:
+            raise PatchError(f"{where}: '{self}' is not a version condition", why=str(exc),
+                             fix="e.g. upstream>=2.8.3 or upstream==2.8.*") from exc
+
+
+@dataclass(frozen=True)
+class SeriesEntry:
+    name: str  # file name, relative to the series directory
+    path: Path
+    conditions: tuple[Condition, ...] = ()
+    line: int = 0
+
+    def applies_to(self, ctx: PatchContext) -> bool:
+        return all(c.holds(ctx) for c in self.conditions)
+
+    def unmet(self, ctx: PatchContext) -> tuple[Condition, ...]:
+        return tuple(c for c in self.conditions if not c.holds(ctx))
+
+    @property
+    def condition_text(self) -> str:
+        return " ".join(str(c) for c in self.conditions)
+
+
+@dataclass(frozen=True)
+class Series:
+    directory: Path
+    entries: tuple[SeriesEntry, ...] = ()
+    header: tuple[str, ...] = field(default=(), compare=False)  # leading comment lines, kept by refresh
+
+    def select(self, ctx: PatchContext) -> tuple[SeriesEntry, ...]:
+        return tuple(e for e in self.entries if e.applies_to(ctx))
+
+
+def load_series(directory: Path | None) -> Series:
+    """Read ``<directory>/series``. No directory, or no series file, is an empty series."""
+    if directory is None:
+        return Series(Path("."), ())
+    directory = Path(directory)
+    series_file = directory / "series"
+    if not series_file.is_file():
+        if directory.is_dir() and any(directory.glob("*.patch")):
+            raise PatchError(f"{directory} has .patch files but no series file",
+                             fix=f"list the patches, in order, in {series_file}")
+        return Series(directory, ())
+    entries: list[SeriesEntry] = []
+    header: list[str] = []
+    seen: set[str] = set()
+    for lineno, raw in enumerate(series_file.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.split("#", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+        if not line:
+            if not entries and raw.strip().startswith("#"):
+                header.append(raw.rstrip())
+            continue
+        name, *tokens = line.split()
+        where = f"{series_file}:{lineno}"
+        conds = tuple(_parse_condition(t, where) for t in tokens)
+        path = directory / name
+        if name in seen:
+            raise PatchError(f"{where}: {name} is listed twice", fix="list each patch once")
+        if not path.is_file():
+            raise PatchError(f"{where}: {name} does not exist", fix=f"add {path} or remove the line")
+        seen.add(name)
+        entries.append(SeriesEntry(name, path, conds, lineno))
+    return Series(directory, tuple(entries), tuple(header))
+
+
+def _parse_condition(token: str, where: str) -> Condition:
+    m = _COND.match(token)
+    if not m:
+        raise PatchError(f"{where}: cannot read condition '{token}'",
+                         fix="write conditions as key=value, e.g. platform=windows, arch>=sm_120, upstream<2.9")
+    if m["key"] not in KEYS:
+        raise PatchError(f"{where}: unknown condition key '{m['key']}'{did_you_mean(m['key'], KEYS)}",
+                         fix=f"use one of {', '.join(KEYS)}")
+    cond = Condition(m["key"], m["op"], m["value"])
+    cond.validate(where)
+    return cond
+
+
+def series_hash(series: Series, ctx: PatchContext | None = None) -> str:
+    """sha256 identifying the patches a build applies (with ``ctx``) or the whole series.
+
+    Covers each selected patch's name and bytes, in order; without ``ctx`` also the conditions.
+    """
+    h = hashlib.sha256()
+    entries = series.select(ctx) if ctx is not None else series.entries
+    for e in entries:
+        h.update(e.name.encode() + b"\0")
+        if ctx is None:
+            h.update(e.condition_text.encode() + b"\0")
+        h.update(hashlib.sha256(e.path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- patch files
+
+
+@dataclass(frozen=True)
+class Hunk:
+    index: int  # 1-based within its file
+    header: str  # the "@@ -a,b +c,d @@ ..." line
+    old_start: int
+    old: tuple[str, ...]  # lines the patch expects (context + removed)
+    new: tuple[str, ...]  # lines after the patch (context + added)
+
+
+@dataclass(frozen=True)
+class FilePatch:
+    old_path: str | None  # None: the patch creates the file
+    new_path: str | None  # None: the patch deletes the file
+    hunks: tuple[Hunk, ...]
+
+    @property
+    def path(self) -> str:
+        return self.new_path or self.old_path or "?"
+
+
+@dataclass(frozen=True)
+class ParsedPatch:
+    subject: str
+    files: tuple[FilePatch, ...]
+
+    @property
+    def paths(self) -> frozenset[str]:
+        return frozenset(p for f in self.files for p in (f.old_path, f.new_path) if p)
+
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def parse_patch(path: Path) -> ParsedPatch:
+    """Read a ``git format-patch`` (or plain ``git diff``) file into files and hunks."""
+    lines = path.read_bytes().decode("utf-8", errors="surrogateescape").split("\n")
+    subject = next((ln[len("Subject: "):] for ln in lines if ln.startswith("Subject: ")), path.stem)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+    files: list[FilePatch] = []
+    i = 0
+    old_path = new_path = None
+    hunks: list[Hunk] = []
+    in_file = False
+
+    def flush() -> None:
+        if in_file:
+            files.append(FilePatch(old_path, new_path, tuple(hunks)))
+
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("diff --git "):
+            flush()
+            in_file, hunks = True, []
+            m = re.match(r"^diff --git a/(.*) b/(.*)$", line)
+            old_path = new_path = m.group(2) if m else None
+            if m:
+                old_path = m.group(1)
+        elif in_file and line.startswith("--- "):
+            old_path = None if line[4:].strip() == "/dev/null" else _strip(line[4:])
+        elif in_file and line.startswith("+++ "):
+            new_path = None if line[4:].strip() == "/dev/null" else _strip(line[4:])
+        elif in_file and line.startswith("new file mode"):
+            old_path = None
+        elif in_file and line.startswith("deleted file mode"):
+            new_path = None
+        elif in_file and (m := _HUNK.match(line)):
+            old_n = int(m.group(2)) if m.group(2) is not None else 1
+            new_n = int(m.group(4)) if m.group(4) is not None else 1
+            old, new = [], []
+            j = i + 1
+            while (len(old) < old_n or len(new) < new_n) and j < len(lines):
+                body = lines[j]
+                tag, text = (body[:1], body[1:]) if body else (" ", "")
+                if tag in (" ", "-"):
+                    old.append(text)
+                if tag in (" ", "+"):
+                    new.append(text)
+                j += 1
+            hunks.append(Hunk(len(hunks) + 1, line, int(m.group(1)), tuple(old), tuple(new)))
+            i = j
+            continue
+        i += 1
+    flush()
+    if not files:
+        raise PatchError(f"{path.name} contains no diff", fix="generate patches with `git format-patch`")
+    return ParsedPatch(subject, tuple(files))
+
+
+def _strip(p: str) -> str:
+    p = p.strip().split("\t")[0]
+    return p[2:] if p[:2] in ("a/", "b/") else p
