@@ -5,7 +5,7 @@ and returns the exact string (or flags) the upstream build reads. They are pure;
 suffix rules they need come from :mod:`kforge.arch`. ``RENDERERS`` maps the format names
 that forge.toml uses to these functions.
 
-PTX policy (``ptx=``) for the renderers that can embed PTX:
+PTX policy (``ptx=``) for the renderers that can embed PTX (gencode, torch, cmake):
 
 * ``"last"`` (default): PTX for the highest arch of the list, plus any arch parsed with ``+PTX``;
 * ``True``: PTX for every arch;
@@ -44,22 +44,32 @@ def _dedupe(archs: Iterable[Arch]) -> list[Arch]:
     return list(seen.values())
 
 
-def _with_ptx(archs: Sequence[Arch], ptx: PtxPolicy) -> list[tuple[Arch, bool]]:
-    """Each arch with whether it carries PTX under the ``ptx`` policy."""
+def _plan(archs: Sequence[Arch], ptx: PtxPolicy) -> list[tuple[Arch, bool, bool]]:
+    """Each arch with (SASS?, PTX?) under the ``ptx`` policy.
+
+    A plain arch whose ``f`` variant is also listed gets no SASS of its own: nvcc 13.0 refuses
+    ``code=sm_100`` next to ``code=sm_100f`` ("The same GPU code (`sm_100f`) generated for non
+    family-specific and family-specific GPU arch"), and the ``f`` SASS runs on that GPU anyway.
+    """
     if ptx not in (True, False, "last"):
         raise ArchError(f"unknown PTX policy {ptx!r}", fix="use true, false or \"last\"")
     items = _dedupe(archs)
     if not items:
         raise ArchError("the arch list is empty", fix="name at least one arch, e.g. '80;90a;120'")
     highest = max(items, key=lambda a: (a.major, a.minor, a.variant)) if ptx == "last" else None
-    return [(a, a.ptx or ptx is True or a is highest) for a in items]
+    family = {a.numeric for a in items if a.variant == "f"}
+    return [
+        (a, not (a.variant == "" and a.numeric in family), a.ptx or ptx is True or a is highest)
+        for a in items
+    ]
 
 
 def render_gencode(archs: Sequence[Arch], *, ptx: PtxPolicy = "last") -> tuple[str, ...]:
     """nvcc flags: ``-gencode=arch=compute_90a,code=sm_90a``, plus ``code=compute_X`` for PTX."""
     flags: list[str] = []
-    for a, with_ptx in _with_ptx(archs, ptx):
-        flags.append(f"-gencode=arch={a.compute},code={a.sm}")
+    for a, sass, with_ptx in _plan(archs, ptx):
+        if sass:
+            flags.append(f"-gencode=arch={a.compute},code={a.sm}")
         if with_ptx:
             flags.append(f"-gencode=arch={a.compute},code={a.compute}")
     return tuple(flags)
@@ -76,7 +86,18 @@ def render_numbers(archs: Sequence[Arch], sep: str = ";") -> str:
 
 def render_torch_arch_list(archs: Sequence[Arch], *, ptx: PtxPolicy = "last") -> str:
     """``TORCH_CUDA_ARCH_LIST``: ``8.0;9.0a;12.0+PTX`` (torch adds PTX for entries with ``+PTX``)."""
-    return ";".join(a.dotted + ("+PTX" if p else "") for a, p in _with_ptx(archs, ptx))
+    out: list[str] = []
+    for a, sass, p in _plan(archs, ptx):
+        if not sass:
+            if p:
+                raise ArchError(
+                    f"TORCH_CUDA_ARCH_LIST cannot carry PTX for {a} next to {a.with_variant('f')}",
+                    why="torch emits SASS for every entry, and nvcc refuses sm_X next to sm_Xf",
+                    fix=f"drop {a} (the {a.with_variant('f')} SASS runs on it) or ask for {a.with_variant('f')}+PTX",
+                )
+            continue
+        out.append(a.dotted + ("+PTX" if p else ""))
+    return ";".join(out)
 
 
 def render_cmake_architectures(
@@ -87,10 +108,10 @@ def render_cmake_architectures(
     With ``cmake`` (the CMake version that will read it), an ``f`` arch on a CMake older than
     :data:`CMAKE_FAMILY_SUFFIX_MIN` raises :class:`ToolchainError` instead of a configure failure.
     """
-    items = _with_ptx(archs, ptx)
+    items = _plan(archs, ptx)
     if cmake is not None:
         cm = Version(str(cmake))
-        family = [a for a, _ in items if a.variant == "f"]
+        family = [a for a, _, _ in items if a.variant == "f"]
         if family and cm < CMAKE_FAMILY_SUFFIX_MIN:
             raise ToolchainError(
                 f"CMake {cm} cannot take {family[0].number} in CMAKE_CUDA_ARCHITECTURES",
@@ -99,7 +120,8 @@ def render_cmake_architectures(
                 fix=f"use CMake >= {CMAKE_FAMILY_SUFFIX_MIN} (pip install 'cmake>={CMAKE_FAMILY_SUFFIX_MIN}'), "
                 f"or use {family[0].with_variant('a').number} or {family[0].base.number} instead",
             )
-    return ";".join(a.number + ("" if p else "-real") for a, p in items)
+    suffix = {(True, True): "", (True, False): "-real", (False, True): "-virtual"}
+    return ";".join(a.number + suffix[sass, p] for a, sass, p in items if sass or p)
 
 
 def default_variant(arch: Arch, cuda: Version | str) -> Arch:
@@ -126,13 +148,13 @@ def default_variant(arch: Arch, cuda: Version | str) -> Arch:
 
 
 def render_flashinfer(archs: Sequence[Arch], cuda: Version | str) -> str:
-    """``FLASHINFER_CUDA_ARCH_LIST``: ``8.0 9.0a 12.0f`` (space separated, FlashInfer's default suffixes)."""
-    out: list[str] = []
-    for a in _dedupe(archs):
-        d = default_variant(a, cuda).dotted
-        if d not in out:
-            out.append(d)
-    return " ".join(out)
+    """``FLASHINFER_CUDA_ARCH_LIST``: ``8.0 9.0a 12.0f`` (space separated, FlashInfer's default suffixes).
+
+    A plain arch is left out when its ``f`` variant is listed (nvcc refuses both at once).
+    """
+    chosen = _dedupe(default_variant(a, cuda) for a in _dedupe(archs))
+    family = {a.numeric for a in chosen if a.variant == "f"}
+    return " ".join(a.dotted for a in chosen if a.variant or a.numeric not in family)
 
 
 def render_disable_flags(
