@@ -1,0 +1,226 @@
+"""Judge a report: expected archs present, device code linked, libraries where the policy wants them.
+
+What an expected arch means (the rule :func:`check` applies to every binary that carries
+CUDA device code, except libraries a repair tool vendored into ``*.libs/``):
+
+``sm_90a`` (arch-specific, ``a``)
+    needs SASS ``sm_90a``. Only PTX ``compute_90a`` is a warning (the driver JIT-compiles it
+    at first load). Anything else, plain ``sm_90`` included, is an error: the ``a`` features
+    (wgmma, setmaxnreg, ...) are not in the binary.
+``sm_120f`` (family, ``f``)
+    needs SASS ``sm_120f``; only PTX ``compute_120f`` is a warning; anything else an error.
+``sm_90`` (plain)
+    is met by any SASS for 9.0 (``sm_90``, ``sm_90a``, ``sm_90f`` all run on a 9.0 GPU).
+    SASS for an older minor of the same major (``sm_80`` for an expected ``sm_86``) runs too,
+    by CUDA's binary compatibility, and is reported as info. Otherwise PTX that the driver can
+    JIT for 9.0 (plain ``compute_XY`` with XY <= 90, or ``compute_90a``/``compute_9Yf`` with
+    Y <= 0) is a warning; nothing usable is an error.
+``compute_120a`` (PTX)
+    needs exactly that PTX.
+
+Relocatable device code (``__nv_relfatbin`` of an ``-rdc=true`` object that was never
+device-linked) does not count: the driver cannot load it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kforge.doctor.model import PTX, BinaryReport, CudaArch, Finding, WheelReport, parse_arch
+from kforge.errors import DoctorError
+
+if TYPE_CHECKING:
+    from kforge.repair import RepairPolicy
+
+NO_KERNEL_IMAGE = "'no kernel image is available for execution on the device'"
+
+
+def check(
+    report: WheelReport | BinaryReport,
+    *,
+    expect_archs: Sequence[str] = (),
+    policy: RepairPolicy | None = None,
+) -> list[Finding]:
+    """Every finding for ``report``: errors first, then warnings, then info.
+
+    ``policy`` None skips the library checks (bundled-but-excluded and unbundled NEEDED).
+    """
+    wheel = report if isinstance(report, WheelReport) else None
+    binaries = report.binaries if isinstance(report, WheelReport) else (report,)
+    label = f"wheel {wheel.filename}" if wheel else "binary"
+    wanted = [(text, *parse_arch(text)) for text in expect_archs]
+    findings: list[Finding] = []
+
+    judged = [b for b in binaries if b.is_cuda and not _vendored(b.path)]
+    if wanted and not judged:
+        findings.append(
+            Finding(
+                "error",
+                "no-device-code",
+                f"{label}: no binary carries CUDA device code (no fatbin in any .so/.pyd/.dll), "
+                f"so none of {', '.join(t for t, _, _ in wanted)} is there",
+            )
+        )
+    for binary in judged:
+        for text, kind, arch in wanted:
+            finding = _judge_arch(label, binary, text, kind, arch)
+            if finding:
+                findings.append(finding)
+    for binary in binaries:
+        for symbol in binary.linked_binary_symbols:
+            findings.append(
+                Finding(
+                    "error",
+                    "unresolved-device-link",
+                    f"{label}: {binary.path} needs {symbol}, which nothing defines: it was compiled with "
+                    "-rdc=true but never device-linked, so loading it fails with 'undefined symbol'",
+                    binary=binary.path,
+                )
+            )
+    if policy is not None:
+        findings.extend(_library_findings(label, binaries, wheel.files if wheel else (), policy))
+    if wheel is not None:
+        findings = [dataclasses.replace(f, wheel=wheel.filename) for f in findings]
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(findings, key=lambda f: order.get(f.severity, 3))
+
+
+def verify(
+    report: WheelReport | BinaryReport,
+    expect_archs: Sequence[str] = (),
+    policy: RepairPolicy | None = None,
+) -> list[Finding]:
+    """Like :func:`check`, but raise :class:`DoctorError` when there is any error finding.
+
+    Returns the (non-error) findings when the report passes.
+    """
+    findings = check(report, expect_archs=expect_archs, policy=policy)
+    errors = [f for f in findings if f.is_error]
+    if not errors:
+        return findings
+    codes = {f.code for f in errors}
+    fixes = []
+    if codes & {"missing-arch", "missing-ptx", "no-device-code"}:
+        fixes.append(
+            "build the missing arch: check the -gencode flags the build passed "
+            "(TORCH_CUDA_ARCH_LIST, FLASH_ATTN_CUDA_ARCHS, CMAKE_CUDA_ARCHITECTURES) against the target's archs, and rebuild"
+        )
+    if "unresolved-device-link" in codes:
+        fixes.append("link the device code: let nvcc link the library, add an `nvcc -dlink` step, or set CUDA_RESOLVE_DEVICE_SYMBOLS ON")
+    if "bundled-excluded" in codes:
+        fixes.append("repair the wheel again with kforge's repair policy so that these libraries are excluded, not grafted")
+    more = f" (and {len(errors) - 1} more error(s))" if len(errors) > 1 else ""
+    raise DoctorError(
+        errors[0].message + more,
+        why="\n".join(f"- {f.message}" for f in errors) if len(errors) > 1 else "shipping it would break users at run time",
+        fix="; ".join(fixes) or "fix the build and run kforge doctor again",
+    )
+
+
+def _vendored(path: str) -> bool:
+    top = path.split("/", 1)[0]
+    return top.endswith(".libs") or "/.libs/" in f"/{path}"
+
+
+def _judge_arch(label: str, binary: BinaryReport, text: str, kind: str | None, want: CudaArch) -> Finding | None:
+    sass = {e.cuda_arch for e in binary.sass if not e.relocatable}
+    ptx = {e.cuda_arch for e in binary.ptx}
+    has = _describe(binary)
+    if kind == PTX:
+        if want in ptx:
+            return None
+        return Finding("error", "missing-ptx", f"{label}: {binary.path} has no PTX for {want.compute} ({has})", binary=binary.path, arch=want.compute)
+
+    name = want.sm
+    if want.variant:
+        if want in sass:
+            return None
+        if want in ptx:
+            return Finding(
+                "warning", "ptx-only", f"{label}: {binary.path} has no SASS for {name}, only PTX {want.compute}: "
+                "the driver JIT-compiles it at first load (slow start, needs a driver that knows the PTX version)",
+                binary=binary.path, arch=name,
+            )  # fmt: skip
+    else:
+        if any((a.major, a.minor) == (want.major, want.minor) for a in sass):
+            return None
+        older = sorted(a for a in sass if a.major == want.major and a.minor < want.minor and a.variant != "a")
+        if older:
+            return Finding(
+                "info", "compatible-sass", f"{label}: {binary.path} has no SASS built for {name}; {older[-1].sm} "
+                "runs on it by binary compatibility, but was not tuned for it",
+                binary=binary.path, arch=name,
+            )  # fmt: skip
+        jit = [a for a in ptx if _ptx_runs_on(a, want)]
+        if jit:
+            return Finding(
+                "warning", "ptx-only", f"{label}: {binary.path} has no SASS for {name}, only PTX {max(jit).compute}: "
+                "the driver JIT-compiles it at first load (slow start, needs a driver that knows the PTX version)",
+                binary=binary.path, arch=name,
+            )  # fmt: skip
+    relocatable = sorted({e.arch for e in binary.sass if e.relocatable})
+    extra = f"; its relocatable device code ({', '.join(relocatable)}) was never device-linked" if relocatable else ""
+    return Finding(
+        "error",
+        "missing-arch",
+        f"{label}: {binary.path} has no SASS for {name} ({has}){extra}; a GPU with {name} would fail with {NO_KERNEL_IMAGE}",
+        binary=binary.path,
+        arch=name,
+    )
+
+
+def _ptx_runs_on(ptx: CudaArch, device: CudaArch) -> bool:
+    if ptx.variant == "a":
+        return (ptx.major, ptx.minor) == (device.major, device.minor)
+    if ptx.variant == "f":
+        return ptx.major == device.major and ptx.minor <= device.minor
+    return ptx.number <= device.number
+
+
+def _describe(binary: BinaryReport) -> str:
+    sass = [e.arch for e in binary.sass if not e.relocatable]
+    sass_names = sorted(set(sass), key=lambda n: parse_arch(n)[1])
+    parts = [f"it has {', '.join(sass_names)}" if sass_names else "it has no SASS"]
+    if binary.ptx_archs:
+        parts.append(f"PTX {', '.join(binary.ptx_archs)}")
+    return "; ".join(parts)
+
+
+def _library_findings(label: str, binaries: Sequence[BinaryReport], files: Sequence[str], policy: RepairPolicy) -> list[Finding]:
+    from kforge.repair import unmangle
+
+    findings = []
+    basenames = {f.rsplit("/", 1)[-1] for f in files} | {b.path.rsplit("/", 1)[-1] for b in binaries}
+    for f in files:
+        base = f.rsplit("/", 1)[-1]
+        if not f.endswith("/") and _is_library(base) and policy.excludes(base):
+            findings.append(
+                Finding(
+                    "error",
+                    "bundled-excluded",
+                    f"{label}: bundles {f} ({unmangle(base)}), which the repair policy '{policy.name}' says must come "
+                    "from the user's system (torch or the NVIDIA driver); a bundled copy shadows or conflicts with it",
+                    binary=f,
+                )
+            )
+    for binary in binaries:
+        for lib in binary.needed:
+            if policy.excludes(lib) or policy.is_system(lib) or lib in basenames or lib.lower() in {b.lower() for b in basenames}:
+                continue
+            findings.append(
+                Finding(
+                    "warning",
+                    "unbundled-needed",
+                    f"{label}: {binary.path} needs {lib}, which is not in the wheel, not a system library and not "
+                    f"excluded by the repair policy '{policy.name}': was the wheel repaired?",
+                    binary=binary.path,
+                )
+            )
+    return findings
+
+
+def _is_library(name: str) -> bool:
+    low = name.lower()
+    return low.endswith((".dll", ".so")) or ".so." in low

@@ -1,0 +1,66 @@
+"""Read a PE image (``.pyd``/``.dll``) with pefile into a :class:`BinaryReport`.
+
+MSVC-hosted nvcc puts the fatbins in a section named ``.nv_fatb`` (PE section names
+have at most 8 bytes); ``.nv_fatbin`` is accepted too. Read-only data sections are
+scanned for fatbins embedded as data. A linked PE image has no undefined symbols;
+``needed`` lists its imported DLLs (normal and delay-loaded).
+"""
+
+from __future__ import annotations
+
+import pefile
+
+from kforge.doctor.elf import NotABinaryError
+from kforge.doctor.fatbin import count_containers, parse_fatbins
+from kforge.doctor.model import BinaryReport, FatbinEntry, SectionSize
+
+FATBIN_SECTIONS = (".nv_fatb", ".nv_fatbin", ".nv_fatbi")
+SCANNED_SECTIONS = (".rdata", ".data")
+
+PE_MAGIC = b"MZ"
+
+
+def read_pe(data: bytes, path: str) -> BinaryReport:
+    try:
+        pe = pefile.PE(data=data, fast_load=True)
+        pe.parse_data_directories(
+            directories=[
+                pefile.DIRECTORY_ENTRY["IMAGE_DIRECTORY_ENTRY_IMPORT"],
+                pefile.DIRECTORY_ENTRY["IMAGE_DIRECTORY_ENTRY_DELAY_IMPORT"],
+            ]
+        )
+    except pefile.PEFormatError as exc:
+        raise NotABinaryError(f"{path}: not a readable PE file ({exc})") from exc
+    try:
+        fatbins: list[FatbinEntry] = []
+        sizes = []
+        for sec in pe.sections:
+            name = sec.Name.rstrip(b"\0").decode("ascii", "replace")
+            sizes.append(SectionSize(name, int(sec.SizeOfRawData)))
+            if name in FATBIN_SECTIONS or name in SCANNED_SECTIONS:
+                raw = sec.get_data()
+                fatbins.extend(
+                    parse_fatbins(
+                        raw,
+                        section=name,
+                        strict=name in FATBIN_SECTIONS,
+                        first_container=count_containers(tuple(fatbins)),
+                    )
+                )
+        needed: list[str] = []
+        for attr in ("DIRECTORY_ENTRY_IMPORT", "DIRECTORY_ENTRY_DELAY_IMPORT"):
+            for entry in getattr(pe, attr, ()):
+                dll = entry.dll.decode("ascii", "replace")
+                if dll not in needed:
+                    needed.append(dll)
+    finally:
+        pe.close()
+    return BinaryReport(
+        path=path,
+        format="pe",
+        size=len(data),
+        fatbins=tuple(fatbins),
+        containers=count_containers(tuple(fatbins)),
+        needed=tuple(needed),
+        sections=tuple(sizes),
+    )

@@ -1,0 +1,377 @@
+"""Repair wheels: vendor external libraries, except the ones the user's system must provide.
+
+Linux wheels go through ``auditwheel repair``, Windows wheels through ``delvewheel repair``
+(which runs on Linux too). Both get the same :class:`RepairPolicy`: glob patterns of the
+libraries that must *not* be bundled, because torch or the NVIDIA driver provides them
+(``libtorch*``, ``libc10*``, ``libcuda.so*``, ``nvcuda.dll``, and the CUDA runtime when the
+project links it shared). Everything else an extension needs is grafted into the wheel.
+
+This module also owns the wheel's local version label (``+cu130torch2.11``, the
+flash-attention convention) and a RECORD-correct rewrite of a built wheel's version.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from kforge.errors import RepairError, ToolchainError
+
+#: Never bundled, torch provides them (Linux sonames, Windows DLL names).
+TORCH_LINUX = ("libtorch*", "libc10*")
+TORCH_WINDOWS = ("torch*.dll", "c10*.dll")
+#: Never bundled, the NVIDIA driver provides them.
+DRIVER_LINUX = ("libcuda.so*",)
+DRIVER_WINDOWS = ("nvcuda.dll",)
+#: Not bundled when the project links the CUDA runtime shared (torch or the
+#: nvidia-cuda-runtime wheel provide it); static cudart has no NEEDED entry at all.
+CUDART_LINUX = ("libcudart.so*",)
+CUDART_WINDOWS = ("cudart64_*.dll",)
+
+#: Libraries every manylinux system has (a NEEDED on these is fine unbundled).
+LINUX_SYSTEM = (
+    "libc.so.6", "libm.so.6", "libdl.so.2", "librt.so.1", "libpthread.so.0", "libutil.so.1",
+    "libresolv.so.2", "libnsl.so.1", "libcrypt.so.1", "libstdc++.so.6", "libgcc_s.so.1",
+    "ld-linux-*.so.*", "ld64.so.*",
+)  # fmt: skip
+#: DLLs every Windows system (with the VC++ runtime Python itself needs) has.
+WINDOWS_SYSTEM = (
+    "api-ms-win-*.dll", "ext-ms-*.dll", "kernel32.dll", "kernelbase.dll", "ntdll.dll", "user32.dll",
+    "advapi32.dll", "shell32.dll", "ole32.dll", "oleaut32.dll", "ws2_32.dll", "msvcrt.dll",
+    "ucrtbase.dll", "vcruntime140*.dll", "msvcp140*.dll", "vcomp140.dll", "concrt140.dll",
+    "python3*.dll", "bcrypt.dll", "crypt32.dll", "dbghelp.dll", "gdi32.dll", "shlwapi.dll",
+    "version.dll", "psapi.dll", "setupapi.dll", "iphlpapi.dll", "secur32.dll", "winmm.dll",
+    "rpcrt4.dll", "comdlg32.dll",
+)  # fmt: skip
+
+#: auditwheel and delvewheel rename what they graft: libfoo-1a2b3c4d.so.1, foo-1a2b3c4d.dll.
+_GRAFT_HASH = re.compile(r"^(?P<stem>.+?)-[0-9a-f]{8,}(?P<rest>\.so(?:\.[0-9]+)*|\.dll)$", re.IGNORECASE)
+_ELF_OR_PE = re.compile(r"\.(so(\.[0-9]+)*|pyd|dll)$", re.IGNORECASE)
+
+
+def unmangle(filename: str) -> str:
+    """``libcudart-1a2b3c4d.so.13`` -> ``libcudart.so.13``: the name before the repair tool renamed it."""
+    m = _GRAFT_HASH.match(filename)
+    return m.group("stem") + m.group("rest") if m else filename
+
+
+@dataclass(frozen=True)
+class RepairPolicy:
+    """Which libraries stay out of the wheel (``exclude``), and which the system has anyway.
+
+    Patterns are shell globs, matched case-insensitively against a library's file name
+    (after undoing the repair tools' hash mangling). Patterns ending in ``.dll`` go to
+    delvewheel, the rest to auditwheel.
+    """
+
+    exclude: tuple[str, ...]
+    system: tuple[str, ...] = LINUX_SYSTEM + WINDOWS_SYSTEM
+    name: str = "default"
+
+    def excludes(self, library: str) -> bool:
+        return _matches(unmangle(os.path.basename(library)), self.exclude)
+
+    def is_system(self, library: str) -> bool:
+        return _matches(os.path.basename(library), self.system)
+
+    @property
+    def linux_exclude(self) -> tuple[str, ...]:
+        return tuple(p for p in self.exclude if not p.lower().endswith(".dll"))
+
+    @property
+    def windows_exclude(self) -> tuple[str, ...]:
+        return tuple(p for p in self.exclude if p.lower().endswith(".dll"))
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    low = name.lower()
+    return any(fnmatch.fnmatchcase(low, p.lower()) for p in patterns)
+
+
+def default_policy(project: str = "default", *, torch: bool = True, cudart_shared: bool = False, extra: Sequence[str] = ()) -> RepairPolicy:
+    """The per-project default: the driver always; torch's libraries when the project builds against
+    torch; the CUDA runtime only when it is linked shared; plus ``extra`` patterns from forge.toml."""
+    exclude: list[str] = [*DRIVER_LINUX, *DRIVER_WINDOWS]
+    if torch:
+        exclude += [*TORCH_LINUX, *TORCH_WINDOWS]
+    if cudart_shared:
+        exclude += [*CUDART_LINUX, *CUDART_WINDOWS]
+    exclude += [p for p in extra if p not in exclude]
+    return RepairPolicy(exclude=tuple(exclude), name=project)
+
+
+@dataclass(frozen=True)
+class RepairResult:
+    """The repaired wheel, the platform tag it reached, and what the tool did."""
+
+    wheel: Path
+    tag: str
+    excluded: tuple[str, ...]
+    grafted: tuple[str, ...]
+    log: str
+    repaired: bool = True
+    command: tuple[str, ...] = field(default=(), repr=False)
+
+
+#: ``runner(cmd, env) -> (exit code, combined output)``; tests and dry runs can pass their own.
+Runner = Callable[[Sequence[str], dict[str, str]], tuple[int, str]]
+
+
+def run_tool(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
+    proc = subprocess.run(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    return proc.returncode, proc.stdout
+
+
+NO_ELF_MARKERS = ("no ELF executable or shared library", "does not look like a platform wheel")
+
+
+def repair_wheel(
+    wheel: Path | str,
+    out_dir: Path | str,
+    *,
+    platform: str,
+    policy: RepairPolicy,
+    plat: str | None = None,
+    lib_paths: Sequence[Path | str] = (),
+    python: str = sys.executable,
+    runner: Runner = run_tool,
+) -> RepairResult:
+    """Repair ``wheel`` into ``out_dir`` with auditwheel (``platform="linux"``) or delvewheel
+    (``platform="windows"``), never bundling what ``policy`` excludes.
+
+    ``plat`` is auditwheel's ``--plat`` (e.g. ``manylinux_2_28_x86_64``); None lets it pick the
+    best tag the binaries allow. ``lib_paths`` are extra directories to find libraries in
+    (``AUDITWHEEL_LD_LIBRARY_PATH`` / delvewheel ``--add-path``). The repaired wheel appears in
+    ``out_dir`` only once complete. A wheel without ELF binaries needs no repair on Linux: it
+    is copied as it is and ``repaired`` is False.
+    """
+    wheel = Path(wheel)
+    out_dir = Path(out_dir)
+    if platform not in ("linux", "windows"):
+        raise RepairError(f"unknown repair platform '{platform}'", why="kforge repairs 'linux' and 'windows' wheels", fix="pass platform='linux' or 'windows'")
+    members = _wheel_members(wheel)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    binaries = [m for m in members if _ELF_OR_PE.search(m)]
+    if platform == "linux" and not binaries:
+        return _copy_through(wheel, out_dir, "no ELF shared library in the wheel: nothing to repair")
+
+    env = dict(os.environ)
+    paths = [str(Path(p).resolve()) for p in lib_paths]
+    with tempfile.TemporaryDirectory(prefix=".kforge-repair-", dir=out_dir) as tmp:
+        if platform == "linux":
+            cmd = [python, "-m", "auditwheel", "repair", "-w", tmp]
+            if plat:
+                cmd += ["--plat", plat]
+            for pattern in policy.linux_exclude:
+                cmd += ["--exclude", pattern]
+            if paths:
+                env["AUDITWHEEL_LD_LIBRARY_PATH"] = os.pathsep.join([*paths, env.get("AUDITWHEEL_LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+            tool = "auditwheel"
+        else:
+            cmd = [python, "-m", "delvewheel", "repair", "-w", tmp]
+            for pattern in policy.windows_exclude:
+                cmd += ["--exclude", pattern]
+            if paths:
+                cmd += ["--add-path", os.pathsep.join(paths)]
+            tool = "delvewheel"
+        cmd.append(str(wheel))
+        code, log = runner(cmd, env)
+        if code != 0 and platform == "linux" and any(m in log for m in NO_ELF_MARKERS):
+            return _copy_through(wheel, out_dir, log.strip())
+        if code != 0:
+            raise _tool_error(tool, wheel, cmd, code, log)
+        produced = sorted(Path(tmp).glob("*.whl"))
+        if len(produced) != 1:
+            raise RepairError(
+                f"{tool} did not produce one wheel for {wheel.name}",
+                why=f"it wrote {[p.name for p in produced] or 'nothing'} (output: {_tail(log)})",
+                fix="run the command by hand to see what happened: " + " ".join(cmd),
+            )
+        final = out_dir / produced[0].name
+        os.replace(produced[0], final)
+    new_members = _wheel_members(final)
+    grafted = tuple(sorted(m for m in set(new_members) - set(members) if _ELF_OR_PE.search(m)))
+    excluded = _excluded_needed(final, policy)
+    return RepairResult(wheel=final, tag=platform_tag(final.name), excluded=excluded, grafted=grafted, log=log, command=tuple(cmd))
+
+
+def platform_tag(wheel_name: str) -> str:
+    """The platform tag of a wheel file name, preferring the PEP 600 ``manylinux_x_y`` spelling."""
+    try:
+        _, _, _, tags = parse_wheel_filename(wheel_name)
+    except InvalidWheelFilename as exc:
+        raise RepairError(f"'{wheel_name}' is not a wheel file name", why=str(exc), fix="pass a .whl built by the build step") from exc
+    plats = sorted({t.platform for t in tags})
+    pep600 = [p for p in plats if p.startswith("manylinux_")]
+    return (pep600 or plats)[0]
+
+
+def _copy_through(wheel: Path, out_dir: Path, why: str) -> RepairResult:
+    final = out_dir / wheel.name
+    if final.resolve() != wheel.resolve():
+        fd, tmp = tempfile.mkstemp(prefix=".kforge-repair-", suffix=".whl", dir=out_dir)
+        os.close(fd)
+        shutil.copyfile(wheel, tmp)
+        os.replace(tmp, final)
+    return RepairResult(wheel=final, tag=platform_tag(final.name), excluded=(), grafted=(), log=why, repaired=False)
+
+
+def _wheel_members(wheel: Path) -> list[str]:
+    if not wheel.is_file():
+        raise RepairError(f"no wheel at {wheel}", why="the file does not exist", fix="build the wheel first, or pass the path the build step printed")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            return zf.namelist()
+    except zipfile.BadZipFile as exc:
+        raise RepairError(f"{wheel.name} is not a wheel", why=f"it is not a zip archive ({exc})", fix="pass a .whl built by the build step") from exc
+
+
+def _excluded_needed(wheel: Path, policy: RepairPolicy) -> tuple[str, ...]:
+    from kforge.doctor.wheel import inspect_wheel  # late: the doctor imports this module's policy
+
+    report = inspect_wheel(wheel)
+    return tuple(sorted({lib for b in report.binaries for lib in b.needed if policy.excludes(lib)}))
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _tool_error(tool: str, wheel: Path, cmd: Sequence[str], code: int, log: str) -> RepairError:
+    if "No module named" in log and tool in log:
+        return RepairError(
+            f"{tool} is not installed",
+            why=f"`{' '.join(cmd[:3])}` failed: {_tail(log, 3)}",
+            fix="pip install 'kforge[repair]' (auditwheel and delvewheel)",
+        )
+    fix = "run the command by hand to see the full output"
+    if "could not be located" in log or "Unable to find library" in log or "not found" in log.lower():
+        fix = "add the library's directory to lib_paths, or add its name to the project's repair exclude list if the user's system provides it"
+    elif "too-recent versioned symbols" in log or "cannot repair" in log.lower():
+        fix = "build in a manylinux container (cibuildwheel backend) or drop --plat to accept the tag the host allows"
+    return RepairError(
+        f"{tool} repair failed for {wheel.name}",
+        why=f"`{' '.join(cmd)}` exited with {code}:\n{_tail(log)}",
+        fix=fix,
+    )
+
+
+# -- local version -------------------------------------------------------------------------
+
+
+def local_version(cuda: str | None, torch: str | None, *, cxx11_abi: bool | None = None) -> str | None:
+    """The local version label that says what a wheel needs at run time (flash-attention's convention).
+
+    ``("13.0", "2.11.0")`` -> ``"cu130torch2.11"``; ``cxx11_abi`` appends ``cxx11abiTRUE``/``FALSE``.
+    Torch-free wheels (``torch=None``) need no label: None.
+    """
+    if torch is None:
+        return None
+    label = ""
+    if cuda is not None:
+        m = re.match(r"^(\d+)\.(\d+)", cuda.strip())
+        if not m:
+            raise ToolchainError(f"'{cuda}' is not a CUDA version", why="expected MAJOR.MINOR such as 13.0", fix="pass the nvcc version the toolchain detected")
+        label += f"cu{m.group(1)}{m.group(2)}"
+    try:
+        tv = Version(torch.strip())
+    except InvalidVersion as exc:
+        raise ToolchainError(f"'{torch}' is not a torch version", why=str(exc), fix="pass torch.__version__, e.g. 2.11.0+cu130") from exc
+    label += f"torch{tv.major}.{tv.minor}"
+    if cxx11_abi is not None:
+        label += f"cxx11abi{'TRUE' if cxx11_abi else 'FALSE'}"
+    return label
+
+
+def apply_local_version(wheel: Path | str, label: str | None, *, out_dir: Path | str | None = None) -> Path:
+    """Write a copy of ``wheel`` whose version carries ``+label`` and return its path.
+
+    The file name, ``METADATA``'s ``Version:``, the ``.dist-info`` (and ``.data``) directory
+    names and ``RECORD`` (hashes and sizes of every file) are all rewritten, so pip and
+    ``wheel unpack`` accept the result. A version that already has a local part keeps it:
+    ``1.0.0+abc123`` becomes ``1.0.0+abc123.cu130torch2.11``. ``label=None`` returns ``wheel``.
+    The input is left as it is; the output appears only once complete.
+    """
+    wheel = Path(wheel)
+    if not label:
+        return wheel
+    try:
+        dist, version, _build, _tags = parse_wheel_filename(wheel.name)
+        new_version = Version(f"{version}.{label}" if version.local else f"{version}+{label}")
+    except (InvalidWheelFilename, InvalidVersion) as exc:
+        raise RepairError(f"cannot add '+{label}' to {wheel.name}", why=str(exc), fix="use a label of letters, digits and dots, e.g. cu130torch2.11") from exc
+    parts = wheel.name[: -len(".whl")].split("-")
+    old_v = parts[1]
+    parts[1] = str(new_version)
+    target = Path(out_dir or wheel.parent) / ("-".join(parts) + ".whl")
+    members = _wheel_members(wheel)
+    prefixes = {m.split("/", 1)[0] for m in members if m.split("/", 1)[0].endswith((".dist-info", ".data"))}
+    renames = {}
+    for prefix in prefixes:
+        stem, _, suffix = prefix.rpartition(".")
+        name_part, _, ver_part = stem.rpartition("-")
+        if Version(ver_part) != version:
+            raise RepairError(f"{wheel.name} has an inconsistent {prefix}", why=f"its version {ver_part} differs from the file name's {old_v}", fix="rebuild the wheel")
+        renames[prefix] = f"{name_part}-{new_version}.{suffix}"
+    dist_info = [p for p in prefixes if p.endswith(".dist-info")]
+    if len(dist_info) != 1:
+        raise RepairError(f"{wheel.name} has {len(dist_info)} .dist-info directories", why="a wheel has exactly one", fix="rebuild the wheel")
+    record_name = f"{renames[dist_info[0]]}/RECORD"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".kforge-version-", suffix=".whl", dir=target.parent)
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+            record: list[str] = []
+            for info in src.infolist():
+                top, _, rest = info.filename.partition("/")
+                new_name = f"{renames[top]}/{rest}" if top in renames else info.filename
+                if new_name == record_name or new_name.endswith((".dist-info/RECORD.jws", ".dist-info/RECORD.p7s")):
+                    continue
+                data = src.read(info)
+                if new_name == f"{renames[dist_info[0]]}/METADATA":
+                    data = _set_metadata_version(data, str(new_version))
+                out = zipfile.ZipInfo(new_name, date_time=info.date_time)
+                out.external_attr = info.external_attr
+                out.compress_type = info.compress_type
+                dst.writestr(out, data)
+                if not new_name.endswith("/"):
+                    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                    record.append(f"{_csv_field(new_name)},sha256={digest},{len(data)}")
+            record.append(f"{record_name},,")
+            info = zipfile.ZipInfo(record_name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            dst.writestr(info, "\n".join(record) + "\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _set_metadata_version(data: bytes, version: str) -> bytes:
+    text = data.decode("utf-8")
+    head, sep, body = text.partition("\n\n")
+    new_head, n = re.subn(r"(?m)^Version: .*$", f"Version: {version}", head, count=1)
+    if n != 1:
+        raise RepairError("the wheel's METADATA has no Version: field", why="a wheel's METADATA must name its version", fix="rebuild the wheel")
+    return (new_head + sep + body).encode("utf-8")
+
+
+def _csv_field(name: str) -> str:
+    return f'"{name}"' if "," in name or '"' in name else name
