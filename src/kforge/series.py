@@ -9,7 +9,8 @@
 
 Each condition is ``key OP value``; all conditions of an entry must hold.
 
-* ``platform=linux,windows`` / ``platform!=windows`` (the build's platform)
+* ``platform=linux,windows`` / ``platform!=windows`` (the build's platform; ``windows`` matches
+  ``windows-amd64``, ``linux`` matches ``linux-x86_64`` and ``linux-aarch64``)
 * ``arch=sm_120a`` / ``arch=sm_120`` (any suffix) / ``arch>=sm_100`` / ``arch!=sm_90a``:
   holds if *any* arch of the build matches (``!=``: if none does)
 * ``upstream>=2.8.3`` / ``upstream==2.8.*`` / ``upstream<2.9,>=2.8``: a PEP 440 specifier on
@@ -38,7 +39,7 @@ _ARCH_DOTTED = re.compile(r"^(?P<major>\d{1,2})\.(?P<minor>\d)(?P<var>[af]?)$", 
 class PatchContext:
     """What a build looks like, to select conditional entries."""
 
-    platform: str  # "linux" | "windows" | ...
+    platform: str  # a forge.toml platform name ("linux-x86_64") or an OS ("windows")
     archs: tuple[str, ...] = ()  # "sm_120a", "sm_90a", "120", ...
     upstream_version: str | None = None
 
@@ -66,8 +67,9 @@ class Condition:
 
     def holds(self, ctx: PatchContext) -> bool:
         if self.key == "platform":
-            values = {v.strip().lower() for v in self.value.split(",")}
-            return (ctx.platform.lower() in values) == (self.op in ("=", "=="))
+            plat = ctx.platform.lower()
+            hit = any(plat == v or plat.startswith(v + "-") for v in (x.strip().lower() for x in self.value.split(",")))
+            return hit == (self.op in ("=", "=="))
         if self.key == "arch":
             return self._arch_holds(ctx)
         if ctx.upstream_version is None:
