@@ -1,0 +1,369 @@
+// The C API: argument validation, device checks, error text and kernel dispatch.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <string>
+
+#include "fmha_params.h"
+#include "kforge_fmha.h"
+
+#ifndef KFORGE_FMHA_ARCHS
+#define KFORGE_FMHA_ARCHS "unknown"
+#endif
+
+namespace {
+
+thread_local std::string g_last_error;
+
+kforge_fmha_status fail(kforge_fmha_status status, const char* fmt, ...) {
+  char buf[1024];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, args);
+  va_end(args);
+  g_last_error = buf;
+  return status;
+}
+
+kforge_fmha_status ok() {
+  g_last_error.clear();
+  return KFORGE_FMHA_SUCCESS;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Checks the driver, a GPU, and the current device's compute capability.
+kforge_fmha_status check_device(int* major_out, int* minor_out) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0)) {
+    cudaGetLastError();
+    return fail(KFORGE_FMHA_ERROR_NO_DEVICE,
+                "no CUDA GPU is visible (cudaGetDeviceCount: %s); kforge_fmha needs an NVIDIA GPU "
+                "of compute capability 8.0 or newer; check nvidia-smi and CUDA_VISIBLE_DEVICES",
+                err == cudaSuccess ? "0 devices" : cudaGetErrorString(err));
+  }
+  if (err == cudaErrorInsufficientDriver || err == cudaErrorInitializationError ||
+      err == cudaErrorSystemDriverMismatch || err == cudaErrorCompatNotSupportedOnDevice ||
+      err == cudaErrorStubLibrary) {
+    cudaGetLastError();
+    return fail(KFORGE_FMHA_ERROR_NO_DEVICE,
+                "no usable CUDA driver (cudaGetDeviceCount: %s); install an NVIDIA driver that "
+                "supports CUDA %d.%d or newer",
+                cudaGetErrorString(err), CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return fail(KFORGE_FMHA_ERROR_CUDA, "cudaGetDeviceCount failed: %s", cudaGetErrorString(err));
+  }
+  int dev = 0;
+  err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) {
+    return fail(KFORGE_FMHA_ERROR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(err));
+  }
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major_out) *major_out = major;
+  if (minor_out) *minor_out = minor;
+  if (major < 8) {
+    return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                "GPU %d has compute capability %d.%d; kforge_fmha needs 8.0 or newer", dev, major,
+                minor);
+  }
+  return ok();
+}
+
+// A pointer the GPU can read: device memory or mapped/managed host memory.
+kforge_fmha_status check_device_pointer(const char* name, const void* ptr) {
+  cudaPointerAttributes attr;
+  cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "%s: cannot query the pointer (%s)", name,
+                cudaGetErrorString(err));
+  }
+  if (attr.type == cudaMemoryTypeUnregistered ||
+      (attr.type == cudaMemoryTypeHost && attr.devicePointer == nullptr)) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "%s is a host pointer; pass GPU memory (a CUDA tensor)", name);
+  }
+  return KFORGE_FMHA_SUCCESS;
+}
+
+kforge_fmha_status check_stride(const char* name, const char* dim, int64_t stride) {
+  if (stride < 0 || stride % 8 != 0) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "%s: the %s stride is %lld elements; it must be >= 0 and a multiple of 8 (16-byte "
+                "aligned rows); make the tensor contiguous",
+                name, dim, static_cast<long long>(stride));
+  }
+  return KFORGE_FMHA_SUCCESS;
+}
+
+struct Shapes {
+  kforge_fmha_dtype dtype;
+  int head_dim;
+  int batch, seqlen_q, seqlen_k, num_heads, num_heads_k;
+  float softmax_scale;
+};
+
+kforge_fmha_status check_common(const Shapes& s, const void* q, const void* k, const void* v,
+                                const void* o, const float* lse) {
+  if (s.dtype != KFORGE_FMHA_FP16 && s.dtype != KFORGE_FMHA_BF16) {
+    return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                "dtype %d is not supported; use KFORGE_FMHA_FP16 (0) or KFORGE_FMHA_BF16 (1)",
+                static_cast<int>(s.dtype));
+  }
+  if (s.head_dim != 64 && s.head_dim != 128) {
+    return fail(KFORGE_FMHA_ERROR_UNSUPPORTED, "head_dim %d is not supported; use 64 or 128",
+                s.head_dim);
+  }
+  const struct {
+    const char* name;
+    const void* ptr;
+  } ptrs[] = {{"q", q}, {"k", k}, {"v", v}, {"o", o}};
+  for (const auto& p : ptrs) {
+    if (p.ptr == nullptr) {
+      return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "%s is NULL", p.name);
+    }
+    if (!aligned16(p.ptr)) {
+      return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                  "%s is not 16-byte aligned (%p); pass the start of an allocation or a view "
+                  "whose offset is a multiple of 8 elements",
+                  p.name, p.ptr);
+    }
+  }
+  if (lse != nullptr && (reinterpret_cast<uintptr_t>(lse) & 3u) != 0) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "lse is not 4-byte aligned (%p)",
+                static_cast<const void*>(lse));
+  }
+  if (s.batch < 0 || s.batch > 65535) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "batch is %d; it must be in [0, 65535]",
+                s.batch);
+  }
+  if (s.seqlen_q < 0 || s.seqlen_k < 0) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "sequence lengths must be >= 0 (got seqlen_q=%d, seqlen_k=%d)", s.seqlen_q,
+                s.seqlen_k);
+  }
+  if (s.num_heads < 1 || s.num_heads > 65535 || s.num_heads_k < 1) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "num_heads must be in [1, 65535] and num_heads_k >= 1 (got %d and %d)",
+                s.num_heads, s.num_heads_k);
+  }
+  if (s.num_heads % s.num_heads_k != 0) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "num_heads (%d) is not a multiple of num_heads_k (%d); GQA/MQA needs the kv "
+                "heads to divide the query heads",
+                s.num_heads, s.num_heads_k);
+  }
+  if (!std::isfinite(s.softmax_scale) || !(s.softmax_scale > 0.f)) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "softmax_scale is %g; it must be finite and > 0 (usually 1/sqrt(head_dim))",
+                static_cast<double>(s.softmax_scale));
+  }
+  return KFORGE_FMHA_SUCCESS;
+}
+
+template <typename T, int HDIM>
+cudaError_t dispatch_causal(const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream) {
+  return causal ? kforge_fmha::launch_fwd<T, HDIM, true>(p, stream)
+                : kforge_fmha::launch_fwd<T, HDIM, false>(p, stream);
+}
+
+kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
+                       cudaStream_t stream) {
+  const void* ptrs[] = {p.q, p.k, p.v, p.o, p.lse, p.cu_seqlens_q, p.cu_seqlens_k};
+  const char* names[] = {"q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k"};
+  int major = 0, minor = 0;
+  kforge_fmha_status st = check_device(&major, &minor);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
+  for (int i = 0; i < 7; ++i) {
+    if (ptrs[i] == nullptr) continue;
+    st = check_device_pointer(names[i], ptrs[i]);
+    if (st != KFORGE_FMHA_SUCCESS) return st;
+  }
+  // This library links its own (static) CUDA runtime, whose current device is not the caller's
+  // (torch.cuda.set_device does not reach it): run on the device that owns q.
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, p.q) == cudaSuccess && attr.device >= 0) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != attr.device) {
+      cudaError_t err = cudaSetDevice(attr.device);
+      if (err != cudaSuccess) {
+        return fail(KFORGE_FMHA_ERROR_CUDA, "cudaSetDevice(%d) failed: %s", attr.device,
+                    cudaGetErrorString(err));
+      }
+      st = check_device(&major, &minor);
+      if (st != KFORGE_FMHA_SUCCESS) return st;
+    }
+  }
+  if (s.batch == 0 || s.seqlen_q == 0) return ok();  // nothing to compute
+
+  p.batch = s.batch;
+  p.num_heads = s.num_heads;
+  p.num_heads_k = s.num_heads_k;
+  p.head_ratio = s.num_heads / s.num_heads_k;
+  p.softmax_scale = s.softmax_scale;
+  p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
+
+  cudaError_t err;
+  if (s.dtype == KFORGE_FMHA_FP16) {
+    err = s.head_dim == 64 ? dispatch_causal<__half, 64>(p, causal, stream)
+                           : dispatch_causal<__half, 128>(p, causal, stream);
+  } else {
+    err = s.head_dim == 64 ? dispatch_causal<__nv_bfloat16, 64>(p, causal, stream)
+                           : dispatch_causal<__nv_bfloat16, 128>(p, causal, stream);
+  }
+  if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
+      err == cudaErrorUnsupportedPtxVersion) {
+    return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                "this build of kforge_fmha has no kernel for the current GPU (compute capability "
+                "%d.%d); it was built for CUDA archs [%s]; rebuild with "
+                "CMAKE_CUDA_ARCHITECTURES including %d%d (%s)",
+                major, minor, KFORGE_FMHA_ARCHS, major, minor, cudaGetErrorString(err));
+  }
+  if (err != cudaSuccess) {
+    return fail(KFORGE_FMHA_ERROR_CUDA, "kernel launch failed: %s (%s)", cudaGetErrorString(err),
+                cudaGetErrorName(err));
+  }
+  return ok();
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* kforge_fmha_version(void) { return "0.1.0"; }
+
+const char* kforge_fmha_last_error(void) { return g_last_error.c_str(); }
+
+const char* kforge_fmha_status_name(kforge_fmha_status status) {
+  switch (status) {
+    case KFORGE_FMHA_SUCCESS:
+      return "KFORGE_FMHA_SUCCESS";
+    case KFORGE_FMHA_ERROR_INVALID_ARGUMENT:
+      return "KFORGE_FMHA_ERROR_INVALID_ARGUMENT";
+    case KFORGE_FMHA_ERROR_UNSUPPORTED:
+      return "KFORGE_FMHA_ERROR_UNSUPPORTED";
+    case KFORGE_FMHA_ERROR_NO_DEVICE:
+      return "KFORGE_FMHA_ERROR_NO_DEVICE";
+    case KFORGE_FMHA_ERROR_CUDA:
+      return "KFORGE_FMHA_ERROR_CUDA";
+  }
+  return "KFORGE_FMHA_UNKNOWN_STATUS";
+}
+
+const char* kforge_fmha_built_archs(void) { return KFORGE_FMHA_ARCHS; }
+
+kforge_fmha_status kforge_fmha_device_check(int* major, int* minor) {
+  return check_device(major, minor);
+}
+
+kforge_fmha_status kforge_fmha_fwd(kforge_fmha_dtype dtype, int head_dim, const void* q,
+                                   const int64_t q_stride[3], const void* k,
+                                   const int64_t k_stride[3], const void* v,
+                                   const int64_t v_stride[3], void* o, const int64_t o_stride[3],
+                                   float* lse, const int64_t lse_stride[2], int batch,
+                                   int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
+                                   float softmax_scale, int causal, cudaStream_t stream) {
+  const Shapes s{dtype, head_dim, batch, seqlen_q, seqlen_k, num_heads, num_heads_k, softmax_scale};
+  kforge_fmha_status st = check_common(s, q, k, v, o, lse);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
+  const struct {
+    const char* name;
+    const int64_t* stride;
+  } strides[] = {{"q", q_stride}, {"k", k_stride}, {"v", v_stride}, {"o", o_stride}};
+  static const char* dims[] = {"batch", "row", "head"};
+  for (const auto& t : strides) {
+    if (t.stride == nullptr) {
+      return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "%s_stride is NULL", t.name);
+    }
+    for (int d = 0; d < 3; ++d) {
+      st = check_stride(t.name, dims[d], t.stride[d]);
+      if (st != KFORGE_FMHA_SUCCESS) return st;
+    }
+  }
+  if (lse != nullptr) {
+    if (lse_stride == nullptr) {
+      return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "lse is set but lse_stride is NULL");
+    }
+    if (lse_stride[0] < 0 || lse_stride[1] < 0) {
+      return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "lse strides must be >= 0");
+    }
+  }
+  kforge_fmha::FwdParams p{};
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = o;
+  p.lse = lse;
+  p.q_batch_stride = q_stride[0], p.q_row_stride = q_stride[1], p.q_head_stride = q_stride[2];
+  p.k_batch_stride = k_stride[0], p.k_row_stride = k_stride[1], p.k_head_stride = k_stride[2];
+  p.v_batch_stride = v_stride[0], p.v_row_stride = v_stride[1], p.v_head_stride = v_stride[2];
+  p.o_batch_stride = o_stride[0], p.o_row_stride = o_stride[1], p.o_head_stride = o_stride[2];
+  if (lse != nullptr) p.lse_batch_stride = lse_stride[0], p.lse_head_stride = lse_stride[1];
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  return run(s, p, causal != 0, stream);
+}
+
+kforge_fmha_status kforge_fmha_varlen_fwd(
+    kforge_fmha_dtype dtype, int head_dim, const void* q, const int64_t q_stride[2],
+    const void* k, const int64_t k_stride[2], const void* v, const int64_t v_stride[2], void* o,
+    const int64_t o_stride[2], float* lse, int64_t lse_head_stride, const int32_t* cu_seqlens_q,
+    const int32_t* cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k, int num_heads,
+    int num_heads_k, float softmax_scale, int causal, cudaStream_t stream) {
+  const Shapes s{dtype,     head_dim,  batch,      max_seqlen_q, max_seqlen_k,
+                 num_heads, num_heads_k, softmax_scale};
+  kforge_fmha_status st = check_common(s, q, k, v, o, lse);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
+  const struct {
+    const char* name;
+    const int64_t* stride;
+  } strides[] = {{"q", q_stride}, {"k", k_stride}, {"v", v_stride}, {"o", o_stride}};
+  static const char* dims[] = {"row", "head"};
+  for (const auto& t : strides) {
+    if (t.stride == nullptr) {
+      return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "%s_stride is NULL", t.name);
+    }
+    for (int d = 0; d < 2; ++d) {
+      st = check_stride(t.name, dims[d], t.stride[d]);
+      if (st != KFORGE_FMHA_SUCCESS) return st;
+    }
+  }
+  if (cu_seqlens_q == nullptr || cu_seqlens_k == nullptr) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "cu_seqlens_q and cu_seqlens_k must both be set for a varlen call (got %s, %s)",
+                cu_seqlens_q ? "set" : "NULL", cu_seqlens_k ? "set" : "NULL");
+  }
+  if ((reinterpret_cast<uintptr_t>(cu_seqlens_q) & 3u) || (reinterpret_cast<uintptr_t>(cu_seqlens_k) & 3u)) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "cu_seqlens arrays must be 4-byte aligned");
+  }
+  if (lse != nullptr && lse_head_stride < 0) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "lse_head_stride must be >= 0");
+  }
+  kforge_fmha::FwdParams p{};
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = o;
+  p.lse = lse;
+  p.q_row_stride = q_stride[0], p.q_head_stride = q_stride[1];
+  p.k_row_stride = k_stride[0], p.k_head_stride = k_stride[1];
+  p.v_row_stride = v_stride[0], p.v_head_stride = v_stride[1];
+  p.o_row_stride = o_stride[0], p.o_head_stride = o_stride[1];
+  p.lse_head_stride = lse_head_stride;
+  p.cu_seqlens_q = cu_seqlens_q;
+  p.cu_seqlens_k = cu_seqlens_k;
+  p.seqlen_q = max_seqlen_q;
+  p.seqlen_k = max_seqlen_k;
+  return run(s, p, causal != 0, stream);
+}
+
+}  // extern "C"

@@ -1,0 +1,5 @@
+// Instantiations for bf16, head dim 128 (causal and non-causal). One file per pair keeps
+// the build parallel and each compile unit small.
+#include "fmha_fwd_kernel.cuh"
+
+KFORGE_FMHA_INSTANTIATE(__nv_bfloat16, 128)

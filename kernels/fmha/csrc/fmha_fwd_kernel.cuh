@@ -1,0 +1,451 @@
+// FlashAttention-2-style fused forward attention for sm_80 and newer.
+//
+// One CTA computes one (BLOCK_M query rows, head, batch) tile. Each of the 4 warps owns
+// 16 * M_TILES query rows. K and V tiles of BLOCK_N keys stream through shared memory
+// with cp.async (the V load of a step overlaps Q K^T, the K load of the next step overlaps
+// the softmax and P V). Matrix products use ldmatrix (+ .trans for V) and
+// mma.sync.m16n8k16 with fp32 accumulation; the softmax is online, in the exp2 domain,
+// with the scale folded into log2(e). Causal masking is bottom-right aligned (key j is
+// visible to query i when j <= i + seqlen_k - seqlen_q); fully masked tiles are skipped
+// and only tiles crossing the diagonal or the end of the keys are masked.
+// Shared memory rows are XOR-swizzled in 16-byte chunks, so ldmatrix and cp.async are
+// free of bank conflicts.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "fmha_params.h"
+
+namespace kforge_fmha {
+
+template <int HDIM>
+struct FwdConfig;
+
+// Tile shapes. BLOCK_M = 4 warps * 16 rows * M_TILES.
+template <>
+struct FwdConfig<64> {
+  static constexpr int kMTiles = 2;
+  static constexpr int kBlockN = 64;
+  static constexpr bool kQInRegs = true;
+};
+template <>
+struct FwdConfig<128> {
+  static constexpr int kMTiles = 2;
+  static constexpr int kBlockN = 32;
+  static constexpr bool kQInRegs = false;
+};
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+template <int HDIM>
+struct FwdShape {
+  static constexpr int kMTiles = FwdConfig<HDIM>::kMTiles;
+  static constexpr int kBlockM = kWarps * 16 * kMTiles;
+  static constexpr int kBlockN = FwdConfig<HDIM>::kBlockN;
+  static constexpr bool kQInRegs = FwdConfig<HDIM>::kQInRegs;
+  template <typename T>
+  static constexpr int smem_bytes() {
+    return (kBlockM + 2 * kBlockN) * HDIM * static_cast<int>(sizeof(T));
+  }
+};
+
+namespace detail {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][HDIM] tile.
+template <int HDIM>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * HDIM + ((chunk ^ (row & 7)) << 3);
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;  // 0 bytes read: the 16 bytes are zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <typename T>
+struct Mma;
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Issue cp.async for a [ROWS][HDIM] tile; rows at or past `valid_rows` are zero-filled.
+template <int ROWS, int HDIM, typename T>
+__device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride,
+                                          int valid_rows, int tid) {
+  constexpr int kChunks = HDIM / 8;
+  constexpr int kPerThread = ROWS * kChunks / kThreads;
+  static_assert(ROWS * kChunks % kThreads == 0, "tile must split evenly over the CTA");
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = i * kThreads + tid;
+    const int row = idx / kChunks;
+    const int c = idx % kChunks;
+    const bool valid = row < valid_rows;
+    const T* src = valid ? gmem + static_cast<int64_t>(row) * row_stride + c * 8 : gmem;
+    cp_async16(smem_addr(smem + swz<HDIM>(row, c)), src, valid);
+  }
+}
+
+}  // namespace detail
+
+template <typename T, int HDIM, bool CAUSAL>
+__global__ void __launch_bounds__(kThreads, 2) fmha_fwd_kernel(const FwdParams p) {
+  using namespace detail;
+  using S = FwdShape<HDIM>;
+  constexpr int MT = S::kMTiles;
+  constexpr int BM = S::kBlockM;
+  constexpr int BN = S::kBlockN;
+  constexpr int KT = HDIM / 16;  // k-steps of Q K^T
+  constexpr int NT = BN / 8;     // n-tiles of S
+  constexpr int DT = HDIM / 8;   // n-tiles of O
+  constexpr float kNegInf = -__builtin_huge_valf();
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + BM * HDIM;
+  T* sV = sK + BN * HDIM;
+
+  // Heavy (late) query blocks first: they have the most key tiles under a causal mask.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  int sq = p.seqlen_q, sk = p.seqlen_k;
+  int64_t q_off, o_off, lse_off, k_off, v_off;
+  if (p.cu_seqlens_q != nullptr) {
+    const int start = p.cu_seqlens_q[b];
+    sq = p.cu_seqlens_q[b + 1] - start;
+    q_off = start * p.q_row_stride;
+    o_off = start * p.o_row_stride;
+    lse_off = start;
+  } else {
+    q_off = b * p.q_batch_stride;
+    o_off = b * p.o_batch_stride;
+    lse_off = b * p.lse_batch_stride;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    const int start = p.cu_seqlens_k[b];
+    sk = p.cu_seqlens_k[b + 1] - start;
+    k_off = start * p.k_row_stride;
+    v_off = start * p.v_row_stride;
+  } else {
+    k_off = b * p.k_batch_stride;
+    v_off = b * p.v_batch_stride;
+  }
+  const int row0 = m_block * BM;
+  if (row0 >= sq) return;
+  const int kv_head = head / p.head_ratio;
+
+  const T* gQ = static_cast<const T*>(p.q) + q_off + head * p.q_head_stride + row0 * p.q_row_stride;
+  const T* gK = static_cast<const T*>(p.k) + k_off + kv_head * p.k_head_stride;
+  const T* gV = static_cast<const T*>(p.v) + v_off + kv_head * p.v_head_stride;
+  T* gO = static_cast<T*>(p.o) + o_off + head * p.o_head_stride + row0 * p.o_row_stride;
+
+  int n_blocks = (sk + BN - 1) / BN;
+  if (CAUSAL) {
+    // Last visible key of the last row of this block, bottom-right aligned.
+    const int last_row = min(sq, row0 + BM) - 1;
+    const int last_key = last_row + sk - sq;
+    n_blocks = min(n_blocks, last_key < 0 ? 0 : (last_key + BN) / BN);
+  }
+
+  load_tile<BM, HDIM>(sQ, gQ, p.q_row_stride, sq - row0, tid);
+  if (n_blocks > 0) {
+    load_tile<BN, HDIM>(sK, gK + static_cast<int64_t>(n_blocks - 1) * BN * p.k_row_stride,
+                        p.k_row_stride, sk - (n_blocks - 1) * BN, tid);
+  }
+  cp_async_commit();
+
+  const int warp_row = warp * 16 * MT;  // first row of this warp inside the block
+
+  uint32_t qf[S::kQInRegs ? MT : 1][S::kQInRegs ? KT : 1][4];
+  float acc[MT][DT][4];
+  float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][d][e] = 0.f;
+    }
+    row_max[mt][0] = row_max[mt][1] = kNegInf;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  cp_async_wait<0>();
+  __syncthreads();
+  if constexpr (S::kQInRegs) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int kk = 0; kk < KT; ++kk) {
+        const int row = warp_row + mt * 16 + (lane % 16);
+        ldsm_x4(qf[mt][kk], smem_addr(sQ + swz<HDIM>(row, kk * 2 + lane / 16)));
+      }
+    }
+  }
+
+  const float scale_log2 = p.scale_log2;
+
+  for (int n = n_blocks - 1; n >= 0; --n) {
+    __syncthreads();  // every warp is done reading sV
+    load_tile<BN, HDIM>(sV, gV + static_cast<int64_t>(n) * BN * p.v_row_stride, p.v_row_stride,
+                        sk - n * BN, tid);
+    cp_async_commit();
+    cp_async_wait<1>();  // K(n) has landed
+    __syncthreads();
+
+    // S = Q K^T
+    float s[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][t][e] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (S::kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
+        } else {
+          const int row = warp_row + mt * 16 + (lane % 16);
+          ldsm_x4(a[mt], smem_addr(sQ + swz<HDIM>(row, kk * 2 + lane / 16)));
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t bk[4];
+        const int key = np * 16 + (lane / 16) * 8 + (lane % 8);
+        ldsm_x4(bk, smem_addr(sK + swz<HDIM>(key, kk * 2 + (lane / 8) % 2)));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<T>::run(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          Mma<T>::run(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+    // Masks: only the tile that holds the end of the keys and tiles crossing the diagonal.
+    const int col0 = n * BN;
+    const bool need_mask = (col0 + BN > sk) || (CAUSAL && col0 + BN - 1 > row0 + sk - sq);
+    if (need_mask) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = row0 + warp_row + mt * 16 + lane / 4 + 8 * r;
+          const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = col0 + t * 8 + 2 * (lane % 4) + e;
+              if (col >= limit) s[mt][t][2 * r + e] = kNegInf;
+            }
+          }
+        }
+      }
+    }
+
+    __syncthreads();  // every warp is done reading sK
+    if (n > 0) {
+      load_tile<BN, HDIM>(sK, gK + static_cast<int64_t>(n - 1) * BN * p.k_row_stride,
+                          p.k_row_stride, sk - (n - 1) * BN, tid);
+    }
+    cp_async_commit();
+
+    // Online softmax, in the exp2 domain.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[mt][r];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s[mt][t][2 * r], s[mt][t][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_scaled = (mx == kNegInf) ? 0.f : mx * scale_log2;
+        const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
+        row_max[mt][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = fast_exp2(fmaf(s[mt][t][2 * r + e], scale_log2, -m_scaled));
+            s[mt][t][2 * r + e] = x;
+            sum += x;
+          }
+        }
+        row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+        for (int d = 0; d < DT; ++d) {
+          acc[mt][d][2 * r] *= alpha;
+          acc[mt][d][2 * r + 1] *= alpha;
+        }
+      }
+    }
+
+    cp_async_wait<1>();  // V(n) has landed
+    __syncthreads();
+
+    // O += P V
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = Mma<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = Mma<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = Mma<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = Mma<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        uint32_t bv[4];
+        const int key = kk * 16 + (lane % 16);
+        ldsm_x4_t(bv, smem_addr(sV + swz<HDIM>(key, dp * 2 + lane / 16)));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<T>::run(acc[mt][2 * dp], a[mt], bv[0], bv[1]);
+          Mma<T>::run(acc[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: normalise, write LSE, stage O through this warp's rows of sQ, store 16 bytes
+  // per thread. A warp only ever reads its own rows of sQ, so no CTA barrier is needed.
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const bool empty = !(sum > 0.f);
+      const float inv = empty ? 0.f : 1.f / sum;
+#pragma unroll
+      for (int d = 0; d < DT; ++d) {
+        acc[mt][d][2 * r] *= inv;
+        acc[mt][d][2 * r + 1] *= inv;
+      }
+      const int row = row0 + warp_row + mt * 16 + lane / 4 + 8 * r;
+      if (p.lse != nullptr && (lane % 4) == 0 && row < sq) {
+        const float lse =
+            empty ? kNegInf : (row_max[mt][r] * scale_log2 + __log2f(sum)) * kLn2;
+        p.lse[lse_off + head * p.lse_head_stride + row] = lse;
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp_row + mt * 16 + lane / 4 + 8 * r;
+        const int col = d * 8 + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(sQ + swz<HDIM>(row, d) + (col & 7)) =
+            Mma<T>::pack(acc[mt][d][2 * r], acc[mt][d][2 * r + 1]);
+      }
+    }
+  }
+  __syncwarp();
+  constexpr int kChunks = HDIM / 8;
+  constexpr int kWarpChunks = 16 * MT * kChunks;
+#pragma unroll
+  for (int i = 0; i < kWarpChunks / 32; ++i) {
+    const int idx = i * 32 + lane;
+    const int row = warp_row + idx / kChunks;
+    const int c = idx % kChunks;
+    if (row0 + row < sq) {
+      *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(row) * p.o_row_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(sQ + swz<HDIM>(row, c));
+    }
+  }
+}
+
+template <typename T, int HDIM, bool CAUSAL>
+cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  using S = FwdShape<HDIM>;
+  constexpr int smem = S::template smem_bytes<T>();
+  auto kernel = fmha_fwd_kernel<T, HDIM, CAUSAL>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((params.seqlen_q + S::kBlockM - 1) / S::kBlockM, params.num_heads, params.batch);
+  kernel<<<grid, kThreads, smem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace kforge_fmha
+
+#define KFORGE_FMHA_INSTANTIATE(T, HDIM)                                                       \
+  template cudaError_t kforge_fmha::launch_fwd<T, HDIM, false>(const kforge_fmha::FwdParams&, \
+                                                               cudaStream_t);                \
+  template cudaError_t kforge_fmha::launch_fwd<T, HDIM, true>(const kforge_fmha::FwdParams&,  \
+                                                              cudaStream_t);

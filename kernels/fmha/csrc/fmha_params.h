@@ -1,0 +1,45 @@
+// Internal parameters shared by the C API (fmha_api.cpp) and the kernels.
+// Not installed: the public surface is include/kforge_fmha.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+namespace kforge_fmha {
+
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // may be null
+
+  // Strides in elements. The head_dim stride is always 1.
+  // Batch strides are ignored when the matching cu_seqlens pointer is set.
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  // LSE row stride is 1. In varlen mode the row index is the packed token index and
+  // lse_batch_stride is ignored.
+  int64_t lse_batch_stride, lse_head_stride;
+
+  const int32_t* cu_seqlens_q;  // device, batch + 1 entries, or null
+  const int32_t* cu_seqlens_k;  // device, batch + 1 entries, or null
+
+  int batch;
+  int seqlen_q;  // fixed length, or max_seqlen_q in varlen mode
+  int seqlen_k;  // fixed length (ignored in varlen mode)
+  int num_heads;
+  int num_heads_k;
+  int head_ratio;  // num_heads / num_heads_k
+
+  float softmax_scale;
+  float scale_log2;  // softmax_scale * log2(e)
+};
+
+// One instantiation per (element type, head dim, causal). Defined in fmha_fwd_*.cu.
+template <typename T, int HDIM, bool CAUSAL>
+cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream);
+
+}  // namespace kforge_fmha

@@ -1,0 +1,111 @@
+/*
+ * kforge_fmha: fused forward multi-head attention (FlashAttention-2 style) as a plain C API.
+ *
+ * Tensors live on the GPU and are described by a device pointer and strides counted in
+ * ELEMENTS (not bytes). The last dimension (head_dim) must be contiguous (stride 1); every
+ * other stride must be a multiple of 8 elements and every pointer 16-byte aligned.
+ *
+ *   fixed-length batch:  q [batch, seqlen_q, num_heads,   head_dim]
+ *                        k [batch, seqlen_k, num_heads_k, head_dim]   (v likewise)
+ *                        o [batch, seqlen_q, num_heads,   head_dim]
+ *                        lse [batch, num_heads, seqlen_q] float32 (optional)
+ *   packed varlen batch: q [total_q, num_heads, head_dim], k/v [total_k, num_heads_k, head_dim],
+ *                        sequence b owns rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1,
+ *                        lse [num_heads, total_q] float32 (optional)
+ *
+ * num_heads_k must divide num_heads (GQA/MQA: query head h reads kv head h / (num_heads /
+ * num_heads_k)). The causal mask is aligned to the bottom-right corner: query i sees key j
+ * when j <= i + seqlen_k - seqlen_q (the usual rule for decoding with a KV cache; it is the
+ * plain lower triangle when seqlen_q == seqlen_k). A query row that sees no key gets O = 0 and
+ * lse = -inf. The softmax scale must be finite and > 0 (pass 1/sqrt(head_dim) for the usual one).
+ *
+ * Every function returns a kforge_fmha_status; on failure kforge_fmha_last_error() returns a
+ * message for the calling thread. Kernels are launched asynchronously on `stream`; launch
+ * errors are reported, errors during execution surface at the next synchronisation.
+ */
+#ifndef KFORGE_FMHA_H_
+#define KFORGE_FMHA_H_
+
+#include <stdint.h>
+
+#if !defined(__DRIVER_TYPES_H__)
+/* Same definition as CUDA's driver_types.h, so this header needs no CUDA include path. */
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+#endif
+
+#if defined(_WIN32)
+#define KFORGE_FMHA_API __declspec(dllexport)
+#else
+#define KFORGE_FMHA_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KFORGE_FMHA_VERSION_MAJOR 0
+#define KFORGE_FMHA_VERSION_MINOR 1
+#define KFORGE_FMHA_VERSION_PATCH 0
+
+typedef enum kforge_fmha_status {
+  KFORGE_FMHA_SUCCESS = 0,
+  KFORGE_FMHA_ERROR_INVALID_ARGUMENT = 1, /* bad pointer, shape, stride, scale, ... */
+  KFORGE_FMHA_ERROR_UNSUPPORTED = 2,      /* valid request this build cannot serve (dtype, head_dim, GPU arch) */
+  KFORGE_FMHA_ERROR_NO_DEVICE = 3,        /* no CUDA driver or no CUDA GPU */
+  KFORGE_FMHA_ERROR_CUDA = 4              /* any other CUDA runtime error */
+} kforge_fmha_status;
+
+typedef enum kforge_fmha_dtype {
+  KFORGE_FMHA_FP16 = 0,
+  KFORGE_FMHA_BF16 = 1
+} kforge_fmha_dtype;
+
+/* "0.1.0" */
+KFORGE_FMHA_API const char* kforge_fmha_version(void);
+
+/* Message for the last failed call on this thread ("" when none). Valid until the next call. */
+KFORGE_FMHA_API const char* kforge_fmha_last_error(void);
+
+/* Name of a status code, e.g. "KFORGE_FMHA_ERROR_INVALID_ARGUMENT". */
+KFORGE_FMHA_API const char* kforge_fmha_status_name(kforge_fmha_status status);
+
+/* Compute capabilities this library has kernels for, e.g. "80;90a". */
+KFORGE_FMHA_API const char* kforge_fmha_built_archs(void);
+
+/* Checks that a CUDA driver and a GPU are present and that the current device can run the
+ * kernels; *major / *minor receive its compute capability (either may be NULL). */
+KFORGE_FMHA_API kforge_fmha_status kforge_fmha_device_check(int* major, int* minor);
+
+/* Fixed-length batch. Strides: {batch, row (sequence position), head}. lse may be NULL;
+ * lse_stride = {batch, head}, its row stride is 1. */
+KFORGE_FMHA_API kforge_fmha_status kforge_fmha_fwd(
+    kforge_fmha_dtype dtype, int head_dim,
+    const void* q, const int64_t q_stride[3],
+    const void* k, const int64_t k_stride[3],
+    const void* v, const int64_t v_stride[3],
+    void* o, const int64_t o_stride[3],
+    float* lse, const int64_t lse_stride[2],
+    int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
+    float softmax_scale, int causal, cudaStream_t stream);
+
+/* Packed variable-length batch. Strides: {row (packed token), head}. cu_seqlens_q/k are
+ * DEVICE arrays of batch + 1 int32 prefix sums starting at 0. max_seqlen_q must be >= every
+ * query length (it sizes the grid); max_seqlen_k is only checked for sanity. lse may be NULL;
+ * lse_head_stride is its head stride and its token stride is 1. */
+KFORGE_FMHA_API kforge_fmha_status kforge_fmha_varlen_fwd(
+    kforge_fmha_dtype dtype, int head_dim,
+    const void* q, const int64_t q_stride[2],
+    const void* k, const int64_t k_stride[2],
+    const void* v, const int64_t v_stride[2],
+    void* o, const int64_t o_stride[2],
+    float* lse, int64_t lse_head_stride,
+    const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+    int batch, int max_seqlen_q, int max_seqlen_k, int num_heads, int num_heads_k,
+    float softmax_scale, int causal, cudaStream_t stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KFORGE_FMHA_H_ */

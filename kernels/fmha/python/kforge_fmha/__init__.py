@@ -1,0 +1,135 @@
+"""kforge_fmha: fused forward attention (FlashAttention-2 style) for fp16/bf16, head dims 64
+and 128, causal or not, GQA/MQA and packed variable-length batches.
+
+The kernels live in libkforge_fmha.so, a plain C library called through ctypes; nothing here
+links against torch. torch tensors and any DLPack producer (CuPy, JAX, ...) are accepted.
+With torch tensors the call goes through the custom op ``torch.ops.kforge_fmha.fwd`` on
+torch's current CUDA stream, so it works inside ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Any
+
+from . import _api, _lib
+from ._lib import (
+    FmhaArgumentError,
+    FmhaCudaError,
+    FmhaError,
+    FmhaNoDeviceError,
+    FmhaUnsupportedError,
+    library_path,
+)
+from ._tensor import describe, is_torch_tensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FmhaArgumentError",
+    "FmhaCudaError",
+    "FmhaError",
+    "FmhaNoDeviceError",
+    "FmhaUnsupportedError",
+    "built_archs",
+    "device_check",
+    "fmha_fwd",
+    "fmha_varlen_fwd",
+    "library_path",
+    "library_version",
+]
+
+
+def library_version() -> str:
+    """Version string of the loaded C library."""
+    return _lib.library().kforge_fmha_version().decode()
+
+
+def built_archs() -> list[str]:
+    """CUDA archs the C library was compiled for, e.g. ['90a']."""
+    return _lib.library().kforge_fmha_built_archs().decode().split()
+
+
+def device_check() -> tuple[int, int]:
+    """(major, minor) compute capability of the current GPU; raises FmhaNoDeviceError without one."""
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    _lib.check(_lib.library().kforge_fmha_device_check(ctypes.byref(major), ctypes.byref(minor)))
+    return major.value, minor.value
+
+
+def fmha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: float | None = None,
+             return_lse: bool = False, out: Any = None, lse: Any = None,
+             stream: int | None = None) -> Any:
+    """Attention over a fixed-length batch.
+
+    q: (batch, seqlen_q, num_heads, head_dim); k, v: (batch, seqlen_k, num_heads_k, head_dim).
+    Returns out (like q), or (out, lse) with lse (batch, num_heads, seqlen_q) float32 when
+    return_lse. softmax_scale defaults to 1/sqrt(head_dim). Causal masks are aligned to the
+    bottom-right corner (query i sees key j <= i + seqlen_k - seqlen_q).
+    """
+    return _call(q, k, v, None, None, None, None, causal, softmax_scale, return_lse, out, lse,
+                 stream)
+
+
+def fmha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                    max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                    softmax_scale: float | None = None, return_lse: bool = False,
+                    out: Any = None, lse: Any = None, stream: int | None = None) -> Any:
+    """Attention over a packed variable-length batch.
+
+    q: (total_q, num_heads, head_dim); k, v: (total_k, num_heads_k, head_dim); cu_seqlens_q/k:
+    int32 (batch + 1,) prefix sums on the GPU. max_seqlen_q must be >= every query length.
+    lse has shape (num_heads, total_q).
+    """
+    return _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                 softmax_scale, return_lse, out, lse, stream)
+
+
+def _call(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, return_lse, out, lse,
+          stream):
+    varlen = cu_q is not None or cu_k is not None
+    tensors = [q, k, v] + ([cu_q, cu_k] if varlen else [])
+    all_torch = all(is_torch_tensor(t) for t in tensors if t is not None)
+    names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
+    infos = [describe(n, t, stream) if t is not None else None for n, t in zip(names, tensors)]
+    qi, ki, vi = infos[:3]
+    ci, cki = (infos[3], infos[4]) if varlen else (None, None)
+    p = _api.validate(qi, ki, vi, varlen=varlen, cu_q=ci, cu_k=cki, max_seqlen_q=max_q,
+                      max_seqlen_k=max_k, softmax_scale=softmax_scale, causal=causal)
+
+    if all_torch and out is None and lse is None and stream is None:
+        from . import _torch
+
+        _torch.ensure_registered()
+        torch = sys.modules["torch"]
+        o, l = torch.ops.kforge_fmha.fwd(q, k, v, cu_q, cu_k, p.seqlen_q, p.seqlen_k,
+                                         p.softmax_scale, p.causal)
+        return (o, l) if return_lse else o
+
+    # Direct path: caller-provided outputs, a caller-chosen stream, or non-torch arrays.
+    if out is None:
+        if not all_torch:
+            raise FmhaArgumentError(
+                "kforge_fmha: pass out= (and lse= if you need it) when the inputs are not torch "
+                "tensors; kforge_fmha does not allocate memory for DLPack producers")
+        torch = sys.modules["torch"]
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if lse is None and return_lse and all_torch:
+        torch = sys.modules["torch"]
+        lse = torch.empty(_api.Problem.lse_shape_for(varlen, p.batch, p.num_heads, p.seqlen_q,
+                                                     q.shape[0] if varlen else None),
+                          dtype=torch.float32, device=q.device)
+    oi = describe("out", out, stream)
+    li = describe("lse", lse, stream) if lse is not None else None
+    _api.check_outputs(p, qi, oi, li)
+    if stream is None:
+        stream = _api.torch_stream(p.device_index) if all_torch else 0
+    _api.launch(p, qi, ki, vi, oi, li, ci, cki, stream)
+    return (out, lse) if return_lse else out
+
+
+if "torch" in sys.modules:  # torch already imported by the caller: register the op now
+    from . import _torch as _torch_mod
+
+    _torch_mod.ensure_registered()

@@ -1,0 +1,76 @@
+// C API test: every validation error comes back as a status code with a message, before any
+// CUDA call, so this part runs on machines without a GPU. With a GPU it also checks that a host
+// pointer is refused; without one it checks the NO_DEVICE error.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "kforge_fmha.h"
+
+static int failures = 0;
+
+static void expect(const char* what, kforge_fmha_status got, kforge_fmha_status want,
+                   const char* needle) {
+  const char* msg = kforge_fmha_last_error();
+  const bool ok = got == want && (needle == nullptr || std::strstr(msg, needle) != nullptr);
+  std::printf("%s %-40s -> %s: %s\n", ok ? "ok  " : "FAIL", what, kforge_fmha_status_name(got), msg);
+  if (!ok) {
+    std::printf("     wanted %s with a message containing '%s'\n", kforge_fmha_status_name(want),
+                needle ? needle : "");
+    ++failures;
+  }
+}
+
+int main() {
+  // Fake, well-aligned addresses: validation must reject the call before touching them.
+  void* q = reinterpret_cast<void*>(0x10000);
+  void* k = reinterpret_cast<void*>(0x20000);
+  void* v = reinterpret_cast<void*>(0x30000);
+  void* o = reinterpret_cast<void*>(0x40000);
+  const int64_t s3[3] = {128 * 8 * 64, 8 * 64, 64};
+  const int64_t s2[2] = {8 * 64, 64};
+  const int32_t* cu = reinterpret_cast<const int32_t*>(0x50000);
+  const kforge_fmha_dtype bf16 = KFORGE_FMHA_BF16;
+
+  if (std::strcmp(kforge_fmha_version(), "0.1.0") != 0) {
+    std::printf("FAIL version %s\n", kforge_fmha_version());
+    ++failures;
+  }
+  expect("head_dim 96", kforge_fmha_fwd(bf16, 96, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_UNSUPPORTED, "head_dim 96");
+  expect("dtype 7", kforge_fmha_fwd(static_cast<kforge_fmha_dtype>(7), 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_UNSUPPORTED, "dtype 7");
+  expect("q NULL", kforge_fmha_fwd(bf16, 64, nullptr, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "q is NULL");
+  expect("k misaligned", kforge_fmha_fwd(bf16, 64, q, s3, static_cast<char*>(k) + 2, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "16-byte aligned");
+  expect("GQA 8 / 3", kforge_fmha_fwd(bf16, 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 3, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "not a multiple of num_heads_k");
+  expect("scale 0", kforge_fmha_fwd(bf16, 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.0f, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "softmax_scale");
+  const int64_t odd[3] = {128 * 8 * 64, 8 * 64 + 1, 64};
+  expect("row stride 513", kforge_fmha_fwd(bf16, 64, q, odd, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "row stride is 513");
+  expect("negative seqlen", kforge_fmha_fwd(bf16, 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, -1, 128, 8, 8, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "seqlen_q=-1");
+  expect("varlen without cu_seqlens_k", kforge_fmha_varlen_fwd(bf16, 64, q, s2, k, s2, v, s2, o, s2, nullptr, 0, cu, nullptr, 2, 128, 128, 8, 8, 0.125f, 1, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "cu_seqlens_k");
+
+  int major = 0, minor = 0;
+  const kforge_fmha_status dev = kforge_fmha_device_check(&major, &minor);
+  if (dev == KFORGE_FMHA_ERROR_NO_DEVICE) {
+    // A well-formed call on a machine without a GPU: a clear NO_DEVICE error, no crash.
+    expect("valid call, no GPU", kforge_fmha_fwd(bf16, 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
+           KFORGE_FMHA_ERROR_NO_DEVICE, "NVIDIA");
+  } else if (dev == KFORGE_FMHA_SUCCESS) {
+    std::printf("GPU sm_%d%d present\n", major, minor);
+    static char host[4 * 128 * 8 * 64 * 2 + 64];
+    void* h = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(host) + 15) & ~uintptr_t(15));
+    expect("host pointer", kforge_fmha_fwd(bf16, 64, h, s3, h, s3, h, s3, h, s3, nullptr, nullptr, 1, 128, 128, 8, 8, 0.125f, 0, nullptr),
+           KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "host pointer");
+  } else {
+    expect("device check", dev, KFORGE_FMHA_SUCCESS, nullptr);
+  }
+  std::printf("%d failure(s)\n", failures);
+  return failures == 0 ? 0 : 1;
+}

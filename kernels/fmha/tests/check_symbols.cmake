@@ -1,0 +1,26 @@
+# ctest helper: the built library must not leave __cudaRegisterLinkedBinary_* undefined (that
+# happens when relocatable device code is linked without a device-link step), and must not
+# need a shared libcudart (cudart is linked statically).
+if(NOT LIB OR NOT EXISTS "${LIB}")
+  message(FATAL_ERROR "check_symbols: library '${LIB}' not found")
+endif()
+if(NOT NM)
+  find_program(NM nm REQUIRED)
+endif()
+execute_process(COMMAND "${NM}" -D --undefined-only "${LIB}"
+  OUTPUT_VARIABLE undefined RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "check_symbols: '${NM} -D --undefined-only ${LIB}' failed (${rc})")
+endif()
+string(REGEX MATCHALL "__cudaRegisterLinkedBinary[A-Za-z0-9_]*" bad "${undefined}")
+if(bad)
+  message(FATAL_ERROR "check_symbols: ${LIB} has undefined symbols: ${bad}")
+endif()
+find_program(READELF readelf)
+if(READELF)
+  execute_process(COMMAND "${READELF}" -d "${LIB}" OUTPUT_VARIABLE dyn RESULT_VARIABLE rc)
+  if(dyn MATCHES "libcudart")
+    message(FATAL_ERROR "check_symbols: ${LIB} has a NEEDED entry for libcudart:\n${dyn}")
+  endif()
+endif()
+message(STATUS "check_symbols: ${LIB}: no undefined __cudaRegisterLinkedBinary_*, no libcudart NEEDED")

@@ -1,0 +1,288 @@
+"""CPU tests for the installed kforge_fmha: the library loads, is linked right, validates its
+arguments with clear errors, and says clearly that there is no GPU. Runs in CI (no GPU).
+
+Validation tests use torch tensors on the ``meta`` device (shapes and strides, no memory), and
+a small fake DLPack producer that claims to be a CUDA array.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import kforge_fmha  # noqa: E402  (imported after torch: the custom op registers at import)
+from kforge_fmha import (  # noqa: E402
+    FmhaArgumentError,
+    FmhaError,
+    FmhaNoDeviceError,
+    FmhaUnsupportedError,
+)
+
+
+def _has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+# --- the library -----------------------------------------------------------------------------
+
+
+def test_library_loads_and_reports_version() -> None:
+    assert kforge_fmha.library_path().is_file()
+    assert kforge_fmha.library_version() == kforge_fmha.__version__ == "0.1.0"
+
+
+def test_built_archs_are_sm80_or_newer() -> None:
+    archs = kforge_fmha.built_archs()
+    assert archs, "the library reports no CUDA archs"
+    for arch in archs:
+        assert int("".join(ch for ch in arch if ch.isdigit())[:3].rstrip("0") or "0") >= 8, arch
+
+
+def _elf():
+    from elftools.elf.elffile import ELFFile
+
+    f = open(kforge_fmha.library_path(), "rb")
+    return f, ELFFile(f)
+
+
+def test_no_undefined_cuda_register_linked_binary_symbols() -> None:
+    f, elf = _elf()
+    with f:
+        dynsym = elf.get_section_by_name(".dynsym")
+        assert dynsym is not None
+        undefined = [s.name for s in dynsym.iter_symbols() if s["st_shndx"] == "SHN_UNDEF"]
+    bad = [name for name in undefined if name.startswith("__cudaRegisterLinkedBinary")]
+    assert not bad, f"undefined device-link symbols: {bad}"
+    # The check itself must see symbols, or it proves nothing.
+    assert undefined, "no undefined symbols at all: .dynsym was not read"
+
+
+def test_cudart_is_static_and_only_the_api_is_exported() -> None:
+    f, elf = _elf()
+    with f:
+        dynamic = elf.get_section_by_name(".dynamic")
+        needed = [t.needed for t in dynamic.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+        dynsym = elf.get_section_by_name(".dynsym")
+        exported = sorted(
+            s.name for s in dynsym.iter_symbols()
+            if s["st_shndx"] != "SHN_UNDEF" and s["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK")
+            and s["st_info"]["type"] == "STT_FUNC"
+        )
+    assert not [n for n in needed if "cudart" in n], needed
+    assert "kforge_fmha_fwd" in exported and "kforge_fmha_varlen_fwd" in exported
+    leaked = [n for n in exported if not n.startswith("kforge_fmha_") and n not in ("_init", "_fini")]
+    assert not leaked, f"symbols leaked from the static CUDA runtime: {leaked[:10]}"
+
+
+def test_import_does_not_import_torch() -> None:
+    code = "import sys, kforge_fmha; kforge_fmha.library_version(); print('torch' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "False"
+
+
+# --- no GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(_has_gpu(), reason="checks the behaviour on a machine without a GPU")
+def test_device_check_without_gpu_is_a_clear_error() -> None:
+    with pytest.raises(FmhaNoDeviceError, match="NVIDIA") as info:
+        kforge_fmha.device_check()
+    assert "KFORGE_FMHA_ERROR_NO_DEVICE" in str(info.value)
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_CAPSULE_NAME = b"dltensor"
+
+
+class FakeCudaArray:
+    """A DLPack producer that claims CUDA memory at a fake address (never dereferenced)."""
+
+    def __init__(self, shape: tuple[int, ...], code: int = 4, bits: int = 16,
+                 address: int = 0x7F0000000000) -> None:
+        from kforge_fmha import _tensor
+
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.append(acc)
+            acc *= s
+        self._shape = (ctypes.c_int64 * len(shape))(*shape)
+        self._strides = (ctypes.c_int64 * len(shape))(*reversed(strides))
+        t = _tensor._DLTensor(address, _tensor._DLDevice(2, 0), len(shape),
+                              _tensor._DLDataType(code, bits, 1),
+                              ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64)),
+                              ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64)), 0)
+        self._managed = _tensor._DLManagedTensor(t, None, None)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        return _PyCapsule_New(ctypes.addressof(self._managed), _CAPSULE_NAME, None)
+
+
+@pytest.mark.skipif(_has_gpu(), reason="checks the behaviour on a machine without a GPU")
+def test_valid_call_without_gpu_raises_no_device() -> None:
+    q = FakeCudaArray((2, 128, 8, 64), address=0x7F0000000000)
+    k = FakeCudaArray((2, 128, 2, 64), address=0x7F0010000000)
+    v = FakeCudaArray((2, 128, 2, 64), address=0x7F0020000000)
+    o = FakeCudaArray((2, 128, 8, 64), address=0x7F0030000000)
+    with pytest.raises(FmhaNoDeviceError, match="NVIDIA"):
+        kforge_fmha.fmha_fwd(q, k, v, out=o, causal=True)
+
+
+def test_dlpack_producer_without_out_is_refused() -> None:
+    q = FakeCudaArray((1, 16, 2, 64))
+    with pytest.raises(FmhaArgumentError, match="pass out="):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_dlpack_float32_is_refused() -> None:
+    q = FakeCudaArray((1, 16, 2, 64), code=2, bits=32)
+    with pytest.raises(FmhaArgumentError, match="float32"):
+        kforge_fmha.fmha_fwd(q, q, q, out=q)
+
+
+# --- argument validation (meta tensors: shapes and strides without memory) -------------------
+
+
+def meta(*shape: int, dtype=torch.bfloat16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def test_custom_op_is_registered_and_its_fake_gives_shapes() -> None:
+    assert hasattr(torch.ops.kforge_fmha, "fwd")
+    q, k = meta(2, 100, 8, 128), meta(2, 300, 2, 128)
+    out, lse = kforge_fmha.fmha_fwd(q, k, k, causal=True, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+
+
+def test_varlen_fake_shapes() -> None:
+    q, k = meta(57, 4, 64, dtype=torch.float16), meta(90, 1, 64, dtype=torch.float16)
+    cu = torch.empty(4, dtype=torch.int32, device="meta")
+    out, lse = kforge_fmha.fmha_varlen_fwd(q, k, k, cu, cu, 30, 40, return_lse=True)
+    assert out.shape == (57, 4, 64) and lse.shape == (4, 57)
+
+
+def test_cpu_tensor_is_refused() -> None:
+    q = torch.zeros(1, 16, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(FmhaArgumentError, match=r"q is on cpu:0; .*CUDA"):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_float32_is_refused() -> None:
+    q = meta(1, 16, 2, 64, dtype=torch.float32)
+    with pytest.raises(FmhaArgumentError, match="dtype float32.*float16 and bfloat16"):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_mixed_dtypes_are_refused() -> None:
+    q, k = meta(1, 16, 2, 64), meta(1, 16, 2, 64, dtype=torch.float16)
+    with pytest.raises(FmhaArgumentError, match="k has dtype float16 but q has bfloat16"):
+        kforge_fmha.fmha_fwd(q, k, k)
+
+
+def test_head_dim_96_is_unsupported() -> None:
+    q = meta(1, 16, 2, 96)
+    with pytest.raises(FmhaUnsupportedError, match="head_dim 96"):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_wrong_rank_is_refused() -> None:
+    q = meta(16, 2, 64)
+    with pytest.raises(FmhaArgumentError, match=r"expected 4: \(batch, seqlen, num_heads, head_dim\)"):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_gqa_heads_must_divide() -> None:
+    q, k = meta(1, 16, 8, 64), meta(1, 16, 3, 64)
+    with pytest.raises(FmhaArgumentError, match="8 heads and k/v have 3"):
+        kforge_fmha.fmha_fwd(q, k, k)
+
+
+def test_k_v_shapes_must_match() -> None:
+    q, k, v = meta(1, 16, 2, 64), meta(1, 16, 2, 64), meta(1, 17, 2, 64)
+    with pytest.raises(FmhaArgumentError, match="k has shape"):
+        kforge_fmha.fmha_fwd(q, k, v)
+
+
+def test_batch_must_match() -> None:
+    q, k = meta(2, 16, 2, 64), meta(3, 16, 2, 64)
+    with pytest.raises(FmhaArgumentError, match="q has batch 2 but k/v have 3"):
+        kforge_fmha.fmha_fwd(q, k, k)
+
+
+def test_non_contiguous_head_dim_is_refused() -> None:
+    q = meta(1, 64, 2, 64).transpose(1, 3)  # head_dim now has stride 128
+    with pytest.raises(FmhaArgumentError, match="last dimension .* not contiguous"):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_unaligned_row_stride_is_refused() -> None:
+    q = meta(1, 16, 1, 68)[..., :64]  # row stride 68 elements
+    with pytest.raises(FmhaArgumentError, match="stride 68 in dimension 1"):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_scale_must_be_positive() -> None:
+    q = meta(1, 16, 2, 64)
+    with pytest.raises(FmhaArgumentError, match="softmax_scale is -1.0"):
+        kforge_fmha.fmha_fwd(q, q, q, softmax_scale=-1.0)
+
+
+def test_varlen_cu_seqlens_must_be_int32() -> None:
+    q = meta(40, 2, 64)
+    cu = torch.empty(3, dtype=torch.int64, device="meta")
+    with pytest.raises(FmhaArgumentError, match="cu_seqlens_q has dtype int64; it must be int32"):
+        kforge_fmha.fmha_varlen_fwd(q, q, q, cu, cu, 20, 20)
+
+
+def test_varlen_cu_seqlens_lengths_must_match() -> None:
+    q = meta(40, 2, 64)
+    cu3 = torch.empty(3, dtype=torch.int32, device="meta")
+    cu4 = torch.empty(4, dtype=torch.int32, device="meta")
+    with pytest.raises(FmhaArgumentError, match="cu_seqlens_q has 3 entries and cu_seqlens_k has 4"):
+        kforge_fmha.fmha_varlen_fwd(q, q, q, cu3, cu4, 20, 20)
+
+
+def test_varlen_needs_3d_tensors() -> None:
+    q = meta(1, 40, 2, 64)
+    cu = torch.empty(2, dtype=torch.int32, device="meta")
+    with pytest.raises(FmhaArgumentError, match=r"expected 3: \(total_tokens"):
+        kforge_fmha.fmha_varlen_fwd(q, q, q, cu, cu, 40, 40)
+
+
+def test_not_a_tensor_is_refused() -> None:
+    with pytest.raises(FmhaArgumentError, match="q is a list"):
+        kforge_fmha.fmha_fwd([1, 2], [1], [1])
+
+
+def test_all_errors_share_a_base_class() -> None:
+    assert issubclass(FmhaArgumentError, FmhaError) and issubclass(FmhaArgumentError, ValueError)
+    assert issubclass(FmhaNoDeviceError, FmhaError)
+
+
+# --- the C API directly, through ctypes --------------------------------------------------------
+
+
+def test_c_api_validation_errors_have_text() -> None:
+    from kforge_fmha import _lib
+
+    lib = _lib.library()
+    s = _lib.strides(128 * 8 * 64, 8 * 64, 64)
+    fake = 0x7F0000000000
+    status = lib.kforge_fmha_fwd(1, 64, fake, s, fake, s, fake, s, fake, s, None, None,
+                                 2, 128, 128, 8, 3, 0.125, 0, None)
+    assert status == 1
+    assert b"not a multiple of num_heads_k" in lib.kforge_fmha_last_error()
+    with pytest.raises(FmhaArgumentError, match="KFORGE_FMHA_ERROR_INVALID_ARGUMENT"):
+        _lib.check(status)
+    status = lib.kforge_fmha_fwd(1, 80, fake, s, fake, s, fake, s, fake, s, None, None,
+                                 2, 128, 128, 8, 8, 0.125, 0, None)
+    assert status == 2 and b"head_dim 80" in lib.kforge_fmha_last_error()
