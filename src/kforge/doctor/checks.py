@@ -40,7 +40,7 @@ NO_KERNEL_IMAGE = "'no kernel image is available for execution on the device'"
 def check(
     report: WheelReport | BinaryReport,
     *,
-    expect_archs: Sequence[str] = (),
+    expect_archs: Sequence[object] = (),
     policy: RepairPolicy | None = None,
 ) -> list[Finding]:
     """Every finding for ``report``: errors first, then warnings, then info.
@@ -50,7 +50,7 @@ def check(
     wheel = report if isinstance(report, WheelReport) else None
     binaries = report.binaries if isinstance(report, WheelReport) else (report,)
     label = f"wheel {wheel.filename}" if wheel else "binary"
-    wanted = [(text, *parse_arch(text)) for text in expect_archs]
+    wanted = expected(expect_archs)
     findings: list[Finding] = []
 
     judged = [b for b in binaries if b.is_cuda and not _vendored(b.path)]
@@ -87,9 +87,38 @@ def check(
     return sorted(findings, key=lambda f: order.get(f.severity, 3))
 
 
+def expected(expect_archs: Sequence[object]) -> list[tuple[str, str | None, CudaArch]]:
+    """``(label, kind, arch)`` for each expected arch: kind is PTX for ``compute_XY`` (PTX required),
+    None for SASS. ``sm_90+PTX`` (or a :class:`kforge.arch.Arch` with ``ptx``) asks for both.
+
+    Spellings go through :func:`kforge.arch.parse_arch`, the one table of known archs and suffixes,
+    so a misspelt or unknown arch is an :class:`~kforge.errors.ArchError` with a suggestion.
+    """
+    from kforge.arch import parse_arch as parse_known
+
+    out: list[tuple[str, str | None, CudaArch]] = []
+    for item in expect_archs:
+        if isinstance(item, str):
+            text = item.strip().lower()
+            known = parse_known(text)
+            pair = CudaArch(known.major, known.minor, known.variant)
+            if text.startswith("compute_"):
+                kinds: tuple[str | None, ...] = (PTX,)
+            else:
+                kinds = (None, PTX) if known.ptx else (None,)
+        else:  # a kforge.arch.Arch from the plan
+            pair = CudaArch(item.major, item.minor, item.variant)  # type: ignore[attr-defined]
+            kinds = (None, PTX) if getattr(item, "ptx", False) else (None,)
+        for kind in kinds:
+            label = pair.compute if kind == PTX else pair.sm
+            if all(label != w[0] for w in out):
+                out.append((label, kind, pair))
+    return out
+
+
 def verify(
     report: WheelReport | BinaryReport,
-    expect_archs: Sequence[str] = (),
+    expect_archs: Sequence[object] = (),
     policy: RepairPolicy | None = None,
 ) -> list[Finding]:
     """Like :func:`check`, but raise :class:`DoctorError` when there is any error finding.

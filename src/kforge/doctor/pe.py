@@ -35,7 +35,7 @@ def read_pe(data: bytes, path: str) -> BinaryReport:
         fatbins: list[FatbinEntry] = []
         sizes = []
         for sec in pe.sections:
-            name = sec.Name.rstrip(b"\0").decode("ascii", "replace")
+            name = _section_name(pe, data, sec.Name)
             sizes.append(SectionSize(name, int(sec.SizeOfRawData)))
             if name in FATBIN_SECTIONS or name in SCANNED_SECTIONS:
                 raw = sec.get_data()
@@ -64,3 +64,18 @@ def read_pe(data: bytes, path: str) -> BinaryReport:
         needed=tuple(needed),
         sections=tuple(sizes),
     )
+
+
+def _section_name(pe: pefile.PE, data: bytes, raw: bytes) -> str:
+    """A section's name; GNU tools write names longer than 8 bytes as ``/<offset>`` into the
+    COFF string table (which follows the symbol table)."""
+    name = raw.rstrip(b"\0").decode("ascii", "replace")
+    if not (name.startswith("/") and name[1:].isdigit()):
+        return name
+    header = pe.FILE_HEADER
+    table = header.PointerToSymbolTable + header.NumberOfSymbols * 18
+    start = table + int(name[1:])
+    if not header.PointerToSymbolTable or start >= len(data):
+        return name
+    end = data.find(b"\0", start)
+    return data[start : end if end >= 0 else len(data)].decode("ascii", "replace") or name
