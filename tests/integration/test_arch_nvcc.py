@@ -1,6 +1,7 @@
 """kforge.arch against the real nvcc: the table agrees with it, and rendered flags compile.
 
-Uses ``$KFORGE_NVCC``, else ``/usr/local/cuda-13.0/bin/nvcc``, else ``nvcc`` on PATH. Every
+Uses ``$KFORGE_NVCC``, else ``$CUDA_HOME/bin/nvcc``, else ``/usr/local/cuda-13.0/bin/nvcc``, else
+``nvcc`` on PATH. Every
 compile is one tiny kernel at -O0; the whole module takes a few seconds.
 """
 
@@ -43,9 +44,9 @@ class RealNvcc:
 
 @pytest.fixture(scope="session")
 def nvcc() -> RealNvcc:
-    path = os.environ.get("KFORGE_NVCC") or (
-        "/usr/local/cuda-13.0/bin/nvcc" if Path("/usr/local/cuda-13.0/bin/nvcc").exists() else shutil.which("nvcc")
-    )
+    candidates = [os.environ.get("KFORGE_NVCC"), os.environ.get("CUDA_HOME") and f"{os.environ['CUDA_HOME']}/bin/nvcc",
+                  "/usr/local/cuda-13.0/bin/nvcc", shutil.which("nvcc")]
+    path = next((c for c in candidates if c and Path(c).is_file()), None)
     if not path:
         pytest.skip("no nvcc: set KFORGE_NVCC or put nvcc on PATH")
     version = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
