@@ -10,6 +10,7 @@ from rich.table import Table
 
 from kforge import patches, sources
 from kforge.commands._common import cache_dir, forge_from_args
+from kforge.commands.sources import console
 from kforge.config import Forge, Project
 from kforge.errors import PatchError, SourceError
 from kforge.series import PatchContext, Series, load_series
@@ -140,7 +141,7 @@ def run_status(args: argparse.Namespace) -> int:
         where, statuses = args.tree, patches.status(Path(args.tree), series, ctx)
     else:
         where, statuses = _pinned_statuses(forge, project, series, ctx)
-    render(statuses, f"patches/{project.name} against {where} ({ctx.platform}; {' '.join(ctx.archs)})", Console())
+    render(statuses, f"patches/{project.name} against {where} ({ctx.platform}; {' '.join(ctx.archs)})", console())
     return _exit(statuses)
 
 
@@ -212,7 +213,7 @@ def run_check(args: argparse.Namespace) -> int:
         pinned = sd.sha256 if args.sdist_version == sd.version else None
         report = patches.check_sdist(sd.name, args.sdist_version, series, ctx, cache_dir=cache_dir(),
                                      sha256=pinned, index_url=sd.index_url)
-    render(report.statuses, f"patches/{project.name} against {report.target}", Console())
+    render(report.statuses, f"patches/{project.name} against {report.target}", console())
     if report.sha256:
         print(f"sha256 of {report.target}: {report.sha256}")
     print("the series applies" if report.ok else "the series does NOT apply: fix the failing patches before bumping")

@@ -60,32 +60,44 @@ def collect(forge: Forge, names: list[str], cache: Path) -> list[tuple[sources.S
     return rows
 
 
-def render_status(rows: list[tuple[sources.SourceStatus, sources.Source, bool]], console: Console) -> None:
-    table = Table(title="upstream sources", title_justify="left", show_lines=False)
-    for col in ("project", "kind", "source", "pin", "state", "detail"):
-        table.add_column(col, overflow="fold")
+def console() -> Console:
+    """A console as wide as the terminal, or 120 columns in logs (CI), so tables stay readable."""
+    import os
+    import sys
+
+    wide = sys.stdout.isatty() or os.environ.get("COLUMNS")
+    return Console(width=None if wide else 120, soft_wrap=False)
+
+
+def render_status(rows: list[tuple[sources.SourceStatus, sources.Source, bool]], out: Console) -> None:
+    table = Table(title="upstream sources", title_justify="left")
+    table.add_column("project", no_wrap=True)
+    table.add_column("source", overflow="fold")
+    table.add_column("pin", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("detail", overflow="fold", ratio=1)
     for st, spec, primary in rows:
-        pin = st.pin[:12] if st.kind == "git" else (spec.sha256[:12] + "…" if isinstance(spec, sources.SdistSource) else "")
-        kind = st.kind + ("" if primary else " (alt)")
+        pin = st.pin[:10] if st.kind == "git" else (spec.sha256[:10] if isinstance(spec, sources.SdistSource) else "")
+        where = f"{st.kind}{'' if primary else ' (alt)'} {_where(spec)}"
         state = f"[{_STYLE.get(str(st.state), 'white')}]{st.state}[/]"
-        table.add_row(st.name, kind, _where(spec), pin, state, st.detail)
-    console.print(table)
-    fixes = [(st, spec) for st, spec, _ in rows if not st.ok and st.fix]
-    for st, spec in fixes:
-        console.print(f"[bold]{st.name}[/] ({_where(spec)}) is {st.state}: {st.fix}", highlight=False)
+        table.add_row(st.name, where, pin, state, st.detail)
+    out.print(table)
+    for st, spec, primary in rows:
+        if not st.ok and st.fix:
+            out.print(f"[bold]{st.name}[/] ({_where(spec)}) is {st.state}: {st.fix}", highlight=False)
 
 
 def run_status(args: argparse.Namespace) -> int:
     forge = forge_from_args(args)
     rows = collect(forge, args.projects, cache_dir())
-    render_status(rows, Console(soft_wrap=False))
+    render_status(rows, console())
     # Exit 1 only for a primary source a build would refuse (missing/dirty/wrong commit).
     return 1 if any(not st.ok and primary for st, _, primary in rows) else 0
 
 
 def run_sync(args: argparse.Namespace) -> int:
     forge = forge_from_args(args)
-    console = Console()
+    out = console()
     seen: set[object] = set()
     for project in _projects(forge, args.projects):
         for label, spec, _ in _specs(project):
@@ -94,19 +106,19 @@ def run_sync(args: argparse.Namespace) -> int:
             seen.add(spec)
             if isinstance(spec, sources.GitSource):
                 st = sources.sync(forge.root, spec, name=label)
-                console.print(f"{label}: {spec.path} {st.state} at {spec.commit[:12]}", highlight=False)
+                out.print(f"{label}: {spec.path} {st.state} at {spec.commit[:12]}", highlight=False)
             elif isinstance(spec, sources.SdistSource):
-                _fetch_one(label, spec, console)
+                _fetch_one(label, spec, out)
     return 0
 
 
 def run_fetch(args: argparse.Namespace) -> int:
     forge = forge_from_args(args)
-    console = Console()
+    out = console()
     fetched = 0
     for project in _projects(forge, args.projects):
         if project.sdist is not None:
-            _fetch_one(project.name, project.sdist, console)
+            _fetch_one(project.name, project.sdist, out)
             fetched += 1
     if fetched == 0:
         raise SourceError("none of the selected projects has an sdist source",
@@ -114,7 +126,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fetch_one(label: str, spec: sources.SdistSource, console: Console) -> None:
+def _fetch_one(label: str, spec: sources.SdistSource, out: Console) -> None:
     got = _sdist.fetch(spec.name, spec.version, spec.sha256, cache_dir=cache_dir(), index_url=spec.index_url)
     how = "cached" if got.from_cache else "downloaded"
-    console.print(f"{label}: {got.path.name} {how}, sha256 {got.sha256[:16]}… verified", highlight=False)
+    out.print(f"{label}: {got.path.name} {how}, sha256 {got.sha256[:16]}… verified", highlight=False)
