@@ -1,0 +1,249 @@
+"""What every backend does around a build command.
+
+:func:`run_step` runs one command through :func:`kforge.jobs.run_with_oom_retry` (one retry
+with half the jobs after an out-of-memory kill), behind the ``_peak`` wrapper that measures
+the largest process. Every line goes to the build log; ninja's ``[n/m]`` lines drive a live
+progress display (:class:`kforge.report.NinjaProgress`: units done of total, elapsed, ETA).
+A failure is a :class:`BuildError` with the command, exit code, output tail and log path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+from kforge.errors import BuildError
+from kforge.jobs import JobChoice, run_with_oom_retry
+from kforge.report import NinjaProgress, ProgressState
+
+#: How often (seconds) progress is printed as a plain line when the console is not a terminal (CI logs).
+PLAIN_INTERVAL = 30.0
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    seconds: float
+    peak_rss: int  # bytes, the largest single process over every attempt
+    retried_with_jobs: int | None
+    progress: ProgressState | None  # ninja's last [n/m] state, None if ninja never reported one
+    choice: JobChoice  # the jobs the successful attempt ran with
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class LiveProgress:
+    """A rich progress bar fed by build output lines; plain lines every 30 s when not on a terminal."""
+
+    def __init__(self, label: str, *, enabled: bool = True, console: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label = label
+        self.enabled = enabled
+        self._clock = clock
+        self._console = console
+        self._progress: Any = None
+        self._task: Any = None
+        self._last_plain = 0.0
+        self.tracker = NinjaProgress(clock)
+        self.seen: ProgressState | None = None
+
+    def __enter__(self) -> LiveProgress:
+        if not self.enabled:
+            return self
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        if self._console is None:
+            self._console = Console(stderr=True)
+        if self._console.is_terminal:
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("units"),
+                TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
+                console=self._console, transient=False,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self.label, total=None, eta="?")
+        self._last_plain = self._clock()
+        return self
+
+    def restart(self) -> None:
+        """A new attempt (after an OOM): ninja counts from the start again."""
+        self.tracker = NinjaProgress(self._clock)
+
+    def feed(self, line: str) -> None:
+        state = self.tracker.feed(line)
+        if state is None:
+            return
+        self.seen = state
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._progress.update(self._task, completed=state.done, total=state.total, eta=fmt_seconds(state.eta))
+        elif self._console is not None and (self._clock() - self._last_plain >= PLAIN_INTERVAL or state.done == state.total):
+            self._last_plain = self._clock()
+            self._console.print(self.plain(state), highlight=False)
+
+    def plain(self, state: ProgressState) -> str:
+        return (f"{self.label}: {state.done}/{state.total} units, {fmt_seconds(state.elapsed)} elapsed, "
+                f"ETA {fmt_seconds(state.eta)}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+class BuildLog:
+    """The combined output of every step of one build, appended line by line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[str] | None = None
+
+    def __enter__(self) -> BuildLog:
+        self._fh = open(self.path, "a", encoding="utf-8", errors="replace", buffering=1)
+        return self
+
+    def write(self, line: str) -> None:
+        assert self._fh is not None
+        self._fh.write(line + "\n")
+
+    def header(self, text: str) -> None:
+        self.write(f"==== kforge: {text}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def choice_from_env(choice: JobChoice, env: Mapping[str, str]) -> JobChoice:
+    """Honour an explicit MAX_JOBS / NVCC_THREADS in the request's env (e.g. ``--env MAX_JOBS=3``)."""
+    def num(key: str, current: int) -> int:
+        raw = str(env.get(key, "")).strip()
+        return int(raw) if raw.isdigit() and int(raw) > 0 else current
+
+    jobs, threads = num("MAX_JOBS", choice.max_jobs), num("NVCC_THREADS", choice.nvcc_threads)
+    if (jobs, threads) == (choice.max_jobs, choice.nvcc_threads):
+        return choice
+    return replace(choice, max_jobs=jobs, nvcc_threads=threads, reason=f"{choice.reason}; MAX_JOBS/NVCC_THREADS from env")
+
+
+def run_step(
+    argv: Sequence[str] | Callable[[JobChoice], Sequence[str]],
+    *,
+    env: Mapping[str, str],
+    choice: JobChoice,
+    log: BuildLog,
+    label: str,
+    work_dir: Path,
+    cwd: Path | None = None,
+    live: LiveProgress | None = None,
+    python: str = sys.executable,
+) -> StepOutcome:
+    """Run one build command; see the module docstring. ``argv`` may depend on the job choice."""
+    attempt = 0
+    peak_files: list[Path] = []
+    shown: list[str] = []
+
+    def command(current: JobChoice) -> list[str]:
+        nonlocal attempt
+        attempt += 1
+        real = list(argv(current) if callable(argv) else argv)
+        shown[:] = real
+        peak = Path(work_dir) / f".peak-{os.getpid()}-{id(peak_files):x}-{attempt}.json"
+        peak_files.append(peak)
+        log.header(f"{label} (attempt {attempt}, MAX_JOBS={current.max_jobs} NVCC_THREADS={current.nvcc_threads}): "
+                   f"{shlex.join(real)}")
+        if live is not None:
+            live.restart()
+        return [python, "-m", "kforge.backends._peak", "run", str(peak), "--", *real]
+
+    def echo(line: str) -> None:
+        log.write(line)
+        if live is not None:
+            live.feed(line)
+
+    start = time.monotonic()
+    try:
+        run = run_with_oom_retry(command, env, choice, cwd=cwd, echo=echo,
+                                 log=lambda msg: (log.header(msg), _say(live, msg)))
+    except BuildError as exc:
+        raise BuildError(
+            f"{label} failed: {shlex.join(shown) if shown else '(no command)'}",
+            why=exc.why,
+            fix=f"{(exc.fix or '').rstrip('.')}; the full output is in {log.path}",
+        ) from None
+    finally:
+        peak = max((_read_peak(p) for p in peak_files), default=0)
+        for p in peak_files:
+            p.unlink(missing_ok=True)
+    return StepOutcome(
+        seconds=time.monotonic() - start,
+        peak_rss=peak,
+        retried_with_jobs=run.choice.max_jobs if run.retried else None,
+        progress=live.seen if live is not None else None,
+        choice=run.choice,
+    )
+
+
+def _say(live: LiveProgress | None, msg: str) -> None:
+    if live is not None and live.enabled and live._console is not None:
+        live._console.print(f"kforge: {msg}", highlight=False)
+    else:
+        print(f"kforge: {msg}", file=sys.stderr)
+
+
+def _read_peak(path: Path) -> int:
+    try:
+        return int(json.loads(path.read_text())["peak_rss"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def find_ninja_logs(roots: Iterable[Path], since: float) -> tuple[Path, ...]:
+    """Every ``.ninja_log`` under ``roots`` written at or after ``since`` (a ``time.time()``)."""
+    found: set[Path] = set()
+    for root in roots:
+        root = Path(root)
+        if not root.is_dir():
+            continue
+        for path in root.rglob(".ninja_log"):
+            try:
+                if path.is_file() and path.stat().st_mtime >= since - 1:
+                    found.add(path.resolve())
+            except OSError:
+                continue
+    return tuple(sorted(found))
+
+
+def which(program: str, env: Mapping[str, str]) -> str | None:
+    """``shutil.which`` on the build's PATH (not kforge's own)."""
+    return shutil.which(program, path=env.get("PATH"))
+
+
+def place(src: Path, out_dir: Path) -> Path:
+    """Move a finished artifact into ``out_dir`` (replacing one of the same name) and return its path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = out_dir / src.name
+    try:
+        os.replace(src, dest)
+    except OSError:  # another file system: copy next to it, then rename into place
+        tmp = out_dir / f".{src.name}.tmp"
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dest)
+        src.unlink()
+    return dest
