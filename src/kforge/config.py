@@ -96,6 +96,7 @@ class Project:
     arch_knobs: tuple[ArchKnob, ...]
     env: Mapping[str, str]
     local_version_env: str | None
+    threads_env: str  # the project's name for nvcc --threads (NVCC_THREADS, FLASHINFER_NVCC_THREADS)
     patches: Path | None  # absolute directory holding `series`
     gpu_tests: GpuTests | None
     compile_units: int | None
@@ -347,7 +348,7 @@ def parse_forge(data: dict[str, Any], *, root: Path, path: Path) -> Forge:
 _PROJECT_KEYS = (
     "description", "source", "upstream_version", "build_dir", "archs", "default_arch", "platforms", "backend",
     "torch_abi", "build_isolation", "min_cuda", "variant_rule", "arch_knobs", "env", "local_version_env",
-    "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude",
+    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude",
 )  # fmt: skip
 
 
@@ -485,6 +486,7 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
         arch_knobs=tuple(knobs),
         env=t.env("env"),
         local_version_env=t.get("local_version_env", str, None),
+        threads_env=t.get("threads_env", str, "NVCC_THREADS"),
         patches=(root / patches_text).resolve() if patches_text else None,
         gpu_tests=gpu_tests,
         compile_units=units,

@@ -24,12 +24,15 @@ class KforgeError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
-        parts = [self.what.rstrip(".") + "."]
-        if self.why:
-            parts.append(self.why.rstrip(".") + ".")
-        if self.fix:
-            parts.append(self.fix.rstrip(".") + ".")
-        return " ".join(parts)
+        """One paragraph: what happened. Why. What to do."""
+        parts = [p.rstrip(".") + "." for p in (self.what, self.why, self.fix) if p]
+        return " ".join(_sentence(p) for p in parts)
+
+
+def _sentence(text: str) -> str:
+    """Capitalise a plain first word ("install" -> "Install"), never a name ("sm_103a", "forge.toml")."""
+    first = text.split(" ", 1)[0]
+    return text[:1].upper() + text[1:] if first.isalpha() and first.islower() else text
 
 
 class ConfigError(KforgeError):

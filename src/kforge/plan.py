@@ -28,11 +28,12 @@ from kforge.arch import (
     render_torch_arch_list,
     require_supported,
 )
-from kforge.config import ArchKnob, Forge, GpuTests, Project, normalise_env_value
+from kforge.config import BACKENDS, ArchKnob, Forge, GpuTests, Project, normalise_env_value
 from kforge.errors import ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.host import HostFacts
 from kforge.jobs import JobChoice, JobProfile, choose_jobs
 from kforge.jobs import HostFacts as Resources
+from kforge.series import PatchContext, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource
 from kforge.targets import Target
 
@@ -102,6 +103,9 @@ class Plan:
     source_kind: str  # git | sdist | local
     source_pin: str  # commit, name==version sha256:..., or a path
     patches_dir: str | None
+    patches: tuple[str, ...]  # the series entries this build applies, in order
+    patch_context: PatchContext
+    series_hash: str | None  # sha256 of the selected patches (the manifest records it)
     archs: tuple[Arch, ...]  # as the build will name them (after the project's variant rule)
     env: Mapping[str, str]
     nvcc_flags: tuple[str, ...]
@@ -126,7 +130,7 @@ class Plan:
             "platform": self.target.platform,
             "profile": self.profile,
             "source": {"kind": self.source_kind, "pin": self.source_pin},
-            "patches": self.patches_dir,
+            "patches": {"dir": self.patches_dir, "series": list(self.patches), "hash": self.series_hash},
             "backend": self.backend,
             "build_dir": self.build_dir,
             "build_isolation": self.build_isolation,
@@ -242,9 +246,11 @@ def make_plan(
     # --- toolchain: which CUDA, and can it compile these archs?
     cuda, cuda_from = _select_cuda(forge, host, options, cuda_from_env)
     archs = effective_archs(project, target.arch, cuda)
-    same_as_installed = host.cuda_version is not None and cuda == Version(f"{host.cuda_version.major}.{host.cuda_version.minor}")
+    native = target.platform == host.platform  # a Windows target planned on Linux uses that host's toolkit
+    same_as_installed = (native and host.cuda_version is not None
+                         and cuda == Version(f"{host.cuda_version.major}.{host.cuda_version.minor}"))
     require_supported(archs, cuda, nvcc_archs=host.nvcc_archs if same_as_installed else None,
-                      source="the installed nvcc" if same_as_installed else f"CUDA {cuda} (from {cuda_from})")
+                      source="installed nvcc" if same_as_installed else f"toolkit (from {cuda_from})")
     min_cuda = max(a.min_cuda for a in archs)
     if project.min_cuda and project.min_cuda > min_cuda:
         min_cuda = project.min_cuda
@@ -253,7 +259,9 @@ def make_plan(
             f"{project.name} needs CUDA {min_cuda} or newer, and the plan selected CUDA {cuda} (from {cuda_from})",
             fix=f"pass --cuda {min_cuda} or newer, or install that toolkit",
         )
-    if same_as_installed:
+    if not native:
+        action = f"build on a {target.platform} host with CUDA {cuda} (this host is {host.platform})"
+    elif same_as_installed:
         action = f"use the installed nvcc ({host.nvcc_path})"
     elif cuda >= PROVISIONABLE_FROM:
         action = f"provision nvidia-cuda-nvcc=={cuda}.* from PyPI into the kforge cache"
@@ -265,7 +273,7 @@ def make_plan(
 
     torch = None
     if project.torch_abi:
-        torch = host.torch_version or (forge.toolchains.torch[0] if forge.toolchains.torch else None)
+        torch = (host.torch_version if native else None) or (forge.toolchains.torch[0] if forge.toolchains.torch else None)
     local_version = local_version_label(cuda, torch) if project.torch_abi else None
 
     # --- jobs
@@ -287,7 +295,7 @@ def make_plan(
         env.update(render_knob(knob, archs, cuda))
     env["MAX_JOBS"] = str(jobs.max_jobs)
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs.max_jobs)
-    env["NVCC_THREADS"] = str(jobs.nvcc_threads)
+    env["NVCC_THREADS"] = env[project.threads_env] = str(jobs.nvcc_threads)
     if same_as_installed and host.cuda_home:
         env["CUDA_HOME"] = host.cuda_home
         if host.nvcc_path:
@@ -298,6 +306,12 @@ def make_plan(
     env = {k.strip(): normalise_env_value(v) for k, v in env.items()}
 
     backend = options.backend or project.backend
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend '{backend}'{did_you_mean(backend, BACKENDS)}", fix=f"use one of: {', '.join(BACKENDS)}")
+    ctx = PatchContext(platform=target.platform, archs=tuple(a.sm for a in archs),
+                      upstream_version=project.upstream_version)
+    series = load_series(project.patches)
+    selected = series.select(ctx)
     kind, pin = _source(project)
     return Plan(
         target=target,
@@ -306,6 +320,9 @@ def make_plan(
         source_kind=kind,
         source_pin=pin,
         patches_dir=str(project.patches.relative_to(forge.root)) if project.patches else None,
+        patches=tuple(e.name for e in selected),
+        patch_context=ctx,
+        series_hash=series_hash(series, ctx) if selected else None,
         archs=archs,
         env=MappingProxyType(dict(sorted(env.items()))),
         nvcc_flags=render_gencode(archs),

@@ -22,7 +22,8 @@ def render(plan: Plan) -> str:
         f"plan {plan.id}  ({plan.target.platform})",
         f"  project     {plan.project.name}: {plan.project.description}",
         f"  source      {plan.source_kind} {plan.source_pin}",
-        f"  patches     {plan.patches_dir or 'none'}",
+        f"  patches     {plan.patches_dir or 'none'}"
+        + (f" ({len(plan.patches)} for this build: {', '.join(plan.patches)})" if plan.patches else ""),
         f"  archs       {' '.join(a.sm for a in plan.archs)}",
         f"  profile     {plan.profile or 'none'}",
         f"  backend     {plan.backend} (build dir {plan.build_dir}, "
