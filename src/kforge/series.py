@@ -99,7 +99,10 @@ class Condition:
         try:
             if self.key == "arch":
                 for v in self.value.split(","):
-                    parse_arch(v)
+                    try:
+                        parse_arch(v)
+                    except PatchError as exc:
+                        raise PatchError(f"{where}: '{self}': {exc.what}", fix=exc.fix) from None
                 if self.op not in ("=", "==", "!=") and "," in self.value:
                     raise PatchError(f"{where}: '{self}' compares with a list", fix="use one arch with >=, <=, >, <")
             elif self.key == "upstream":
