@@ -147,7 +147,7 @@ def test_missing_arch_fails_naming_arch_and_binary(missing_wheel: Path) -> None:
     report = inspect_wheel(missing_wheel)
     with pytest.raises(DoctorError) as info:
         verify(report, ["sm_80", "sm_90a"], default_policy("fmha"))
-    message = info.value.render()
+    message = info.value.what
     assert f"wheel {missing_wheel.name}: kforge_fmha/lib/libkforge_fmha.so has no SASS for sm_90a (it has sm_80, sm_86)" in message
     assert "no kernel image is available" in message
     assert "sm_80 " not in message.split("(it has")[0]  # sm_80 is there and is not reported missing

@@ -107,7 +107,7 @@ def test_auditwheel_failure_reports_command_code_and_output(linux_wheel: Path, t
     # libkfhelper.so is nowhere auditwheel looks: it cannot be grafted.
     with pytest.raises(RepairError) as info:
         repair_wheel(linux_wheel, tmp_path, platform="linux", policy=default_policy("fixture", cudart_shared=True))
-    text = info.value.render()
+    text = f"{info.value.what} {info.value.why}"
     assert "auditwheel repair failed" in text
     assert "-m auditwheel repair" in text and "exited with" in text
     assert "libkfhelper.so" in text
@@ -182,7 +182,7 @@ def test_delvewheel_grafts_helper_and_excludes_torch_and_driver(windows_wheel: P
 def test_delvewheel_failure_is_a_repair_error(windows_wheel: Path, tmp_path: Path) -> None:
     with pytest.raises(RepairError) as info:
         repair_wheel(windows_wheel, tmp_path, platform="windows", policy=default_policy("fixture"))
-    assert "delvewheel repair failed" in info.value.render() and "kfhelper.dll" in info.value.render()
+    assert "delvewheel repair failed" in info.value.what and "kfhelper.dll" in (info.value.why or "")
 
 
 # -- local version on a real wheel, checked by real pip -------------------------------------

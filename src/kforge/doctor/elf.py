@@ -31,7 +31,7 @@ def read_elf(data: bytes, path: str) -> BinaryReport:
         elf = ELFFile(io.BytesIO(data))
         sections = list(elf.iter_sections())
     except (ELFError, ValueError, struct.error) as exc:
-        raise NotABinaryError(f"{path}: not a readable ELF file ({exc})") from exc
+        raise NotABinaryError(f"it is not a readable ELF file ({exc})") from exc
 
     fatbins: list[FatbinEntry] = []
     sizes = []

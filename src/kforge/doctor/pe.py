@@ -30,7 +30,7 @@ def read_pe(data: bytes, path: str) -> BinaryReport:
             ]
         )
     except pefile.PEFormatError as exc:
-        raise NotABinaryError(f"{path}: not a readable PE file ({exc})") from exc
+        raise NotABinaryError(f"it is not a readable PE file ({exc})") from exc
     try:
         fatbins: list[FatbinEntry] = []
         sizes = []

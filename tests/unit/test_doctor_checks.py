@@ -1,0 +1,174 @@
+"""check()/verify() semantics on reports assembled here (real builds: tests/integration/test_doctor_real.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kforge.doctor import BinaryReport, FatbinEntry, WheelReport, check, render_text, to_json, verify
+from kforge.doctor.model import CudaArch, parse_arch
+from kforge.errors import ArchError, DoctorError
+from kforge.repair import default_policy
+
+
+def fb(name: str, *, relocatable: bool = False, compressed: bool = False) -> FatbinEntry:
+    kind, arch = parse_arch(name)
+    assert kind in ("sass", "ptx")
+    return FatbinEntry(
+        kind=kind, arch=name, major=arch.major, minor=arch.minor, variant=arch.variant,
+        compressed=compressed, compression="zstd" if compressed else None, size=100, uncompressed_size=300 if compressed else 100,
+        version="1.8", section="__nv_relfatbin" if relocatable else ".nv_fatbin", container=0, offset=0, relocatable=relocatable,
+    )  # fmt: skip
+
+
+def binary(*archs: str, path: str = "pkg/lib/libk.so", **kw) -> BinaryReport:  # type: ignore[no-untyped-def]
+    return BinaryReport(path=path, format="elf", size=1000, fatbins=tuple(fb(a) for a in archs), containers=1 if archs else 0, **kw)
+
+
+def wheel(*binaries: BinaryReport, files: tuple[str, ...] = ()) -> WheelReport:
+    return WheelReport(
+        path="/w/pkg-1.0-cp312-cp312-linux_x86_64.whl", filename="pkg-1.0-cp312-cp312-linux_x86_64.whl", name="pkg", version="1.0",
+        tags=("cp312-cp312-linux_x86_64",), size=1, sha256="0" * 64, binaries=binaries, files=files or tuple(b.path for b in binaries),
+    )  # fmt: skip
+
+
+def outcome(have: tuple[str, ...], want: str) -> str:
+    findings = check(binary(*have), expect_archs=[want])
+    return findings[0].severity if findings else "ok"
+
+
+@pytest.mark.parametrize(
+    ("have", "want", "expected"),
+    [
+        (("sm_90a",), "sm_90a", "ok"),
+        (("sm_90",), "sm_90a", "error"),  # plain sm_90 lacks the arch-specific features
+        (("compute_90a",), "sm_90a", "warning"),  # JIT
+        (("compute_90",), "sm_90a", "error"),
+        (("sm_90",), "sm_90", "ok"),
+        (("sm_90a",), "sm_90", "ok"),  # runs on every 9.0 GPU
+        (("sm_80",), "sm_86", "info"),  # binary compatible within major 8
+        (("sm_80",), "sm_90", "error"),  # not across majors
+        (("compute_80",), "sm_90", "warning"),  # PTX 8.0 JITs to 9.0
+        (("compute_100",), "sm_90", "error"),  # newer PTX does not
+        (("compute_100f",), "sm_103", "warning"),  # family PTX JITs within the family
+        (("compute_120a",), "sm_121", "error"),  # arch-specific PTX only for 12.0
+        (("sm_120f",), "sm_120f", "ok"),
+        (("sm_120a",), "sm_120f", "error"),
+        (("compute_120f",), "sm_120f", "warning"),
+        (("compute_120a",), "compute_120a", "ok"),
+        (("sm_120a",), "compute_120a", "error"),
+        (("sm_90", "compute_90"), "sm_90+PTX", "ok"),
+    ],
+)
+def test_expected_arch_semantics(have: tuple[str, ...], want: str, expected: str) -> None:
+    assert outcome(have, want) == expected
+
+
+def test_plus_ptx_needs_the_ptx_too() -> None:
+    findings = check(binary("sm_90"), expect_archs=["sm_90+PTX"])
+    assert [(f.code, f.arch) for f in findings] == [("missing-ptx", "compute_90")]
+
+
+def test_arch_objects_from_the_plan_are_accepted() -> None:
+    from kforge.arch import parse_arch as parse_known
+
+    assert check(binary("sm_90a"), expect_archs=[parse_known("sm_90a")]) == []
+    assert check(binary("sm_90a"), expect_archs=[parse_known("sm_100a")])[0].code == "missing-arch"
+
+
+def test_misspelt_expected_arch_is_an_arch_error() -> None:
+    with pytest.raises(ArchError):
+        check(binary("sm_90a"), expect_archs=["sm_9o"])
+
+
+def test_verify_names_the_arch_the_binary_and_what_it_has() -> None:
+    report = wheel(binary("sm_80", "sm_86", path="kforge_fmha/lib/libkforge_fmha.so"))
+    with pytest.raises(DoctorError) as info:
+        verify(report, ["sm_80", "sm_90a"], default_policy("fmha"))
+    text = info.value.what
+    assert (
+        "wheel pkg-1.0-cp312-cp312-linux_x86_64.whl: kforge_fmha/lib/libkforge_fmha.so has no SASS for sm_90a "
+        "(it has sm_80, sm_86); a GPU with sm_90a would fail with 'no kernel image is available" in text
+    )
+    assert "-gencode" in info.value.fix
+
+
+def test_verify_returns_non_error_findings() -> None:
+    findings = verify(wheel(binary("sm_80")), ["sm_86"])
+    assert [f.code for f in findings] == ["compatible-sass"]
+
+
+def test_every_cuda_binary_is_judged_but_vendored_libs_and_host_only_binaries_are_not() -> None:
+    report = wheel(
+        binary("sm_90a", path="pkg/a.so"),
+        binary("sm_80", path="pkg/b.so"),
+        binary(path="pkg/host_only.so"),
+        binary("sm_70", path="pkg.libs/libcublas-0123abcd.so.13"),
+    )
+    errors = [f for f in check(report, expect_archs=["sm_90a"]) if f.is_error]
+    assert [f.binary for f in errors] == ["pkg/b.so"]
+
+
+def test_expected_arch_but_no_device_code_at_all() -> None:
+    findings = check(wheel(binary(path="pkg/host.so")), expect_archs=["sm_90a"])
+    assert [f.code for f in findings] == ["no-device-code"]
+    assert check(wheel(binary(path="pkg/host.so"))) == []
+
+
+def test_relocatable_device_code_does_not_count() -> None:
+    b = BinaryReport(path="pkg/r.so", format="elf", size=1, fatbins=(fb("sm_90a", relocatable=True),), containers=1,
+                     undefined_symbols=("__cudaRegisterLinkedBinary_abc_1_k_cu_123", "malloc"))  # fmt: skip
+    codes = sorted(f.code for f in check(b, expect_archs=["sm_90a"]))
+    assert codes == ["missing-arch", "unresolved-device-link"]
+    assert "never device-linked" in check(b, expect_archs=["sm_90a"])[0].message
+
+
+def test_bundled_library_the_policy_excludes_is_an_error() -> None:
+    report = wheel(
+        binary("sm_90a", path="pkg/_C.so", needed=("libc10.so", "libcudart-1a2b3c4d.so.13", "libc.so.6")),
+        files=("pkg/_C.so", "pkg.libs/libcudart-1a2b3c4d.so.13"),
+    )
+    assert [f for f in check(report, policy=default_policy("p")) if f.severity != "info"] == []
+    findings = check(report, policy=default_policy("p", cudart_shared=True))
+    assert [(f.code, f.binary) for f in findings] == [("bundled-excluded", "pkg.libs/libcudart-1a2b3c4d.so.13")]
+
+
+def test_unbundled_needed_library_is_a_warning() -> None:
+    report = wheel(binary("sm_90a", path="pkg/_C.so", needed=("libfoo.so.1", "libtorch_cpu.so", "libstdc++.so.6")))
+    findings = check(report, policy=default_policy("p"))
+    assert [(f.severity, f.code) for f in findings] == [("warning", "unbundled-needed")]
+    assert "libfoo.so.1" in findings[0].message
+    assert check(report, policy=None) == []
+
+
+def test_windows_names_match_case_insensitively() -> None:
+    pe = BinaryReport(path="pkg/_C.pyd", format="pe", size=1, needed=("C10.dll", "torch_cpu.dll", "NVCUDA.DLL", "KERNEL32.dll", "VCRUNTIME140.dll"))
+    assert check(wheel(pe), policy=default_policy("p")) == []
+
+
+def test_render_text_has_one_column_per_arch() -> None:
+    report = wheel(binary("sm_80", "sm_90a", "compute_120a", path="pkg/k.so"))
+    text = render_text(report, check(report, expect_archs=["sm_100a"]))
+    header = next(line for line in text.splitlines() if "binary" in line)
+    assert [c for c in ("80", "90a", "120a") if c in header] == ["80", "90a", "120a"]
+    assert "PTX" in text and "no SASS for sm_100a" in text
+
+
+def test_to_json_round_trips_the_facts() -> None:
+    report = wheel(binary("sm_90a", "compute_90a", path="pkg/k.so", needed=("libc.so.6",)))
+    data = json.loads(to_json(report, check(report, expect_archs=["sm_120a"])))
+    assert data["ok"] is False
+    assert data["binaries"][0]["sass_archs"] == ["sm_90a"]
+    assert data["binaries"][0]["ptx_archs"] == ["compute_90a"]
+    assert data["findings"][0]["arch"] == "sm_120a" and data["findings"][0]["wheel"] == report.filename
+    assert "files" not in data
+
+
+def test_arch_spelling_helpers() -> None:
+    assert parse_arch("sm_90a") == ("sass", CudaArch(9, 0, "a"))
+    assert parse_arch("compute_120f") == ("ptx", CudaArch(12, 0, "f"))
+    assert parse_arch("10.3a") == (None, CudaArch(10, 3, "a"))
+    assert sorted([CudaArch(12, 0), CudaArch(9, 0, "a"), CudaArch(10, 0, "f")])[0] == CudaArch(9, 0, "a")
+    with pytest.raises(ArchError):
+        parse_arch("hopper")

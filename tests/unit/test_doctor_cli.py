@@ -1,0 +1,80 @@
+"""``kforge doctor`` error paths: no traceback, the doctor's (or arch's) exit code, a useful message."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kforge.cli import main
+from kforge.errors import ArchError, DoctorError
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["doctor", str(tmp_path / "nope.whl")], capsys)
+    assert code == DoctorError.exit_code
+    assert "no such file or directory" in err.lower() and "Traceback" not in err
+
+
+def test_not_a_wheel_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "notes.txt"
+    f.write_text("hello")
+    code, _, err = run(["doctor", str(f)], capsys)
+    assert code == DoctorError.exit_code and "is not a wheel" in err
+
+
+def test_not_a_zip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "pkg-1.0-py3-none-any.whl"
+    f.write_bytes(b"PK but not really")
+    code, _, err = run(["doctor", str(f)], capsys)
+    assert code == DoctorError.exit_code and "not a zip archive" in err
+
+
+def test_bad_wheel_file_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "pkg.whl"
+    with zipfile.ZipFile(f, "w") as zf:
+        zf.writestr("pkg/__init__.py", "")
+    code, _, err = run(["doctor", str(f)], capsys)
+    assert code == DoctorError.exit_code and "not a wheel file name" in err
+
+
+def test_directory_without_wheels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["doctor", str(tmp_path)], capsys)
+    assert code == DoctorError.exit_code and "no wheels in" in err.lower()
+
+
+def test_corrupt_binary_inside_a_wheel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "pkg-1.0-cp312-cp312-linux_x86_64.whl"
+    with zipfile.ZipFile(f, "w") as zf:
+        zf.writestr("pkg/_C.so", b"\x7fELF" + b"\0" * 10)
+    code, _, err = run(["doctor", str(f)], capsys)
+    assert code == DoctorError.exit_code and "cannot read pkg/_c.so" in err.lower()
+
+
+def test_bare_file_that_is_not_a_binary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "libx.so"
+    f.write_text("INPUT(libc.so.6)")
+    code, _, err = run(["doctor", str(f)], capsys)
+    assert code == DoctorError.exit_code and "neither an ELF nor a PE" in err
+
+
+def test_misspelt_arch_fails_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["doctor", str(tmp_path / "nope.whl"), "--expect-arch", "sm_9O"], capsys)
+    assert code == ArchError.exit_code and "sm_9o" in err.lower()
+
+
+def test_pure_wheel_passes_without_expectations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(f, "w") as zf:
+        zf.writestr("pkg/__init__.py", "")
+    code, out, _ = run(["doctor", str(f)], capsys)
+    assert code == 0 and "no ELF or PE binaries" in out
+    code, out, _ = run(["doctor", str(f), "--expect-arch", "sm_90a"], capsys)
+    assert code == DoctorError.exit_code and "no binary carries CUDA device code" in out
