@@ -24,18 +24,37 @@ namespace kforge_fmha {
 template <int HDIM>
 struct FwdConfig;
 
-// Tile shapes. BLOCK_M = 4 warps * 16 rows * M_TILES.
+// Tile shapes. BLOCK_M = 4 warps * 16 rows * M_TILES. The macros exist for tuning sweeps
+// (pass -DKFORGE_FMHA_H128_BN=... in CMAKE_CUDA_FLAGS); the defaults are the tuned values.
+#ifndef KFORGE_FMHA_H64_MTILES
+#define KFORGE_FMHA_H64_MTILES 2
+#endif
+#ifndef KFORGE_FMHA_H64_BN
+#define KFORGE_FMHA_H64_BN 64
+#endif
+#ifndef KFORGE_FMHA_H64_QREGS
+#define KFORGE_FMHA_H64_QREGS 1
+#endif
+#ifndef KFORGE_FMHA_H128_MTILES
+#define KFORGE_FMHA_H128_MTILES 2
+#endif
+#ifndef KFORGE_FMHA_H128_BN
+#define KFORGE_FMHA_H128_BN 32
+#endif
+#ifndef KFORGE_FMHA_H128_QREGS
+#define KFORGE_FMHA_H128_QREGS 0
+#endif
 template <>
 struct FwdConfig<64> {
-  static constexpr int kMTiles = 2;
-  static constexpr int kBlockN = 64;
-  static constexpr bool kQInRegs = true;
+  static constexpr int kMTiles = KFORGE_FMHA_H64_MTILES;
+  static constexpr int kBlockN = KFORGE_FMHA_H64_BN;
+  static constexpr bool kQInRegs = KFORGE_FMHA_H64_QREGS != 0;
 };
 template <>
 struct FwdConfig<128> {
-  static constexpr int kMTiles = 2;
-  static constexpr int kBlockN = 32;
-  static constexpr bool kQInRegs = false;
+  static constexpr int kMTiles = KFORGE_FMHA_H128_MTILES;
+  static constexpr int kBlockN = KFORGE_FMHA_H128_BN;
+  static constexpr bool kQInRegs = KFORGE_FMHA_H128_QREGS != 0;
 };
 
 constexpr int kWarps = 4;

@@ -163,6 +163,15 @@ def test_custom_op_is_registered_and_its_fake_gives_shapes() -> None:
     assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
 
 
+def test_torch_compile_traces_the_op_in_one_graph() -> None:
+    def f(q, k, v):
+        return kforge_fmha.fmha_fwd(q * 2.0, k, v, causal=True) + 1.0
+
+    q = meta(2, 256, 4, 64)
+    out = torch.compile(f, fullgraph=True, backend="eager")(q, q, q)
+    assert out.shape == q.shape and out.device.type == "meta"
+
+
 def test_varlen_fake_shapes() -> None:
     q, k = meta(57, 4, 64, dtype=torch.float16), meta(90, 1, 64, dtype=torch.float16)
     cu = torch.empty(4, dtype=torch.int32, device="meta")

@@ -81,9 +81,12 @@ def is_torch_tensor(x: Any) -> bool:
 
 def describe(name: str, x: Any, stream: int | None = None) -> TensorInfo:
     if is_torch_tensor(x):
+        # No data pointer while torch.compile traces (fake tensors) or for meta tensors; the
+        # custom op's eager body describes the real tensors again before launching.
+        no_ptr = x.device.type == "meta" or torch_module().compiler.is_compiling()
         return TensorInfo(
             name=name,
-            ptr=0 if x.device.type == "meta" else _torch_data_ptr(x),
+            ptr=0 if no_ptr else _torch_data_ptr(x),
             shape=tuple(int(s) for s in x.shape),
             strides=tuple(int(s) for s in x.stride()),
             dtype=str(x.dtype).replace("torch.", ""),

@@ -1,0 +1,218 @@
+"""kforge_fmha forward vs torch SDPA (flash, memory-efficient and cuDNN backends).
+
+TFLOP/s from CUDA events: warm-up, then the median of --runs timed calls per shape. FLOPs are
+4 * batch * heads * L^2 * head_dim, halved when causal (the convention of FlashAttention's
+benchmarks and of the numbers in /work/shared/UPSTREAM_FACTS.md). batch * L = --tokens.
+Also measures kforge_fmha's peak extra memory against seqlen (it must grow as O(L)).
+
+    python benchmarks/fmha_vs_sdpa.py --write docs/benchmarks.md
+    python benchmarks/fmha_vs_sdpa.py --quick            # bf16 only, ours only (tuning sweeps)
+
+With --write, the section under '## fmha vs torch SDPA' in that file is replaced (created if
+missing); the rest of the file is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import kforge_fmha
+
+HEADING = "## fmha vs torch SDPA"
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+
+
+def time_ms(fn, warmup: int, runs: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def flops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool) -> float:
+    f = 4.0 * batch * heads * seqlen * seqlen * head_dim
+    return f / 2 if causal else f
+
+
+def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, runs):
+    batch = max(1, tokens // seqlen)
+    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, dtype=dtype, device="cuda")
+               for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA wants (B, H, L, D)
+    res = {}
+    for impl in impls:
+        if impl == "kforge":
+            fn = lambda: kforge_fmha.fmha_fwd(q, k, v, causal=causal)  # noqa: E731
+        else:
+            def fn(backend=BACKENDS[impl]):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        try:
+            ms = time_ms(fn, warmup, runs)
+        except RuntimeError as exc:  # backend refuses this shape
+            res[impl] = {"ms": None, "tflops": None, "error": str(exc).splitlines()[0][:80]}
+            continue
+        res[impl] = {"ms": ms, "tflops": flops(batch, heads, seqlen, head_dim, causal) / ms / 1e9}
+    del q, k, v, qt, kt, vt
+    return {"dtype": str(dtype).replace("torch.", ""), "head_dim": head_dim, "causal": causal,
+            "seqlen": seqlen, "batch": batch, "heads": heads, "results": res}
+
+
+def peak_memory(seqlens, heads, head_dim, dtype):
+    rows = []
+    for seqlen in seqlens:
+        q, k, v = (torch.randn(1, seqlen, heads, head_dim, dtype=dtype, device="cuda")
+                   for _ in range(3))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out, lse = kforge_fmha.fmha_fwd(q, k, v, causal=True, return_lse=True)
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+        out_bytes = out.numel() * out.element_size() + lse.numel() * lse.element_size()
+        rows.append({"seqlen": seqlen, "peak_extra_bytes": extra, "out_plus_lse_bytes": out_bytes,
+                     "scores_matrix_bytes_if_materialised": heads * seqlen * seqlen * 4})
+        del q, k, v, out, lse
+    return rows
+
+
+def fmt(x, nd=0):
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def render(meta, rows, mem) -> str:
+    lines = [HEADING, ""]
+    lines.append(f"Device: **{meta['device']}** ({meta['sms']} SMs); torch {meta['torch']}, "
+                 f"CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; kforge_fmha {meta['kforge']} "
+                 f"built for {meta['archs']}; {meta['date']}.")
+    lines.append("")
+    lines.append(f"Forward pass, TFLOP/s (median of {meta['runs']} runs after {meta['warmup']} "
+                 f"warm-ups, CUDA events), {meta['heads']} heads, batch × seqlen = "
+                 f"{meta['tokens']} tokens, FLOPs = 4·B·H·L²·d (halved when causal). Ratios are "
+                 "kforge_fmha / SDPA backend, from the same run. Produced by "
+                 "`python benchmarks/fmha_vs_sdpa.py --write docs/benchmarks.md`.")
+    lines.append("")
+    lines.append("| dtype | hdim | causal | seqlen | batch | kforge | SDPA flash | SDPA efficient "
+                 "| SDPA cuDNN | × flash | × cuDNN |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        t = {k: v.get("tflops") for k, v in r["results"].items()}
+        ours = t.get("kforge")
+        ratio_f = ours / t["flash"] if ours and t.get("flash") else None
+        ratio_c = ours / t["cudnn"] if ours and t.get("cudnn") else None
+        lines.append(
+            f"| {r['dtype']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['seqlen']} "
+            f"| {r['batch']} | {fmt(ours)} | {fmt(t.get('flash'))} | {fmt(t.get('efficient'))} "
+            f"| {fmt(t.get('cudnn'))} | {fmt(ratio_f, 2)} | {fmt(ratio_c, 2)} |")
+    bar = [r for r in rows if r["dtype"] == "bfloat16" and r["head_dim"] == 128
+           and r["seqlen"] >= 2048 and r["results"].get("kforge", {}).get("tflops")
+           and r["results"].get("flash", {}).get("tflops")]
+    if bar:
+        worst = min(r["results"]["kforge"]["tflops"] / r["results"]["flash"]["tflops"] for r in bar)
+        lines.append("")
+        lines.append(f"**The bar** (bf16, hdim 128, seqlen ≥ 2k, causal and not: ≥ 1.0× SDPA "
+                     f"flash): lowest ratio in this run = **{worst:.2f}×** "
+                     f"→ {'met' if worst >= 1.0 else 'NOT met'}.")
+    if mem:
+        lines.append("")
+        lines.append(f"Peak extra GPU memory of one kforge_fmha call (bf16, causal, batch 1, "
+                     f"{meta['heads']} heads, hdim 128, inputs already allocated; "
+                     "`torch.cuda.max_memory_allocated`). It is the output plus the LSE, so it "
+                     "grows linearly with seqlen; an L² score matrix would be the last column:")
+        lines.append("")
+        lines.append("| seqlen | peak extra | output + lse | bytes/token | fp32 L² scores (not allocated) |")
+        lines.append("|---|---|---|---|---|")
+        for m in mem:
+            lines.append(f"| {m['seqlen']} | {m['peak_extra_bytes'] / 2**20:.1f} MiB "
+                         f"| {m['out_plus_lse_bytes'] / 2**20:.1f} MiB "
+                         f"| {m['peak_extra_bytes'] / m['seqlen']:.0f} "
+                         f"| {m['scores_matrix_bytes_if_materialised'] / 2**20:.0f} MiB |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_section(path: Path, section: str) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="bf16 only, kforge only")
+    ap.add_argument("--write", type=Path, help="markdown file to put the table in")
+    ap.add_argument("--json", type=Path, help="also dump raw results as JSON")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to benchmark", file=sys.stderr)
+        return 2
+    seqlens = [int(s) for s in args.seqlens.split(",")]
+    dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16]
+    impls = ["kforge"] if args.quick else ["kforge", "flash", "efficient", "cudnn"]
+    props = torch.cuda.get_device_properties(0)
+    meta = {"device": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(), "kforge": kforge_fmha.__version__,
+            "archs": " ".join(kforge_fmha.built_archs()), "tokens": args.tokens,
+            "heads": args.heads, "runs": args.runs, "warmup": args.warmup,
+            "python": platform.python_version(),
+            "date": __import__("datetime").datetime.now(__import__("datetime").timezone.utc)
+            .strftime("%Y-%m-%d %H:%M UTC")}
+    rows = []
+    for dtype in dtypes:
+        for head_dim in (128, 64):
+            for causal in (False, True):
+                for seqlen in seqlens:
+                    r = bench_shape(dtype, head_dim, causal, seqlen, args.tokens, args.heads, impls,
+                                    args.warmup, args.runs)
+                    rows.append(r)
+                    t = {k: fmt(v.get("tflops")) for k, v in r["results"].items()}
+                    print(f"{r['dtype']:9s} d={head_dim:3d} causal={int(causal)} L={seqlen:5d} "
+                          + " ".join(f"{k}={v}" for k, v in t.items()), flush=True)
+    mem = [] if args.quick else peak_memory([1024, 4096, 16384, 65536], args.heads, 128,
+                                            torch.bfloat16)
+    section = render(meta, rows, mem)
+    print(section)
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows, "memory": mem}, indent=1))
+    if args.write:
+        write_section(args.write, section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,291 @@
+"""GPU tests for the installed kforge_fmha: correctness against
+torch.nn.functional.scaled_dot_product_attention computed in fp32, and the failure modes users
+hit on a GPU machine.
+
+Tolerance: the fp32 reference gets the same (rounded) fp16/bf16 inputs. Our error must be at
+most twice the error of torch's own fp16/bf16 SDPA against that reference (with a small floor
+per dtype), and below an absolute cap per dtype, so a broken reference cannot hide a bug.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import kforge_fmha  # noqa: E402
+from kforge_fmha import FmhaArgumentError, FmhaUnsupportedError  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float16, torch.bfloat16]
+FLOOR = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
+CAP = {torch.float16: 1e-2, torch.bfloat16: 6e-2}
+LSE_ATOL = 2e-3
+
+
+def _ids(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def reference(q, k, v, causal: bool, scale: float, dtype_of_lowp=None):
+    """SDPA on (B, S, H, D) tensors with GQA expanded; returns (out fp32, lse fp32 (B, H, S)).
+
+    Causal masks are bottom-right aligned, like kforge_fmha's.
+    """
+    h, hk = q.shape[2], k.shape[2]
+    k = k.repeat_interleave(h // hk, dim=2)
+    v = v.repeat_interleave(h // hk, dim=2)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    sq, sk = q.shape[1], k.shape[1]
+    mask = None
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        mask = j <= i + (sk - sq)
+    out = F.scaled_dot_product_attention(qt.float(), kt.float(), vt.float(), attn_mask=mask,
+                                         scale=scale)
+    s = torch.einsum("bhqd,bhkd->bhqk", qt.float(), kt.float()) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    lowp = None
+    if dtype_of_lowp is not None:
+        lowp = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale).float()
+        lowp = lowp.transpose(1, 2)
+    return out.transpose(1, 2), lse, lowp
+
+
+def assert_close(out, ref, lowp, dtype, what: str) -> None:
+    err = (out.float() - ref).abs().max().item()
+    torch_err = (lowp - ref).abs().nan_to_num(0).max().item() if lowp is not None else 0.0
+    tol = min(max(2 * torch_err, FLOOR[dtype]), CAP[dtype])
+    assert math.isfinite(err) and err <= tol, (
+        f"{what}: max |out - ref| = {err:.3g} > tol {tol:.3g} (torch {dtype} SDPA error {torch_err:.3g})")
+
+
+def rand(*shape, dtype, device="cuda"):
+    return torch.randn(*shape, dtype=dtype, device=device)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("seqlen", [1, 17, 127, 1000, 4097])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_matches_sdpa(dtype, head_dim, causal, seqlen) -> None:
+    batch, heads = (2, 4) if seqlen <= 1000 else (1, 2)
+    q = rand(batch, seqlen, heads, head_dim, dtype=dtype)
+    k = rand(batch, seqlen, heads, head_dim, dtype=dtype)
+    v = rand(batch, seqlen, heads, head_dim, dtype=dtype)
+    out, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, return_lse=True)
+    scale = 1.0 / math.sqrt(head_dim)
+    ref, ref_lse, lowp = reference(q, k, v, causal, scale, dtype)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert_close(out, ref, lowp, dtype, f"{dtype} d={head_dim} causal={causal} L={seqlen}")
+    assert (lse - ref_lse).abs().max().item() < LSE_ATOL
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads_k", [1, 2], ids=["mqa", "gqa"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_gqa_and_mqa(dtype, heads_k, causal) -> None:
+    q = rand(2, 300, 8, 128, dtype=dtype)
+    k = rand(2, 300, heads_k, 128, dtype=dtype)
+    v = rand(2, 300, heads_k, 128, dtype=dtype)
+    out = kforge_fmha.fmha_fwd(q, k, v, causal=causal)
+    ref, _, lowp = reference(q, k, v, causal, 128 ** -0.5, dtype)
+    assert_close(out, ref, lowp, dtype, f"GQA 8/{heads_k}")
+
+
+@pytest.mark.parametrize("seqlens", [(5, 700), (300, 1), (64, 2000)], ids=str)
+def test_kv_longer_or_shorter_than_q_causal_bottom_right(seqlens) -> None:
+    sq, sk = seqlens
+    dtype = torch.bfloat16
+    q, k, v = rand(1, sq, 4, 64, dtype=dtype), rand(1, sk, 4, 64, dtype=dtype), rand(1, sk, 4, 64, dtype=dtype)
+    out, lse = kforge_fmha.fmha_fwd(q, k, v, causal=True, return_lse=True)
+    ref, ref_lse, lowp = reference(q, k, v, True, 0.125, dtype)
+    visible = torch.arange(sq, device="cuda") + (sk - sq) >= 0  # rows that see at least one key
+    assert_close(out[:, visible], ref[:, visible], lowp[:, visible], dtype, f"sq={sq} sk={sk}")
+    assert torch.isfinite(lse[..., visible]).all()
+    assert (lse[..., visible] - ref_lse[..., visible]).abs().max().item() < LSE_ATOL
+    # Rows that see no key: O = 0, lse = -inf.
+    assert (out[:, ~visible] == 0).all()
+    assert torch.isneginf(lse[..., ~visible]).all()
+
+
+def _pack(seqs):
+    cu = [0]
+    for s in seqs:
+        cu.append(cu[-1] + s)
+    return torch.tensor(cu, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_varlen_mixes_short_and_long(dtype, head_dim, causal) -> None:
+    lens_q = [1, 17, 1000, 127, 4097, 3]
+    lens_k = [1, 17, 1000, 127, 4097, 3]
+    if causal:  # decode steps against a KV cache next to prefills
+        lens_k = [513, 17, 1000, 200, 4097, 64]
+    h, hk = 8, 2
+    cu_q, cu_k = _pack(lens_q), _pack(lens_k)
+    q = rand(sum(lens_q), h, head_dim, dtype=dtype)
+    k = rand(sum(lens_k), hk, head_dim, dtype=dtype)
+    v = rand(sum(lens_k), hk, head_dim, dtype=dtype)
+    out, lse = kforge_fmha.fmha_varlen_fwd(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                           causal=causal, return_lse=True)
+    assert lse.shape == (h, sum(lens_q))
+    scale = head_dim ** -0.5
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        ref, ref_lse, lowp = reference(q[None, qs], k[None, ks], v[None, ks], causal, scale, dtype)
+        assert_close(out[None, qs], ref, lowp, dtype, f"sequence {b} (q={sq}, k={sk})")
+        assert (lse[:, qs] - ref_lse[0]).abs().max().item() < LSE_ATOL
+
+
+def test_strided_views_from_a_packed_qkv() -> None:
+    dtype = torch.float16
+    qkv = rand(2, 333, 3, 4, 64, dtype=dtype)
+    q, k, v = qkv.unbind(dim=2)
+    assert not q.is_contiguous()
+    out = kforge_fmha.fmha_fwd(q, k, v, causal=True)
+    ref, _, lowp = reference(q, k, v, True, 0.125, dtype)
+    assert_close(out, ref, lowp, dtype, "packed qkv views")
+
+
+def test_custom_softmax_scale() -> None:
+    dtype = torch.bfloat16
+    q, k, v = (rand(1, 200, 2, 128, dtype=dtype) for _ in range(3))
+    out = kforge_fmha.fmha_fwd(q, k, v, softmax_scale=0.3)
+    ref, _, lowp = reference(q, k, v, False, 0.3, dtype)
+    assert_close(out, ref, lowp, dtype, "scale 0.3")
+
+
+def test_torch_compile_calls_the_custom_op() -> None:
+    dtype = torch.bfloat16
+    q, k, v = (rand(2, 256, 4, 64, dtype=dtype) for _ in range(3))
+
+    def f(q, k, v):
+        return kforge_fmha.fmha_fwd(q * 2.0, k, v, causal=True) + 1.0
+
+    eager = f(q, k, v)
+    compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
+
+
+def test_runs_on_torchs_current_stream_under_cuda_graph_capture() -> None:
+    # Capture fails if the kernel went to any stream but the capturing (current) one.
+    dtype = torch.float16
+    q, k, v = (rand(1, 512, 4, 128, dtype=dtype) for _ in range(3))
+    expected = kforge_fmha.fmha_fwd(q, k, v, causal=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        kforge_fmha.fmha_fwd(q, k, v, causal=True)  # warm-up on the side stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kforge_fmha.fmha_fwd(q, k, v, causal=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+def test_dlpack_producer_cupy() -> None:
+    cp = pytest.importorskip("cupy")
+    dtype = torch.float16
+    q, k, v = (rand(1, 100, 2, 64, dtype=dtype) for _ in range(3))
+    expected = kforge_fmha.fmha_fwd(q, k, v)
+    cq, ck, cv = (cp.from_dlpack(t) for t in (q, k, v))
+    cout = cp.empty_like(cq)
+    res = kforge_fmha.fmha_fwd(cq, ck, cv, out=cout)
+    assert res is cout
+    cp.cuda.runtime.deviceSynchronize()
+    torch.testing.assert_close(torch.from_dlpack(cout), expected, atol=0, rtol=0)
+
+
+def test_outputs_can_be_preallocated() -> None:
+    dtype = torch.bfloat16
+    q, k, v = (rand(2, 64, 2, 64, dtype=dtype) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(2, 2, 64, device="cuda")
+    res = kforge_fmha.fmha_fwd(q, k, v, out=out, lse=lse, return_lse=True)
+    assert res[0] is out and res[1] is lse
+    ref, ref_lse, lowp = reference(q, k, v, False, 0.125, dtype)
+    assert_close(out, ref, lowp, dtype, "out=")
+
+
+def test_peak_memory_is_linear_in_seqlen() -> None:
+    dtype = torch.bfloat16
+    peaks = []
+    for seqlen in (4096, 16384):
+        q, k, v = (rand(1, seqlen, 8, 128, dtype=dtype) for _ in range(3))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        kforge_fmha.fmha_fwd(q, k, v, causal=True, return_lse=True)
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        del q, k, v
+    # Output + lse only: 4x the tokens must cost ~4x the bytes (an L^2 buffer would cost 16x).
+    assert peaks[1] <= 4.5 * peaks[0], peaks
+    assert peaks[1] < 16384 * 8 * 128 * 2 * 1.2, peaks
+
+
+# --- failure modes users hit ----------------------------------------------------------------
+
+
+def test_cpu_k_with_cuda_q_is_refused() -> None:
+    q = rand(1, 16, 2, 64, dtype=torch.float16)
+    with pytest.raises(FmhaArgumentError, match="k is on cpu"):
+        kforge_fmha.fmha_fwd(q, q.cpu(), q)
+
+
+def test_misaligned_view_is_refused() -> None:
+    base = rand(1 * 16 * 2 * 64 + 1, dtype=torch.float16)
+    q = base[1:].view(1, 16, 2, 64)  # data pointer 2 bytes past an aligned address
+    with pytest.raises(FmhaArgumentError, match="16-byte aligned"):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_float32_cuda_is_refused() -> None:
+    q = rand(1, 16, 2, 64, dtype=torch.float32)
+    with pytest.raises(FmhaArgumentError, match="float32"):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_head_dim_256_is_unsupported() -> None:
+    q = rand(1, 16, 2, 256, dtype=torch.float16)
+    with pytest.raises(FmhaUnsupportedError, match="head_dim 256"):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_wrong_out_shape_is_refused() -> None:
+    q = rand(1, 16, 2, 64, dtype=torch.float16)
+    with pytest.raises(FmhaArgumentError, match="out has shape"):
+        kforge_fmha.fmha_fwd(q, q, q, out=torch.empty(1, 16, 2, 128, dtype=torch.float16, device="cuda"))
+
+
+def test_c_api_refuses_host_pointers() -> None:
+    from kforge_fmha import _lib
+
+    host = torch.zeros(1, 16, 2, 64, dtype=torch.float16)
+    lib = _lib.library()
+    s = _lib.strides(16 * 2 * 64, 2 * 64, 64)
+    p = host.data_ptr()
+    status = lib.kforge_fmha_fwd(0, 64, p, s, p, s, p, s, p, s, None, None, 1, 16, 16, 2, 2,
+                                 0.125, 0, None)
+    assert status == 1 and b"host pointer" in lib.kforge_fmha_last_error()
+
+
+def test_device_check_reports_the_gpu() -> None:
+    major, minor = kforge_fmha.device_check()
+    assert (major, minor) == torch.cuda.get_device_capability()
