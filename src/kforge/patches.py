@@ -442,10 +442,14 @@ def hunk_report(f: HunkFailure) -> str:
     """A few lines showing what the hunk expected and what upstream has there now."""
     if not f.hunk:
         return f.describe()
-    out = [f.describe(), f"  expected at line {f.line}:"]
-    out += [f"    - {line}" for line in f.expected]
-    out.append("  upstream has there:")
-    out += [f"    + {line}" for line in f.actual] or ["    (end of file)"]
+    out = [f.describe(), f"  the patch expects, at line {f.line}:"]
+    out += [f"      {line}" for line in f.expected]
+    out.append("  upstream has there ('!' marks the lines that differ):")
+    for i, line in enumerate(f.actual):
+        mark = " " if i < len(f.expected) and f.expected[i] == line else "!"
+        out.append(f"    {mark} {line}")
+    if not f.actual:
+        out.append("    (end of file)")
     return "\n".join(out)
 
 

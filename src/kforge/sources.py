@@ -172,7 +172,7 @@ def status(root: Path, name: str, spec: Source, *, cache_dir: Path | None = None
         if cached:
             return SourceStatus(name, "sdist", SourceState.CACHED, pin, str(cached), f"sha256 {spec.sha256[:12]}… verified")
         return SourceStatus(name, "sdist", SourceState.NOT_FETCHED, pin, None, "fetched on first build",
-                            fix=f"kforge sources fetch {name}")
+                            fix=f"run `kforge sources fetch {name}`")
     if isinstance(spec, LocalSource):
         path = root / spec.path
         if path.is_dir():
@@ -184,7 +184,7 @@ def status(root: Path, name: str, spec: Source, *, cache_dir: Path | None = None
 
 def _git_status(root: Path, name: str, spec: GitSource) -> SourceStatus:
     path = root / spec.path
-    sync_cmd = f"kforge sources sync {name}  (or: git submodule update --init -- {spec.path})"
+    sync_cmd = f"run `kforge sources sync {name}` (or `git submodule update --init -- {spec.path}`)"
     link = gitlink(root, spec.path) if (root / ".git").exists() else None
     link_note = ""
     if link and link != spec.commit:

@@ -94,8 +94,11 @@ def _guard(forge: Forge, tree: Path) -> Path:
 
 def render(statuses: tuple[patches.PatchStatus, ...], title: str, console: Console) -> None:
     table = Table(title=title, title_justify="left")
-    for col in ("#", "patch", "conditions", "state", "detail"):
-        table.add_column(col, overflow="fold")
+    table.add_column("#", no_wrap=True)
+    table.add_column("patch", no_wrap=True)
+    table.add_column("conditions", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("detail", overflow="fold", ratio=1)
     for st in statuses:
         detail = st.message if st.state is not patches.PatchState.FAILS else \
             "; ".join(f.describe() for f in st.failures)
@@ -114,8 +117,9 @@ def _pinned_statuses(forge: Forge, project: Project, series: Series, ctx: PatchC
         repo = forge.root / spec.path
         st = sources.status(forge.root, project.name, spec)
         if st.state is sources.SourceState.MISSING:
-            raise SourceError(f"{spec.path} is not initialised, so there is nothing to check the series against",
-                              why=st.detail, fix=st.fix)
+            raise SourceError(f"cannot show the status of patches/{project.name}: {spec.path} is not initialised",
+                              why="the series is checked against the pinned checkout, and a fresh clone (as in CI) "
+                                  "has no submodules", fix=st.fix)
         report = patches.check_rev(repo, spec.commit, series, ctx, fetch=False)
         return f"{spec.path} @ {spec.commit[:12]}", report.statuses
     if isinstance(spec, sources.SdistSource):
