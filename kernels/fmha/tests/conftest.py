@@ -33,24 +33,17 @@ def _gpu_problem() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
-    if not gpu_items:
+_PROBLEM: list[str | None] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is None:
         return
-    problem = _gpu_problem()
+    if not _PROBLEM:
+        _PROBLEM.append(_gpu_problem())
+    problem = _PROBLEM[0]
     if problem is None:
         return
     if os.environ.get("KFORGE_REQUIRE_GPU") == "1":
-        for item in gpu_items:
-            item.add_marker(pytest.mark.usefixtures("_require_gpu_failure"))
-        config._kforge_gpu_problem = problem  # type: ignore[attr-defined]
-        return
-    skip = pytest.mark.skip(reason=f"GPU test skipped: {problem}")
-    for item in gpu_items:
-        item.add_marker(skip)
-
-
-@pytest.fixture
-def _require_gpu_failure(request: pytest.FixtureRequest) -> None:
-    problem = getattr(request.config, "_kforge_gpu_problem", "no GPU")
-    pytest.fail(f"KFORGE_REQUIRE_GPU=1 but GPU tests cannot run: {problem}", pytrace=False)
+        pytest.fail(f"KFORGE_REQUIRE_GPU=1 but GPU tests cannot run: {problem}", pytrace=False)
+    pytest.skip(f"GPU test skipped: {problem}")
