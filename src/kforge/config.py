@@ -188,7 +188,7 @@ class _Table:
         if isinstance(value, bool) and typ in (int, float):
             raise self.error(self.key(name), f"must be {typ.__name__}, not bool")
         if not isinstance(value, typ):
-            want = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
+            want = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in (typ if isinstance(typ, tuple) else (typ,)))
             raise self.error(self.key(name), f"must be {_article(want)}, not {_tname(value)} ({value!r})")
         return value
 
@@ -226,10 +226,11 @@ def normalise_env_value(value: str) -> str:
     return " ".join(value.split())
 
 
+_TYPE_NAMES = {dict: "table", list: "array", str: "string", int: "integer", float: "float", bool: "boolean"}
+
+
 def _tname(value: Any) -> str:
-    return {dict: "table", list: "array", str: "string", int: "integer", float: "float", bool: "boolean"}.get(
-        type(value), type(value).__name__
-    )
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
 def _article(word: str) -> str:

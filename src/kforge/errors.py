@@ -25,8 +25,9 @@ class KforgeError(Exception):
 
     def render(self) -> str:
         """One paragraph: what happened. Why. What to do."""
-        parts = [p.rstrip(".") + "." for p in (self.what, self.why, self.fix) if p]
-        return " ".join(_sentence(p) for p in parts)
+        parts = [self.what.rstrip(".") + "."]
+        parts += [_sentence(p.rstrip(".") + ".") for p in (self.why, self.fix) if p]
+        return " ".join(parts)
 
 
 def _sentence(text: str) -> str:

@@ -224,10 +224,13 @@ def make_plan(
     host: HostFacts,
     options: PlanOptions = PlanOptions(),
     *,
-    job_profile: JobProfile | None = None,
+    job_profile: JobProfile,
     cuda_from_env: bool = False,
 ) -> Plan:
-    """Resolve everything a build of ``target`` will do. Raises before anything runs."""
+    """Resolve everything a build of ``target`` will do. Raises before anything runs.
+
+    ``job_profile`` is the project's measured compile-unit profile (``kforge.jobs.load_profile``).
+    """
     project = forge.project(target.project)
     platform = forge.platforms[target.platform]
 

@@ -145,7 +145,13 @@ def parse_target(forge: Forge, text: str, host_platform: str, *, gpu_arch: Arch 
                 ) from None
         plat_text = ""
 
-    platform = forge.platform(plat_text).name if plat_text else host_platform
+    if plat_text:
+        try:
+            platform = forge.platform(plat_text).name
+        except KforgeError as exc:
+            raise TargetError(f"{exc.what} in target '{text}'", why=exc.why, fix=exc.fix) from None
+    else:
+        platform = host_platform
     if platform not in forge.platforms:
         raise TargetError(
             f"the host platform '{platform}' is not declared in forge.toml",

@@ -1,0 +1,53 @@
+"""``kforge build <target>``: the whole chain, from plan to a verified wheel in the wheelhouse."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from kforge.commands._common import add_plan_options, cache_dir, plan_from_args
+from kforge.commands.plan import render
+from kforge.host import detect_host
+from kforge.log import StepLog
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("build", help="plan, fetch, patch, build, repair, verify and publish one target's wheel")
+    p.add_argument("target", help="<project>[-<arch>][-<platform>]; without an arch: this machine's GPU (or the project's default)")
+    add_plan_options(p)
+    p.add_argument("--wheelhouse", type=Path, help="where to publish (default: <root>/wheelhouse, or $KFORGE_WHEELHOUSE)")
+    p.add_argument("--allow-dirty", action="store_true", help="build a dirty or mis-pinned submodule anyway (marked dirty in the manifest)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar (plain log lines)")
+    p.set_defaults(func=run)
+
+
+def wheelhouse_from(args: argparse.Namespace, root: Path) -> Path:
+    if getattr(args, "wheelhouse", None):
+        return Path(args.wheelhouse).resolve()
+    if os.environ.get("KFORGE_WHEELHOUSE"):
+        return Path(os.environ["KFORGE_WHEELHOUSE"]).resolve()
+    return root / "wheelhouse"
+
+
+def run(args: argparse.Namespace) -> int:
+    from kforge.pipeline import STEPS, run_build  # the heavy chain, only when building
+
+    environ = dict(os.environ)
+    host = detect_host(environ)
+    forge, plan = plan_from_args(args, args.target, environ=environ, host=host)
+    log = StepLog(total=len(STEPS) + 1, title=plan.id)
+    with log.step("plan", plan.id):
+        for line in render(plan).splitlines()[1:]:
+            log.info(line.strip() if not line.startswith("    ") else "  " + line.strip())
+    outcome = run_build(
+        forge, plan, host,
+        wheelhouse_root=wheelhouse_from(args, forge.root),
+        cache_dir=cache_dir(environ),
+        environ=environ,
+        allow_dirty=args.allow_dirty,
+        progress=not args.no_progress,
+        log=log,
+    )
+    print(f"{plan.id}: {outcome.wheel} ({outcome.repaired_tag}) in {outcome.seconds:.0f} s; manifest {outcome.manifest}")
+    return 0

@@ -1,0 +1,201 @@
+"""The build chain: plan -> source -> patches -> toolchain -> build -> repair -> doctor -> report -> publish.
+
+Each step takes the plan (and the previous step's frozen result) and nothing else. A failure in any
+step raises its own :class:`~kforge.errors.KforgeError`; nothing reaches the wheelhouse unless every
+step before publish passed, and publish itself is atomic.
+"""
+
+from __future__ import annotations
+
+import platform as _platform
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kforge import doctor, jobs, patches, repair, report, sources, toolchain, wheelhouse
+from kforge.backends import BuildRequest, BuildResult, get_backend
+from kforge.config import Forge
+from kforge.errors import BuildError, ToolchainError
+from kforge.host import HostFacts
+from kforge.log import StepLog
+from kforge.plan import PROVISIONABLE_FROM, Plan
+from kforge.series import load_series
+
+STEPS = ("source", "patches", "toolchain", "build", "repair", "doctor", "report", "publish")
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    plan: Plan
+    wheel: Path  # the published wheel
+    manifest: Path
+    doctor: doctor.WheelReport
+    report_json: Path
+    timeline: Path
+    seconds: float
+    repaired_tag: str
+
+
+def work_dir_for(cache_dir: Path, plan: Plan) -> Path:
+    return cache_dir / "work" / plan.id
+
+
+def _toolchain_env(plan: Plan, environ: Mapping[str, str], cache_dir: Path, log: StepLog) -> tuple[dict[str, str], toolchain.Nvcc]:
+    cuda = str(plan.toolchain.cuda)
+    try:
+        nvcc = toolchain.find_nvcc(environ, cuda=cuda)
+    except ToolchainError:
+        if plan.toolchain.cuda < PROVISIONABLE_FROM:
+            raise
+        log.info(f"CUDA {cuda} is not installed: provisioning nvidia-cuda-nvcc=={cuda}.* from PyPI")
+        nvcc = toolchain.provision_cuda(cuda, cache_dir / "toolkits")
+    log.info(f"nvcc {nvcc.version} at {nvcc.path}")
+    env = dict(environ)
+    env.update(plan.env)
+    env.update(nvcc.env())
+    env["PATH"] = str(nvcc.home / "bin") + (":" + env["PATH"] if env.get("PATH") else "")
+    return env, nvcc
+
+
+def run_build(
+    forge: Forge,
+    plan: Plan,
+    host: HostFacts,
+    *,
+    wheelhouse_root: Path,
+    cache_dir: Path,
+    environ: Mapping[str, str],
+    allow_dirty: bool = False,
+    python: str = sys.executable,
+    progress: bool = True,
+    log: StepLog | None = None,
+) -> BuildOutcome:
+    project = plan.project
+    log = log or StepLog(total=len(STEPS), title=plan.id)
+    started = time.monotonic()
+    if plan.target.platform != host.platform and plan.backend != "cibuildwheel":
+        raise BuildError(
+            f"{plan.id} is a {plan.target.platform} build and this host is {host.platform}",
+            why="the native and cmake backends build for the machine they run on",
+            fix=f"run `nox -s build-{plan.id}` on a {plan.target.platform} machine (or CI runner)",
+        )
+
+    work = work_dir_for(cache_dir, plan)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+
+    with log.step("source", plan.source_pin):
+        prepared = sources.prepare(forge.root, project.source, work / "src", allow_dirty=allow_dirty,
+                                   cache_dir=cache_dir, name=project.name)
+        log.info(f"scratch copy at {prepared.tree}" + (f" ({prepared.note})" if prepared.note else ""))
+
+    with log.step("patches", f"{len(plan.patches)} to apply" if plan.patches else "none"):
+        if plan.patches:
+            applied = patches.apply(prepared.tree, load_series(project.patches), plan.patch_context)
+            for name in applied.applied:
+                log.info(f"applied {name}")
+            for name in applied.already:
+                log.info(f"already applied: {name}")
+
+    with log.step("toolchain", f"CUDA {plan.toolchain.cuda}"):
+        env, nvcc = _toolchain_env(plan, environ, cache_dir, log)
+        torch_info = toolchain.detect_torch(python) if project.torch_abi else None
+        if project.torch_abi and torch_info is None:
+            raise ToolchainError(
+                f"{project.name} builds against torch, and {python} has no torch",
+                fix=f"install torch {plan.toolchain.torch or ''} into that interpreter (the build uses no isolation)".replace("  ", " "),
+            )
+        cache = toolchain.compiler_cache(env, wrapper_dir=work / "cc-wrappers", nvcc=nvcc.path)
+        if cache is not None:
+            env.update(cache.env)
+            log.info(f"compiler cache: {cache.tool} ({cache.path})")
+
+    with log.step("build", f"{plan.backend}, MAX_JOBS={plan.jobs.max_jobs} NVCC_THREADS={plan.jobs.nvcc_threads}"):
+        request = BuildRequest(
+            plan=plan,
+            tree=prepared.tree / plan.build_dir,
+            out_dir=work / "dist",
+            work_dir=work / "build",
+            env=env,
+            python=python,
+            forge_pythons=forge.toolchains.python,
+            progress=progress,
+        )
+        result: BuildResult = get_backend(plan.backend).build(request)
+        if result.retried_with_jobs:
+            log.warn(f"a compile unit ran out of memory; the build was retried with MAX_JOBS={result.retried_with_jobs}")
+        if result.units:
+            jobs.record(cache_dir, project.name, len(plan.archs), result.units)
+        log.info(f"built {result.artifact.name} in {result.seconds:.0f} s, peak RSS {result.peak_rss / 2**30:.2f} GiB")
+    if result.kind != "wheel":
+        raise BuildError(f"the {plan.backend} backend produced {result.kind}, not a wheel",
+                         fix="use --backend native to build a wheel for the wheelhouse")
+
+    wheel = result.artifact
+    if plan.local_version and not project.local_version_env:
+        wheel = repair.apply_local_version(wheel, plan.local_version, out_dir=work / "versioned")
+
+    policy = repair.default_policy(project.name, torch=project.torch_abi, extra=project.repair_exclude)
+    with log.step("repair", "auditwheel" if plan.platform_os == "linux" else "delvewheel"):
+        repaired = repair.repair_wheel(wheel, work / "repaired", platform=plan.platform_os, policy=policy,
+                                       lib_paths=[nvcc.home / "lib64", nvcc.home / "lib"], python=python)
+        log.info(f"{repaired.wheel.name}: {repaired.tag}" + ("" if repaired.repaired else " (no binaries to repair)"))
+
+    with log.step("doctor", "expects " + " ".join(a.sm for a in plan.archs)):
+        wheel_report = doctor.inspect_wheel(repaired.wheel)
+        findings = doctor.verify(wheel_report, [a.sm for a in plan.archs], policy)
+        for finding in findings:
+            log.info(str(finding))
+
+    with log.step("report"):
+        entries = [e for path in result.ninja_logs for e in report.parse_ninja_log(path)]
+        peaks = {u.output: u.peak_rss for u in result.units}
+        build_report = report.build_report(entries, peaks, title=plan.id)
+        report_json, timeline = report.write_report(build_report, work / "report")
+        log.info(f"{len(build_report.units)} compile units; timeline {timeline}")
+
+    with log.step("publish", str(wheelhouse_root)):
+        manifest = wheelhouse.Manifest(
+            target=plan.id,
+            project=project.name,
+            archs=tuple(a.sm for a in plan.archs),
+            source_kind=plan.source_kind,
+            source_pin=prepared.pin if prepared.kind != "sdist" else plan.source_pin,
+            source_dirty=prepared.dirty,
+            patch_series_hash=plan.series_hash,
+            patches=plan.patches,
+            toolchain={
+                "nvcc": str(nvcc.version),
+                "cuda": str(plan.toolchain.cuda),
+                "torch": str(torch_info.version) if torch_info else None,
+                "python": host.python,
+                "max_jobs": plan.jobs.max_jobs,
+                "nvcc_threads": plan.jobs.nvcc_threads,
+            },
+            host={"platform": host.platform, "machine": _platform.node(), "cpus": host.cpus,
+                  "mem_total": host.mem_total},
+            built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            build_seconds=round(result.seconds, 1),
+            peak_rss=result.peak_rss,
+            repaired_tag=repaired.tag,
+            doctor=doctor.to_dict(wheel_report, findings),
+        )
+        published = wheelhouse.publish(wheelhouse_root, project.name, repaired.wheel, manifest,
+                                       attachments=(report_json, timeline))
+        log.info(f"{published.wheel} (index: {published.index})")
+
+    return BuildOutcome(
+        plan=plan,
+        wheel=published.wheel,
+        manifest=published.manifest,
+        doctor=wheel_report,
+        report_json=report_json,
+        timeline=timeline,
+        seconds=time.monotonic() - started,
+        repaired_tag=repaired.tag,
+    )

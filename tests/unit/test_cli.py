@@ -1,0 +1,92 @@
+"""The kforge command and nox -l, run as a user would: real processes, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kforge(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kforge.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_plan_prints_env_and_flags() -> None:
+    out = kforge("plan", "flashmla-sm120")
+    assert out.returncode == 0, out.stderr
+    assert "FLASH_MLA_DISABLE_SM90=1" in out.stdout and "FLASH_MLA_DISABLE_SM100=1" in out.stdout
+    assert "code=sm_120a" in out.stdout
+
+
+def test_plan_json() -> None:
+    out = kforge("plan", "flash-attn-sm120-windows", "--json")
+    assert out.returncode == 0, out.stderr
+    env = json.loads(out.stdout)["env"]
+    assert env["FLASH_ATTN_CUDA_ARCHS"] == "120" and env["DISTUTILS_USE_SDK"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needles"),
+    [
+        (["plan", "flashmal-sm90"], TargetError.exit_code, ["unknown project 'flashmal'", "kforge targets"]),
+        (["plan", "fmha-sm_42"], ArchError.exit_code, ["not a CUDA arch"]),
+        (["plan", "flashmla-sm80"], ArchError.exit_code, ["does not support sm_80", "projects.flashmla.archs"]),
+        (["plan", "flashinfer-sm103", "--cuda", "12.8"], ToolchainError.exit_code, ["needs CUDA 12.9", "12.8"]),
+        (["plan", "fmha-sm90", "--env", "NOEQUALS"], ConfigError.exit_code, ["KEY=VALUE"]),
+    ],
+)
+def test_error_paths(args, code, needles) -> None:
+    out = kforge(*args)
+    assert out.returncode == code, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr
+    for needle in needles:
+        assert needle in out.stderr
+
+
+def test_malformed_forge_toml(tmp_path: Path) -> None:
+    (tmp_path / "forge.toml").write_text('[platforms.linux-x86_64]\nos = "linux"\n[projects.x]\nsource = { local = "k" }\narchs = ["sm_90a"]\nbakend = "native"\n')
+    out = kforge("-C", str(tmp_path), "plan", "x-sm90")
+    assert out.returncode == ConfigError.exit_code
+    assert "projects.x.bakend" in out.stderr and "did you mean 'backend'" in out.stderr
+    assert "Traceback" not in out.stderr
+    verbose = kforge("-v", "-C", str(tmp_path), "plan", "x-sm90")
+    assert "Traceback" in verbose.stderr and verbose.returncode == ConfigError.exit_code
+
+
+def test_no_forge_toml(tmp_path: Path) -> None:
+    out = kforge("plan", "fmha-sm90", cwd=tmp_path)
+    assert out.returncode == ConfigError.exit_code and "no forge.toml" in out.stderr
+
+
+def test_targets_lists_the_matrix() -> None:
+    out = kforge("targets", "--json")
+    ids = {t["id"] for t in json.loads(out.stdout)}
+    assert {"flashmla-sm120", "fmha-sm90", "flash-attn-sm120-windows"} <= ids
+
+
+def test_exit_codes_are_distinct() -> None:
+    from kforge import errors
+
+    classes = [getattr(errors, n) for n in ("ConfigError", "TargetError", "ToolchainError", "SourceError", "PatchError",
+                                             "BuildError", "RepairError", "DoctorError", "GPUError", "PublishError")]
+    codes = [c.exit_code for c in classes]
+    assert len(set(codes)) == len(codes) and 0 not in codes and 1 not in codes
+
+
+def test_nox_lists_the_sessions() -> None:
+    out = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    listed = {line.split()[1] for line in out.stdout.splitlines() if line.startswith(("* ", "- "))}
+    for name in ("build-flashmla-sm120", "build-flashmla-sm100", "build-flash-attn-sm90", "build-flash-attn-sm120-windows",
+                 "build-flash-attn3-sm90", "build-flashinfer-sm120", "build-fmha-sm90", "test-fmha-sm90",
+                 "patch-flashmla", "tests", "lint", "build-fmha"):
+        assert name in listed, name
+    assert "needs a windows-amd64 host" in out.stdout

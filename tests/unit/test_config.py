@@ -1,0 +1,95 @@
+"""forge.toml loading: the real file, and every kind of malformed input with its key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kforge.config import load_forge, normalise_env_value
+from kforge.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MINIMAL = """
+[platforms.linux-x86_64]
+alias = "linux"
+os = "linux"
+
+[projects.demo]
+source = { local = "kernels/demo" }
+archs = ["sm_80", "sm_90a"]
+arch_knobs = [{ env = "DEMO_ARCHS", format = "numbers" }]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "forge.toml").write_text(text)
+    return tmp_path
+
+
+def test_real_forge_toml_declares_every_project() -> None:
+    forge = load_forge(ROOT)
+    assert list(forge.projects) == ["fmha", "flash-attn", "flash-attn3", "flashmla", "flashinfer"]
+    assert forge.projects["fmha"].source.path == "kernels/fmha"
+    fa = forge.projects["flash-attn"]
+    assert fa.sdist is not None and fa.sdist.version == "2.8.3.post2" and len(fa.sdist.sha256) == 64
+    assert fa.git is not None and len(fa.git.commit) == 40
+    assert forge.projects["flash-attn3"].build_dir == "hopper"
+    assert set(forge.projects["flash-attn3"].profiles) == {"minimal", "full"}
+    assert {p.name for p in forge.platforms.values()} >= {"linux-x86_64", "windows-amd64"}
+
+
+def test_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
+    forge = load_forge(write(tmp_path, MINIMAL))
+    demo = forge.projects["demo"]
+    assert [a.sm for a in demo.archs] == ["sm_80", "sm_90a"]
+    assert demo.default_arch.sm == "sm_90a"
+    assert demo.backend == "native" and demo.platforms == ("linux-x86_64",)
+    assert demo.threads_env == "NVCC_THREADS"
+
+
+@pytest.mark.parametrize(
+    ("text", "key_path", "hint"),
+    [
+        (MINIMAL.replace('archs = ["sm_80"', 'arhcs = ["sm_80"'), "projects.demo.arhcs", "did you mean 'archs'"),
+        (MINIMAL.replace('"sm_90a"]', '"sm_91"]'), "projects.demo.archs[1]", "sm_91"),
+        (MINIMAL.replace('archs = ["sm_80", "sm_90a"]', 'archs = "sm_80"\nbackend = 3'), "projects.demo.backend", "must be a string"),
+        (MINIMAL + '\nbackend = "nativ"\n', "", "did you mean 'native'"),
+        (MINIMAL.replace('format = "numbers"', 'format = "number"'), "projects.demo.arch_knobs[0].format", "did you mean 'numbers'"),
+        (MINIMAL.replace('os = "linux"', 'os = "mac"'), "platforms.linux-x86_64.os", "must be 'linux' or 'windows'"),
+        (MINIMAL + '\n[matrix]\nexclude = [{ project = "demoo" }]\n', "matrix.exclude[0].project", "did you mean 'demo'"),
+        (MINIMAL.replace("[projects.demo]", "[projects.demo]\nplatforms = [\"linux-x86\"]"), "projects.demo.platforms[0]", "linux-x86_64"),
+        (MINIMAL.replace('{ local = "kernels/demo" }', '{ git = { path = "x", url = "u", commit = "abc" } }'),
+         "projects.demo.source.git.commit", "40-hex"),
+        ("[platforms.linux-x86_64]\nos='linux'\n[projects]\n", "projects", "is empty"),
+    ],
+)
+def test_malformed_files_name_the_key(tmp_path: Path, text: str, key_path: str, hint: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_forge(write(tmp_path, text))
+    message = info.value.render()
+    assert key_path in message
+    assert hint in message
+    assert "Traceback" not in message
+
+
+def test_duplicate_project_is_a_toml_error(tmp_path: Path) -> None:
+    text = MINIMAL + '\n[projects.demo]\nsource = { local = "x" }\narchs = ["sm_80"]\n'
+    with pytest.raises(ConfigError) as info:
+        load_forge(write(tmp_path, text))
+    assert "not valid TOML" in info.value.render() and "demo" in info.value.render()
+
+
+def test_missing_file_says_where_it_looked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_forge(tmp_path)
+    assert "forge.toml" in info.value.render() and "--root" in info.value.render()
+
+
+def test_env_values_are_normalised(tmp_path: Path) -> None:
+    text = MINIMAL.replace("[projects.demo]", "[projects.demo]\nenv = { NVCC_THREADS = \" 4 \", FLAGS = \"-O3   -g\" }")
+    demo = load_forge(write(tmp_path, text)).projects["demo"]
+    assert demo.env["NVCC_THREADS"] == "4"
+    assert demo.env["FLAGS"] == "-O3 -g"
+    assert normalise_env_value("\t80;90 \n") == "80;90"

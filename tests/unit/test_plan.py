@@ -1,0 +1,157 @@
+"""Plans: the exact env and flags of the issue's examples, the cascade, and toolchain checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from kforge.config import load_forge
+from kforge.errors import ConfigError, TargetError, ToolchainError
+from kforge.host import HostFacts
+from kforge.jobs import JobProfile, load_profile
+from kforge.plan import PlanOptions, make_plan
+from kforge.targets import parse_target
+
+ROOT = Path(__file__).resolve().parents[2]
+GiB = 2**30
+NVCC_13_ARCHS = frozenset(f"compute_{n}" for n in (75, 80, 86, 87, 88, 89, 90, 100, 110, 103, 120, 121))
+
+
+@pytest.fixture(scope="module")
+def forge():
+    return load_forge(ROOT)
+
+
+def host(**kw) -> HostFacts:
+    base = dict(platform="linux-x86_64", python="3.11", cpus=16, mem_available=100 * GiB, mem_total=128 * GiB,
+                cuda_version=Version("13.0.88"), nvcc_path="/usr/local/cuda-13.0/bin/nvcc",
+                cuda_home="/usr/local/cuda-13.0", nvcc_archs=NVCC_13_ARCHS, torch_version=Version("2.11.0"))
+    base.update(kw)
+    return HostFacts(**base)
+
+
+def profile(project: str):
+    return load_profile(Path("/nonexistent-kforge-cache"), project, 1)  # nothing measured: seed or default
+
+
+def plan_for(forge, text, *, h=None, **opts):
+    h = h or host()
+    target = parse_target(forge, text, h.platform)
+    return make_plan(forge, target, h, PlanOptions(**opts), job_profile=profile(target.project))
+
+
+def test_flashmla_sm120(forge) -> None:
+    plan = plan_for(forge, "flashmla-sm120")
+    assert plan.env["FLASH_MLA_DISABLE_SM90"] == "1"
+    assert plan.env["FLASH_MLA_DISABLE_SM100"] == "1"
+    assert "-gencode=arch=compute_120a,code=sm_120a" in plan.nvcc_flags
+    assert "-gencode=arch=compute_120a,code=sm_120a" in plan.env["NVCC_APPEND_FLAGS"].split()
+    assert [a.sm for a in plan.archs] == ["sm_120a"]
+    assert plan.source_kind == "git" and "323f076dd194c18be9d569d1fdf3c2fd8903e2af" in plan.source_pin
+
+
+def test_flashmla_sm90_disables_only_sm100(forge) -> None:
+    plan = plan_for(forge, "flashmla-sm90")
+    assert plan.env["FLASH_MLA_DISABLE_SM100"] == "1"
+    assert "FLASH_MLA_DISABLE_SM90" not in plan.env
+    assert "NVCC_APPEND_FLAGS" not in plan.env  # the gencode knob is only for 120/121
+
+
+def test_flash_attn_sm120_windows(forge) -> None:
+    plan = plan_for(forge, "flash-attn-sm120-windows")
+    assert plan.env["FLASH_ATTN_CUDA_ARCHS"] == "120"
+    assert plan.env["DISTUTILS_USE_SDK"] == "1"
+    assert plan.env["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
+    assert plan.platform_os == "windows"
+    assert "CUDA_HOME" not in plan.env  # this Linux host's toolkit is not the Windows build's
+    assert "windows-amd64 host" in plan.toolchain.action
+    assert plan.patches[-1].startswith("0003-setup-MSVC")  # the windows-only patch is selected
+
+
+def test_flash_attn_linux_skips_windows_patch(forge) -> None:
+    plan = plan_for(forge, "flash-attn-sm90")
+    assert not any("MSVC" in p for p in plan.patches)
+    assert plan.env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11"
+    assert plan.local_version == "cu130torch2.11"
+
+
+@pytest.mark.parametrize(("cuda", "rendered"), [("13.0", "12.0f"), ("12.8", "12.0a")])
+def test_flashinfer_suffix_follows_cuda(forge, cuda, rendered) -> None:
+    plan = plan_for(forge, "flashinfer-sm120", cuda=cuda)
+    assert plan.env["FLASHINFER_CUDA_ARCH_LIST"] == rendered
+    assert plan.env["FLASHINFER_NVCC_THREADS"] == plan.env["NVCC_THREADS"]
+
+
+def test_fmha_is_torch_free_and_uses_cmake_archs(forge) -> None:
+    plan = plan_for(forge, "fmha-sm90")
+    assert plan.env["CMAKE_CUDA_ARCHITECTURES"] == "90a"
+    assert plan.local_version is None and plan.toolchain.torch is None
+    assert plan.env["CUDA_HOME"] == "/usr/local/cuda-13.0"
+
+
+def test_fa3_minimal_profile(forge) -> None:
+    full = plan_for(forge, "flash-attn3-sm90")
+    assert full.profile == "full" and "FLASH_ATTENTION_DISABLE_FP8" not in full.env
+    assert full.env["FLASH_ATTENTION_DISABLE_SM80"] == "TRUE"
+    minimal = plan_for(forge, "flash-attn3-sm90", profile="minimal")
+    assert minimal.env["FLASH_ATTENTION_DISABLE_FP8"] == "TRUE"
+    assert minimal.env["FLASH_ATTENTION_DISABLE_HDIM256"] == "TRUE"
+    with pytest.raises(TargetError, match="did you mean 'minimal'"):
+        plan_for(forge, "flash-attn3-sm90", profile="minimall")
+
+
+def test_cuda_too_old_fails_before_any_build(forge) -> None:
+    with pytest.raises(ToolchainError) as info:
+        plan_for(forge, "flashinfer-sm103", cuda="12.8")
+    assert "12.9" in info.value.render() and "12.8" in info.value.render()
+    with pytest.raises(ToolchainError, match="12.3"):
+        plan_for(forge, "flash-attn3-sm90", cuda="12.2")
+
+
+def test_installed_nvcc_list_is_authoritative(forge) -> None:
+    h = host(nvcc_archs=NVCC_13_ARCHS - {"compute_120"})
+    with pytest.raises(ToolchainError):
+        plan_for(forge, "fmha-sm120", h=h)
+
+
+def test_provisioning_action(forge) -> None:
+    assert "provision nvidia-cuda-nvcc==13.1" in plan_for(forge, "fmha-sm90", cuda="13.1").toolchain.action
+    assert "no nvcc on PyPI" in plan_for(forge, "fmha-sm90", cuda="12.8").toolchain.action
+    no_nvcc = plan_for(forge, "fmha-sm90", h=host(cuda_version=None, nvcc_path=None, nvcc_archs=None))
+    assert no_nvcc.toolchain.cuda_from == "forge.toml" and "provision" in no_nvcc.toolchain.action
+
+
+def test_cascade_cli_over_env_over_forge(forge) -> None:
+    env = {"KFORGE_MAX_JOBS": "3", "KFORGE_NVCC_THREADS": "2", "KFORGE_CUDA": "12.9"}
+    opts = PlanOptions.from_cascade(env, cuda=None, max_jobs=5, env={"NVCC_THREADS": " 7 ", "EXTRA": "a  b"})
+    assert (opts.cuda, opts.max_jobs, opts.nvcc_threads) == ("12.9", 5, 2)
+    h = host()
+    plan = make_plan(forge, parse_target(forge, "fmha-sm90", h.platform), h, opts, job_profile=profile("fmha"),
+                     cuda_from_env=True)
+    assert plan.toolchain.cuda == Version("12.9") and plan.toolchain.cuda_from == "KFORGE_CUDA"
+    assert plan.env["MAX_JOBS"] == "5"
+    assert plan.env["NVCC_THREADS"] == "7"  # --env is applied last, and normalised
+    assert plan.env["EXTRA"] == "a b"
+    with pytest.raises(ConfigError, match="KFORGE_MAX_JOBS"):
+        PlanOptions.from_cascade({"KFORGE_MAX_JOBS": "many"})
+
+
+def test_jobs_never_exceed_memory(forge) -> None:
+    profile = JobProfile(project="flash-attn", arch_count=1, peak_rss_per_unit=6 * GiB, unit_seconds=120.0,
+                         unit_seconds_max=250.0, samples=10, source="test")
+    h = host(cpus=64, mem_available=20 * GiB)
+    plan = make_plan(forge, parse_target(forge, "flash-attn-sm90", h.platform), h, job_profile=profile)
+    assert plan.jobs.max_jobs * 6 * GiB <= 20 * GiB
+    assert plan.env["MAX_JOBS"] == str(plan.jobs.max_jobs)
+
+
+def test_plan_json_round_trip(forge) -> None:
+    import json
+
+    data = json.loads(plan_for(forge, "flashmla-sm120").to_json())
+    assert data["target"] == "flashmla-sm120"
+    assert data["env"]["FLASH_MLA_DISABLE_SM90"] == "1"
+    assert data["toolchain"]["min_cuda"] == "12.8"
+    assert data["patches"]["dir"] == "patches/flashmla"

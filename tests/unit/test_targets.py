@@ -1,0 +1,83 @@
+"""Target ids and the matrix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kforge.arch import parse_arch
+from kforge.config import load_forge
+from kforge.errors import ArchError, TargetError
+from kforge.targets import expand_matrix, parse_target
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST = "linux-x86_64"
+
+
+@pytest.fixture(scope="module")
+def forge():
+    return load_forge(ROOT)
+
+
+@pytest.mark.parametrize(
+    ("text", "project", "arch", "platform", "canonical"),
+    [
+        ("flashmla-sm120", "flashmla", "sm_120a", "linux-x86_64", "flashmla-sm120"),
+        ("flashmla-sm_120a", "flashmla", "sm_120a", "linux-x86_64", "flashmla-sm120a"),
+        ("flash-attn-sm120-windows", "flash-attn", "sm_120", "windows-amd64", "flash-attn-sm120-windows"),
+        ("flash-attn-sm120-windows-amd64", "flash-attn", "sm_120", "windows-amd64", "flash-attn-sm120-windows"),
+        ("flash-attn3-sm90", "flash-attn3", "sm_90a", "linux-x86_64", "flash-attn3-sm90"),
+        ("flash-attn-9.0", "flash-attn", "sm_90", "linux-x86_64", "flash-attn-sm90"),
+        ("flashinfer-sm120f", "flashinfer", "sm_120f", "linux-x86_64", "flashinfer-sm120f"),
+        ("fmha-sm90-linux", "fmha", "sm_90a", "linux-x86_64", "fmha-sm90"),
+        ("fmha-sm90-linux-arm", "fmha", "sm_90a", "linux-aarch64", "fmha-sm90-linux-arm"),
+    ],
+)
+def test_parse_target(forge, text, project, arch, platform, canonical) -> None:
+    t = parse_target(forge, text, HOST)
+    assert (t.project, t.arch.sm, t.platform, t.id) == (project, arch, platform, canonical)
+
+
+def test_no_arch_means_host_gpu_else_default(forge) -> None:
+    assert parse_target(forge, "fmha", HOST).arch.sm == "sm_90a"
+    assert parse_target(forge, "fmha", HOST, gpu_arch=parse_arch("sm_86")).arch.sm == "sm_86"
+    with pytest.raises(ArchError, match="GPU is sm_75"):
+        parse_target(forge, "fmha", HOST, gpu_arch=parse_arch("sm_75"))
+
+
+def test_host_platform_moves_the_suffix(forge) -> None:
+    t = parse_target(forge, "flash-attn-sm120", "windows-amd64")
+    assert t.platform == "windows-amd64" and t.id == "flash-attn-sm120"
+    assert parse_target(forge, "flash-attn-sm120-linux", "windows-amd64").id == "flash-attn-sm120-linux"
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "needle"),
+    [
+        ("flashmal-sm90", TargetError, "did you mean 'flashmla'"),
+        ("flashmla-sm80", ArchError, "flashmla does not support sm_80"),
+        ("fmha-sm91", ArchError, "not a CUDA arch"),
+        ("flashmla-sm90-macos", TargetError, "unknown platform 'macos'"),
+        ("flash-attn3-sm90-windows", TargetError, "not built for windows-amd64"),
+        ("flashmla-sm90-windows", TargetError, "excluded"),
+        ("flashmla-sm90f", ArchError, "has no 'f' variant"),
+        ("flashmla-sm100a", ArchError, "builds sm_100 as sm_100f"),
+        ("", TargetError, "not a target id"),
+    ],
+)
+def test_bad_targets(forge, text, error, needle) -> None:
+    with pytest.raises(error) as info:
+        parse_target(forge, text, HOST)
+    assert needle in str(info.value)
+
+
+def test_matrix_has_the_sessions_the_readme_promises(forge) -> None:
+    ids = {t.id for t in expand_matrix(forge, HOST)}
+    for wanted in ("flashmla-sm120", "flashmla-sm100", "flash-attn-sm90", "flash-attn-sm120-windows",
+                   "flash-attn3-sm90", "flashinfer-sm120", "fmha-sm90"):
+        assert wanted in ids
+    assert "flashmla-sm90-windows" not in ids  # excluded by [matrix]
+    assert "flashmla-sm120-windows" in ids
+    assert not any(t.endswith("-linux-arm") and "-sm80" in t for t in ids)
+    assert len(ids) == len(expand_matrix(forge, HOST))  # ids are unique
