@@ -28,7 +28,6 @@ from pathlib import Path
 from kforge import sdist as _sdist
 from kforge.errors import PatchError, SourceError
 from kforge.series import (
-    Hunk,
     ParsedPatch,
     PatchContext,
     Series,
@@ -452,5 +451,3 @@ def hunk_report(f: HunkFailure) -> str:
         out.append("    (end of file)")
     return "\n".join(out)
 
-
-_ = Hunk  # re-exported type for annotations in callers

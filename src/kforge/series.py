@@ -77,8 +77,12 @@ class Condition:
                 f"series entry condition '{self}' needs the upstream version, which is unknown",
                 fix="set upstream_version for the project in forge.toml, or pass --upstream-version",
             )
-        spec = SpecifierSet(self._specifier())
-        return Version(ctx.upstream_version) in spec
+        try:
+            version = Version(ctx.upstream_version)
+        except InvalidVersion:
+            raise PatchError(f"upstream version '{ctx.upstream_version}' is not a PEP 440 version",
+                             fix="fix upstream_version in forge.toml (e.g. 2.8.3.post2)") from None
+        return version in SpecifierSet(self._specifier())
 
     def _arch_holds(self, ctx: PatchContext) -> bool:
         archs = [parse_arch(a) for a in ctx.archs]

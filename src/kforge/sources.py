@@ -221,7 +221,7 @@ def sync(root: Path, spec: GitSource, *, name: str | None = None) -> SourceStatu
     name = name or Path(spec.path).name
     path = root / spec.path
     if not is_checkout(path):
-        run_git(["submodule", "update", "--init", "--", spec.path], cwd=root)
+        run_git(["submodule", "update", "--init", "--recursive", "--", spec.path], cwd=root)
     if not is_checkout(path):
         raise SourceError(
             f"{spec.path} is still not a checkout after `git submodule update --init`",
@@ -246,6 +246,8 @@ def sync(root: Path, spec: GitSource, *, name: str | None = None) -> SourceStatu
                 fix="check the commit in forge.toml, or the submodule URL in .gitmodules",
             )
         run_git(["checkout", "--quiet", "--detach", spec.commit], cwd=path)
+    # nested submodules (flash-attention's csrc/cutlass) at the commits the pin records
+    run_git(["submodule", "update", "--init", "--recursive"], cwd=path)
     return status(root, name, spec)
 
 
@@ -326,6 +328,9 @@ def export_checkout(repo: Path, dest: Path, *, include_untracked: bool = False) 
 def _reset_dir(root: Path, scratch_dir: Path) -> None:
     externals = (root / "externals").resolve()
     resolved = scratch_dir.resolve()
+    if resolved == root.resolve() or resolved in root.resolve().parents or resolved == Path.home().resolve():
+        raise SourceError(f"refusing to use {scratch_dir} as a scratch directory", why="it would be emptied first",
+                          fix="use a directory of its own, e.g. .kforge/work/<project>")
     if resolved == externals or externals in resolved.parents:
         raise SourceError(f"scratch directory {scratch_dir} is inside externals/",
                           why="builds never write into the pinned checkouts", fix="use a directory under .kforge/")

@@ -197,3 +197,36 @@ def _env(tmp_path: Path) -> dict[str, str]:
     env["KFORGE_CACHE"] = str(tmp_path / "cache")
     env["COLUMNS"] = "200"
     return env
+
+
+def test_nested_submodules_are_synced_and_exported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like flash-attention's csrc/cutlass: the upstream has a submodule of its own."""
+    use_test_git_config(monkeypatch, tmp_path / "home")
+    lib = tmp_path / "cutlass"
+    lib.mkdir()
+    git(lib, "init", "-q")
+    (lib / "include").mkdir()
+    (lib / "include" / "cutlass.h").write_text("#pragma once\n")
+    git(lib, "add", "-A")
+    git(lib, "commit", "-q", "-m", "lib")
+    upstream = tmp_path / "upstream"
+    make_upstream(upstream)
+    git(upstream, "submodule", "--quiet", "add", lib.as_uri(), "csrc/cutlass")
+    git(upstream, "commit", "-q", "-m", "add cutlass")
+    pin = git(upstream, "rev-parse", "HEAD")
+    root = tmp_path / "mono"
+    make_superproject(root, upstream)
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", root.as_uri(), str(clone))
+    spec = GitSource(path=SUB, url=upstream.as_uri(), commit=pin)
+    assert sources.sync(clone, spec).state is SourceState.PINNED
+    assert (clone / SUB / "csrc" / "cutlass" / "include" / "cutlass.h").is_file()
+    prepared = sources.prepare(clone, spec, tmp_path / "work", cache_dir=tmp_path / "cache")
+    assert (prepared.tree / "csrc" / "cutlass" / "include" / "cutlass.h").is_file()
+
+
+def test_scratch_dir_that_would_wipe_the_repo_is_refused(world, tmp_path: Path) -> None:
+    root, _, _, spec = world
+    with pytest.raises(SourceError, match="(?i)refusing to use"):
+        sources.prepare(root, spec, root, cache_dir=tmp_path / "cache")
+    assert (root / "README.md").is_file()
