@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="sources_command", metavar="VERB", required=True)
     st = verbs.add_parser("status", help="each source: pinned, missing, dirty, wrong-commit, cached, not-fetched")
     st.add_argument("projects", nargs="*", help="only these projects (default: all)")
+    st.add_argument("--strict", action="store_true",
+                    help="exit 1 if a source a build uses is missing, dirty or at the wrong commit")
     st.set_defaults(func=run_status)
     sy = verbs.add_parser("sync", help="initialise submodules at their pinned commits and fetch pinned sdists")
     sy.add_argument("projects", nargs="*")
@@ -91,8 +93,9 @@ def run_status(args: argparse.Namespace) -> int:
     forge = forge_from_args(args)
     rows = collect(forge, args.projects, cache_dir())
     render_status(rows, console())
-    # Exit 1 only for a primary source a build would refuse (missing/dirty/wrong commit).
-    return 1 if any(not st.ok and primary for st, _, primary in rows) else 0
+    # A report, not a gate: exit 0 (a fresh clone without submodules is a normal state). With
+    # --strict, exit 1 for a source a build would refuse (missing, dirty, wrong commit).
+    return 1 if args.strict and any(not st.ok and primary for st, _, primary in rows) else 0
 
 
 def run_sync(args: argparse.Namespace) -> int:
