@@ -40,8 +40,9 @@ class BuildOutcome:
     repaired_tag: str
 
 
-def work_dir_for(cache_dir: Path, plan: Plan) -> Path:
-    return cache_dir / "work" / plan.id
+def work_dir_for(root: Path, plan: Plan) -> Path:
+    """Scratch space of one target (source copy, build dirs, logs, report): <root>/.kforge/work/<target>."""
+    return root / ".kforge" / "work" / plan.id
 
 
 def _toolchain_env(plan: Plan, environ: Mapping[str, str], cache_dir: Path, log: StepLog) -> tuple[dict[str, str], toolchain.Nvcc]:
@@ -84,7 +85,7 @@ def run_build(
             fix=f"run `nox -s build-{plan.id}` on a {plan.target.platform} machine (or CI runner)",
         )
 
-    work = work_dir_for(cache_dir, plan)
+    work = work_dir_for(forge.root, plan)
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
