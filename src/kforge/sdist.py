@@ -206,8 +206,11 @@ def fetch(
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if not any(target_dir.iterdir()):
-            target_dir.rmdir()
+        try:  # leave no empty cache directory behind (another process may be filling it: fine)
+            if not any(target_dir.iterdir()):
+                target_dir.rmdir()
+        except OSError:
+            pass
     return FetchedSdist(final, expected, entry.url, from_cache=False)
 
 
