@@ -17,7 +17,15 @@ from packaging.version import Version
 
 from kforge.backends import BACKENDS, Backend, BuildRequest, BuildResult, get_backend
 from kforge.backends import _peak
-from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, find_ninja_logs, fmt_seconds, run_step
+from kforge.backends._runner import (
+    BuildLog,
+    LiveProgress,
+    choice_from_env,
+    find_ninja_logs,
+    fmt_seconds,
+    run_step,
+    summarize_failure,
+)
 from kforge.backends.cmake import CmakeBackend, pack
 from kforge.backends.native import NativeBackend
 from kforge.config import load_forge
@@ -190,6 +198,29 @@ def test_run_step_failure_shows_command_exit_code_tail_and_log(tmp_path):
     assert "exit code 3" in text.lower() and "a.cu(3): error: boom" in text
     assert str(tmp_path / "build.log") in text
     assert "Traceback" not in text
+
+
+def test_summarize_failure_finds_the_compiler_error_not_the_backend_traceback():
+    output = textwrap.dedent("""\
+        ==== kforge: pip wheel of x (attempt 1, MAX_JOBS=2 NVCC_THREADS=1): pip wheel .
+          running build_ext
+          csrc/a.cu(12): error: identifier "oops" is undefined
+          1 error detected in the compilation of "csrc/a.cu".
+          Traceback (most recent call last):
+            File "setup.py", line 40, in build_extension
+              subprocess.run(cmd, check=True)
+          subprocess.CalledProcessError: Command 'nvcc' returned non-zero exit status 2.
+          error: subprocess-exited-with-error
+          note: This error originates from a subprocess, and is likely not a problem with pip.
+        ERROR: Failed to build one or more wheels
+        """)
+    text = summarize_failure(output, tail=4)
+    first, _, last = text.partition("last output:\n")
+    assert first.splitlines()[1:] == ['csrc/a.cu(12): error: identifier "oops" is undefined',
+                                      '1 error detected in the compilation of "csrc/a.cu".']
+    assert 'File "setup.py"' not in text and "subprocess.run(cmd" not in text  # traceback frames dropped
+    assert "CalledProcessError" in last  # the exception line itself stays
+    assert len(last.splitlines()) == 4 and "==== kforge" not in text
 
 
 def test_run_step_retries_once_with_half_the_jobs_after_an_oom_kill(tmp_path):

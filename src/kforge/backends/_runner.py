@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -120,6 +121,10 @@ class BuildLog:
         assert self._fh is not None
         self._fh.write(line + "\n")
 
+    def flush(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+
     def header(self, text: str) -> None:
         self.write(f"==== kforge: {text}")
 
@@ -181,9 +186,11 @@ def run_step(
         run = run_with_oom_retry(command, env, choice, cwd=cwd, echo=echo,
                                  log=lambda msg: (log.header(msg), _say(live, msg)))
     except BuildError as exc:
+        head = (exc.why or "").split("; last output:", 1)[0]
+        log.flush()
         raise BuildError(
             f"{label} failed: {shlex.join(shown) if shown else '(no command)'}",
-            why=exc.why,
+            why=f"{head}\n{summarize_failure(last_section(log.path))}",
             fix=f"{(exc.fix or '').rstrip('.')}; the full output is in {log.path}",
         ) from None
     finally:
@@ -197,6 +204,53 @@ def run_step(
         progress=live.seen if live is not None else None,
         choice=run.choice,
     )
+
+
+#: Lines that name an error in compiler / build-tool output (nvcc, gcc, MSVC, ninja, CMake, ptxas).
+_ERROR = re.compile(r"(\berror\b|\bFAILED:|fatal error|CMake Error|undefined reference|\bKilled\b)", re.I)
+#: pip's and setuptools' own words around a failed build: no information about the cause.
+_NOISE = re.compile(r"subprocess-exited-with-error|This error originates from a subprocess|finished with status 'error'|"
+                    r"Failed building wheel|Failed to build|ERROR: Failed to build installable|"
+                    r"error: command '.*' failed with exit code|^\s*note: ", re.I)
+
+
+def last_section(path: Path) -> str:
+    """The output of the last command in a build log (after its last ``==== kforge:`` header)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    cut = text.rfind("\n==== kforge: ")
+    return text[cut + 1:] if cut >= 0 else text
+
+
+def _without_tracebacks(lines: list[str]) -> list[str]:
+    """Drop Python traceback frames (the build backend's own stack), keep the exception line."""
+    out: list[str] = []
+    inside, indent = False, 0
+    for line in lines:
+        stripped = line.lstrip()
+        if stripped.startswith("Traceback (most recent call last):"):
+            inside, indent = True, len(line) - len(stripped)
+            continue
+        if inside and (len(line) - len(stripped) > indent or not stripped):
+            continue
+        inside = False
+        out.append(line)
+    return out
+
+
+def summarize_failure(output: str, *, errors: int = 12, tail: int = 15) -> str:
+    """The first error lines of a failed build, then the last lines of its output (tracebacks dropped)."""
+    lines = [ln.rstrip() for ln in output.splitlines() if not ln.startswith("==== kforge: ")]
+    lines = _without_tracebacks(lines)
+    found = [ln.strip() for ln in lines if _ERROR.search(ln) and not _NOISE.search(ln)]
+    last = [ln for ln in lines if ln.strip()][-tail:]
+    parts = []
+    if found:
+        parts.append("first errors:\n" + "\n".join(list(dict.fromkeys(found))[:errors]))
+    parts.append("last output:\n" + "\n".join(last))
+    return "\n".join(parts)
 
 
 def _say(live: LiveProgress | None, msg: str) -> None:
