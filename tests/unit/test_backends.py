@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge.backends import BACKENDS, Backend, BuildRequest, BuildResult, get_backend
-from kforge.backends import _peak
+from kforge.backends import BACKENDS, Backend, BuildRequest, BuildResult, _peak, get_backend
 from kforge.backends._runner import (
     BuildLog,
     LiveProgress,
@@ -191,7 +190,8 @@ def test_run_step_logs_output_and_measures(tmp_path):
 def test_run_step_failure_shows_command_exit_code_tail_and_log(tmp_path):
     cmd = [sys.executable, "-c", "import sys; print('compiling a.cu'); print('a.cu(3): error: boom'); sys.exit(3)"]
     with BuildLog(tmp_path / "build.log") as log, pytest.raises(BuildError) as err:
-        run_step(cmd, env=dict(os.environ), choice=_choice(), log=log, label="pip wheel of tiny-sm90", work_dir=tmp_path)
+        run_step(cmd, env=dict(os.environ), choice=_choice(), log=log, label="pip wheel of tiny-sm90",
+                 work_dir=tmp_path)
     text = err.value.render()
     assert err.value.what.startswith("pip wheel of tiny-sm90 failed: ")
     assert "kforge.backends._peak" not in err.value.what  # the user's command, not our wrapper

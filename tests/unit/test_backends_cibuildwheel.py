@@ -260,7 +260,8 @@ def test_no_container_engine_fails_fast_and_points_at_native(tmp_path):
 
 def test_a_docker_without_daemon_is_reported(tmp_path):
     bin_dir = tmp_path / "bin"
-    _fake_tool(bin_dir, "docker", 'echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock." >&2; exit 1\n')
+    _fake_tool(bin_dir, "docker",
+               'echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock." >&2; exit 1\n')
     plan = plan_for(tmp_path, "fa-sm120")
     with pytest.raises(BuildError) as err:
         CibuildwheelBackend(host_os="linux").build(_request(tmp_path, plan, {"PATH": str(bin_dir)}))
@@ -290,3 +291,19 @@ def test_this_machine_fails_fast_when_no_engine_works(tmp_path):
     plan = plan_for(tmp_path, "fa-sm120")
     with pytest.raises(BuildError, match="--backend native"):
         CibuildwheelBackend().build(_request(tmp_path, plan, dict(os.environ)))
+
+
+def test_pass_jobs_lets_the_oom_retry_reach_the_container(tmp_path, package):
+    from cibuildwheel.options import CommandLineArguments, compute_options
+
+    plan = plan_for(tmp_path, "fa-sm120")
+    cibw = cibuildwheel_env(plan, PYTHONS, "linux", pass_jobs=True)
+    assert cibw["CIBW_ENVIRONMENT_PASS_LINUX"].split() == ["MAX_JOBS", "NVCC_THREADS", "CMAKE_BUILD_PARALLEL_LEVEL"]
+    assert "MAX_JOBS" not in cibw["CIBW_ENVIRONMENT"]
+    args = dataclasses.replace(CommandLineArguments.defaults(), platform="linux", package_dir=package)
+    host_env = {**{k: v for k, v in os.environ.items() if not k.startswith("CIBW_")}, **cibw,
+                "MAX_JOBS": "1", "NVCC_THREADS": "1", "CMAKE_BUILD_PARALLEL_LEVEL": "1"}  # as after a halving
+    bo = compute_options("linux", args, host_env).build_options("cp311-manylinux_x86_64")
+    inside = bo.environment.as_dictionary(prev_environment={"PATH": "/usr/bin"})
+    assert inside["MAX_JOBS"] == "1" and inside["NVCC_THREADS"] == "1"
+    assert inside["FLASH_ATTN_CUDA_ARCHS"] == "120"  # the rest of the plan still fixed in CIBW_ENVIRONMENT

@@ -92,7 +92,9 @@ class LiveProgress:
             return
         if self._progress is not None:
             self._progress.update(self._task, completed=state.done, total=state.total, eta=fmt_seconds(state.eta))
-        elif self._console is not None and (self._clock() - self._last_plain >= PLAIN_INTERVAL or state.done == state.total):
+        elif self._console is not None and (
+            self._clock() - self._last_plain >= PLAIN_INTERVAL or state.done == state.total
+        ):
             self._last_plain = self._clock()
             self._console.print(self.plain(state), highlight=False)
 
@@ -143,7 +145,8 @@ def choice_from_env(choice: JobChoice, env: Mapping[str, str]) -> JobChoice:
     jobs, threads = num("MAX_JOBS", choice.max_jobs), num("NVCC_THREADS", choice.nvcc_threads)
     if (jobs, threads) == (choice.max_jobs, choice.nvcc_threads):
         return choice
-    return replace(choice, max_jobs=jobs, nvcc_threads=threads, reason=f"{choice.reason}; MAX_JOBS/NVCC_THREADS from env")
+    return replace(choice, max_jobs=jobs, nvcc_threads=threads,
+                   reason=f"{choice.reason}; MAX_JOBS/NVCC_THREADS from env")
 
 
 def run_step(
@@ -181,10 +184,13 @@ def run_step(
         if live is not None:
             live.feed(line)
 
+    def note(msg: str) -> None:  # the OOM retry's announcement: in the log and on the console
+        log.header(msg)
+        _say(live, msg)
+
     start = time.monotonic()
     try:
-        run = run_with_oom_retry(command, env, choice, cwd=cwd, echo=echo,
-                                 log=lambda msg: (log.header(msg), _say(live, msg)))
+        run = run_with_oom_retry(command, env, choice, cwd=cwd, echo=echo, log=note)
     except BuildError as exc:
         head = (exc.why or "").split("; last output:", 1)[0]
         log.flush()
@@ -209,7 +215,8 @@ def run_step(
 #: Lines that name an error in compiler / build-tool output (nvcc, gcc, MSVC, ninja, CMake, ptxas).
 _ERROR = re.compile(r"(\berror\b|\bFAILED:|fatal error|CMake Error|undefined reference|\bKilled\b)", re.I)
 #: pip's and setuptools' own words around a failed build: no information about the cause.
-_NOISE = re.compile(r"subprocess-exited-with-error|This error originates from a subprocess|finished with status 'error'|"
+_NOISE = re.compile(r"subprocess-exited-with-error|This error originates from a subprocess|"
+                    r"finished with status 'error'|"
                     r"Failed building wheel|Failed to build|ERROR: Failed to build installable|"
                     r"error: command '.*' failed with exit code|^\s*note: ", re.I)
 

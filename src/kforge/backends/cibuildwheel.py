@@ -27,7 +27,6 @@ import importlib.util
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -44,6 +43,8 @@ CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/rhel8/{rep
 TORCH_INDEX = "https://download.pytorch.org/whl/cu{major}{minor}"
 #: Variables that name paths on the host where the plan was made; never copied into CIBW_ENVIRONMENT.
 HOST_ONLY = ("CUDA_HOME", "CUDA_PATH", "CUDACXX", "PATH", "PYTORCH_NVCC")
+#: The knobs kforge's OOM retry changes between attempts.
+JOB_KNOBS = ("MAX_JOBS", "NVCC_THREADS", "CMAKE_BUILD_PARALLEL_LEVEL")
 #: What a build without isolation needs besides torch.
 BUILD_TOOLS = ("setuptools>=64", "wheel", "ninja", "packaging")
 MANYLINUX = "manylinux_2_28"
@@ -158,15 +159,21 @@ def cibuildwheel_env(
     machine: str | None = None,
     kforge_requirement: str | None = None,
     kforge_command: str = "kforge",
+    pass_jobs: bool = False,
 ) -> dict[str, str]:
-    """The ``CIBW_*`` variables that build ``plan`` (see the module docstring)."""
+    """The ``CIBW_*`` variables that build ``plan`` (see the module docstring).
+
+    With ``pass_jobs`` the job knobs (MAX_JOBS, NVCC_THREADS, CMAKE_BUILD_PARALLEL_LEVEL) are
+    taken from the environment cibuildwheel runs in (passed into the Linux container) instead
+    of being fixed in CIBW_ENVIRONMENT, so kforge's OOM retry with half the jobs reaches the build.
+    """
     project = plan.project
     mach = machine_of(plan.target.platform, machine)
     cuda = plan.toolchain.cuda
     ids = build_identifiers(project.torch_abi, forge_pythons, platform_os, mach)
     # Host paths never travel: the Linux container gets its own CUDA, and on Windows cibuildwheel
     # passes the host's environment (CUDA_PATH, PATH) through to the build as it is.
-    env = {k: v for k, v in plan.env.items() if k not in HOST_ONLY}
+    env = {k: v for k, v in plan.env.items() if k not in HOST_ONLY and not (pass_jobs and k in JOB_KNOBS)}
     out = {
         "CIBW_BUILD": " ".join(ids),
         "CIBW_ARCHS": cibw_arch(platform_os, mach),
@@ -188,6 +195,8 @@ def cibuildwheel_env(
         home = f"/usr/local/cuda-{cuda.major}.{cuda.minor}"
         out["CIBW_ENVIRONMENT"] = environment_string(
             {**env, "CUDA_HOME": home, "CUDACXX": f"{home}/bin/nvcc"}, raw={"PATH": f"{home}/bin:$PATH"})
+        if pass_jobs:
+            out["CIBW_ENVIRONMENT_PASS_LINUX"] = " ".join(JOB_KNOBS)
         out[f"CIBW_MANYLINUX_{mach.upper()}_IMAGE"] = MANYLINUX
         out["CIBW_BEFORE_ALL_LINUX"] = cuda_install_command(cuda, mach, project.torch_abi)
         out["CIBW_REPAIR_WHEEL_COMMAND_LINUX"] = repair_command(
@@ -272,6 +281,7 @@ class CibuildwheelBackend:
             plan, request.forge_pythons, plan.platform_os,
             kforge_requirement=request.env.get("KFORGE_CIBW_REQUIREMENT"),
             kforge_command=f'"{sys.executable}" -m kforge.cli' if plan.platform_os == "windows" else "kforge",
+            pass_jobs=True,
         )
         env = {**request.env, **generated, **extra}
         log_path = work / "build.log"

@@ -22,9 +22,17 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kforge.backends import BuildRequest, BuildResult
-from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, find_ninja_logs, run_step, which
+from kforge.backends._runner import (
+    BuildLog,
+    LiveProgress,
+    StepOutcome,
+    choice_from_env,
+    find_ninja_logs,
+    run_step,
+    which,
+)
 from kforge.errors import BuildError, ToolchainError
-from kforge.jobs import read_measures
+from kforge.jobs import Command, JobChoice, read_measures
 
 LANGS = ("C", "CXX", "CUDA")
 
@@ -85,21 +93,23 @@ class CmakeBackend:
         since, start = time.time(), time.monotonic()
         peak, retried = 0, None
         with BuildLog(log_path) as log:
-            common = dict(env=env, log=log, work_dir=work, cwd=work)
-            out = run_step(self.configure_command(request, cmake, build_dir, prefix, units_log),
-                           choice=choice, label=f"cmake configure of {plan.id}", **common)
+
+            def step(argv: Command, what: str, choice: JobChoice, *, cwd: Path = work,
+                     live: LiveProgress | None = None) -> StepOutcome:
+                return run_step(argv, env=env, choice=choice, log=log, label=f"{what} of {plan.id}",
+                                work_dir=work, cwd=cwd, live=live)
+
+            out = step(self.configure_command(request, cmake, build_dir, prefix, units_log), "cmake configure", choice)
             peak = max(peak, out.peak_rss)
             with LiveProgress(f"building {plan.id}", enabled=request.progress) as live:
-                out = run_step(lambda c: [cmake, "--build", str(build_dir), "--parallel", str(c.max_jobs)],
-                               choice=out.choice, label=f"cmake build of {plan.id}", live=live, **common)
+                out = step(lambda c: [cmake, "--build", str(build_dir), "--parallel", str(c.max_jobs)],
+                           "cmake build", out.choice, live=live)
             peak, retried = max(peak, out.peak_rss), out.retried_with_jobs
-            out = run_step([cmake, "--install", str(build_dir)], choice=out.choice,
-                           label=f"cmake install of {plan.id}", **common)
+            out = step([cmake, "--install", str(build_dir)], "cmake install", out.choice)
             peak = max(peak, out.peak_rss)
             if request.ctest:
                 ctest = which("ctest", env) or str(Path(cmake).with_name("ctest"))
-                out = run_step([ctest, "--output-on-failure"], choice=out.choice, label=f"ctest of {plan.id}",
-                               **{**common, "cwd": build_dir})
+                out = step([ctest, "--output-on-failure"], "ctest", out.choice, cwd=build_dir)
                 peak = max(peak, out.peak_rss)
         if not prefix.is_dir() or not any(prefix.iterdir()):
             raise BuildError(f"cmake install of {plan.id} installed nothing into {prefix}",
