@@ -68,7 +68,7 @@ def detect_gpu(which=shutil.which) -> tuple[Arch | None, str | None]:
     return None, None
 
 
-def detect_host(environ: Mapping[str, str], *, python: str | None = None, probe_torch: bool = True) -> HostFacts:
+def detect_host(environ: Mapping[str, str], *, python: str | None = None, probe_torch: bool = False) -> HostFacts:
     """Gather every fact a plan needs: nvcc, torch, cores and memory, and the GPU."""
     from kforge import jobs, toolchain
     from kforge.errors import ToolchainError
@@ -90,8 +90,16 @@ def detect_host(environ: Mapping[str, str], *, python: str | None = None, probe_
             cuda_version=nvcc.version, nvcc_path=str(nvcc.path), cuda_home=str(nvcc.home), nvcc_archs=nvcc.gpu_archs
         )
     if probe_torch:
-        torch = toolchain.detect_torch(python or sys.executable)
-        if torch is not None:
-            facts = facts.with_(torch_version=torch.version, torch_cuda=torch.cuda, torch_cxx11_abi=torch.cxx11_abi)
+        facts = with_torch(facts, python or sys.executable)
     gpu, name = detect_gpu()
     return facts.with_(gpu_arch=gpu, gpu_name=name)
+
+
+def with_torch(facts: HostFacts, python: str) -> HostFacts:
+    """Add the torch that ``python`` imports (a subprocess: seconds, so only for torch-ABI projects)."""
+    from kforge import toolchain
+
+    torch = toolchain.detect_torch(python)
+    if torch is None:
+        return facts
+    return facts.with_(torch_version=torch.version, torch_cuda=torch.cuda, torch_cxx11_abi=torch.cxx11_abi)

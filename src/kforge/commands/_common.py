@@ -9,7 +9,9 @@ from pathlib import Path
 
 from kforge.config import Forge, load_forge
 from kforge.errors import ConfigError
-from kforge.host import HostFacts, detect_host
+import sys
+
+from kforge.host import HostFacts, detect_host, with_torch
 from kforge.plan import Plan, PlanOptions, make_plan
 from kforge.targets import parse_target
 
@@ -52,6 +54,8 @@ def plan_from_args(args: argparse.Namespace, target_text: str, *, environ: Mappi
     forge = forge_from_args(args)
     host = host or detect_host(environ)
     target = parse_target(forge, target_text, host.platform, gpu_arch=host.gpu_arch)
+    if forge.projects[target.project].torch_abi and host.torch_version is None:
+        host = with_torch(host, sys.executable)
     options = PlanOptions.from_cascade(
         environ,
         cuda=args.cuda,
