@@ -362,12 +362,11 @@ def check_rev(repo: Path, rev: str, series: Series, ctx: PatchContext, *, fetch:
 def check_sdist(name: str, version: str, series: Series, ctx: PatchContext, *, cache_dir: Path,
                 sha256: str | None = None, index_url: str | None = None,
                 opener: _sdist.Opener | None = None) -> CheckReport:
-    """Does the series apply to the sdist ``name==version``? Fetches it (verifying sha256:
-    the pin if given, else the index's) into the cache and unpacks it into a temp dir."""
+    """Does the series apply to the sdist ``name==version``? Fetches it into the cache (verifying
+    sha256: the pin if given, else the index's) and reads the touched files from the archive."""
     got = _sdist.fetch(name, version, sha256, cache_dir=cache_dir, index_url=index_url, opener=opener)
-    with tempfile.TemporaryDirectory(prefix="kforge-check-") as tmp:
-        tree = _sdist.unpack(got.path, Path(tmp))
-        statuses = status(tree, series, ctx)
+    with _sdist.open_archive(got.path) as read:  # only the files the series touches are read
+        statuses = status(None, series, ctx, reader=read)
     return CheckReport(f"sdist {name}=={version}", statuses, got.sha256)
 
 

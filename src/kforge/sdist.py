@@ -19,7 +19,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -277,3 +278,28 @@ def _check_member(name: str, archive: Path) -> None:
             why="unpacking it could write anywhere; nothing was unpacked",
             fix="do not use this sdist",
         )
+
+
+@contextmanager
+def open_archive(archive: Path) -> Iterator[Callable[[str], bytes | None]]:
+    """Yield ``read(relpath) -> bytes | None`` over an sdist's files, paths relative to its top
+    directory, without unpacking it (``patches check --sdist-version`` reads only what it needs)."""
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            names = {_strip_top(n): n for n in zf.namelist() if not n.endswith("/")}
+            yield lambda rel: zf.read(names[rel]) if rel in names else None
+        return
+    with tarfile.open(archive) as tf:
+        members = {_strip_top(m.name): m for m in tf.getmembers() if m.isfile()}
+
+        def read(rel: str) -> bytes | None:
+            member = members.get(rel)
+            fh = tf.extractfile(member) if member is not None else None
+            return fh.read() if fh is not None else None
+
+        yield read
+
+
+def _strip_top(name: str) -> str:
+    parts = name.lstrip("./").split("/", 1)
+    return parts[1] if len(parts) == 2 else parts[0]
