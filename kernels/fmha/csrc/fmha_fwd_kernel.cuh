@@ -24,7 +24,7 @@ namespace kforge_fmha {
 template <int HDIM>
 struct FwdConfig;
 
-// Tile shapes. BLOCK_M = 4 warps * 16 rows * M_TILES. The macros exist for tuning sweeps
+// Tile shapes. BLOCK_M = WARPS * 16 rows * M_TILES. The macros exist for tuning sweeps
 // (pass -DKFORGE_FMHA_H128_BN=... in CMAKE_CUDA_FLAGS); the defaults are the tuned values.
 #ifndef KFORGE_FMHA_H64_MTILES
 #define KFORGE_FMHA_H64_MTILES 2
@@ -44,24 +44,32 @@ struct FwdConfig;
 #ifndef KFORGE_FMHA_H128_QREGS
 #define KFORGE_FMHA_H128_QREGS 0
 #endif
+#ifndef KFORGE_FMHA_H64_WARPS
+#define KFORGE_FMHA_H64_WARPS 4
+#endif
+#ifndef KFORGE_FMHA_H128_WARPS
+#define KFORGE_FMHA_H128_WARPS 4
+#endif
 template <>
 struct FwdConfig<64> {
   static constexpr int kMTiles = KFORGE_FMHA_H64_MTILES;
   static constexpr int kBlockN = KFORGE_FMHA_H64_BN;
   static constexpr bool kQInRegs = KFORGE_FMHA_H64_QREGS != 0;
+  static constexpr int kWarps = KFORGE_FMHA_H64_WARPS;
 };
 template <>
 struct FwdConfig<128> {
   static constexpr int kMTiles = KFORGE_FMHA_H128_MTILES;
   static constexpr int kBlockN = KFORGE_FMHA_H128_BN;
   static constexpr bool kQInRegs = KFORGE_FMHA_H128_QREGS != 0;
+  static constexpr int kWarps = KFORGE_FMHA_H128_WARPS;
 };
-
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
 
 template <int HDIM>
 struct FwdShape {
+  static constexpr int kWarps = FwdConfig<HDIM>::kWarps;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMinBlocks = kWarps >= 8 ? 1 : 2;
   static constexpr int kMTiles = FwdConfig<HDIM>::kMTiles;
   static constexpr int kBlockM = kWarps * 16 * kMTiles;
   static constexpr int kBlockN = FwdConfig<HDIM>::kBlockN;
@@ -145,7 +153,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // Issue cp.async for a [ROWS][HDIM] tile; rows at or past `valid_rows` are zero-filled.
-template <int ROWS, int HDIM, typename T>
+template <int ROWS, int HDIM, int kThreads, typename T>
 __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride,
                                           int valid_rows, int tid) {
   constexpr int kChunks = HDIM / 8;
@@ -165,10 +173,12 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
 }  // namespace detail
 
 template <typename T, int HDIM, bool CAUSAL>
-__global__ void __launch_bounds__(kThreads, 2) fmha_fwd_kernel(const FwdParams p) {
+__global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMinBlocks)
+    fmha_fwd_kernel(const FwdParams p) {
   using namespace detail;
   using S = FwdShape<HDIM>;
   constexpr int MT = S::kMTiles;
+  constexpr int NTHREADS = S::kThreads;
   constexpr int BM = S::kBlockM;
   constexpr int BN = S::kBlockN;
   constexpr int KT = HDIM / 16;  // k-steps of Q K^T
@@ -228,9 +238,9 @@ __global__ void __launch_bounds__(kThreads, 2) fmha_fwd_kernel(const FwdParams p
     n_blocks = min(n_blocks, last_key < 0 ? 0 : (last_key + BN) / BN);
   }
 
-  load_tile<BM, HDIM>(sQ, gQ, p.q_row_stride, sq - row0, tid);
+  load_tile<BM, HDIM, NTHREADS>(sQ, gQ, p.q_row_stride, sq - row0, tid);
   if (n_blocks > 0) {
-    load_tile<BN, HDIM>(sK, gK + static_cast<int64_t>(n_blocks - 1) * BN * p.k_row_stride,
+    load_tile<BN, HDIM, NTHREADS>(sK, gK + static_cast<int64_t>(n_blocks - 1) * BN * p.k_row_stride,
                         p.k_row_stride, sk - (n_blocks - 1) * BN, tid);
   }
   cp_async_commit();
@@ -268,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 2) fmha_fwd_kernel(const FwdParams p
 
   for (int n = n_blocks - 1; n >= 0; --n) {
     __syncthreads();  // every warp is done reading sV
-    load_tile<BN, HDIM>(sV, gV + static_cast<int64_t>(n) * BN * p.v_row_stride, p.v_row_stride,
+    load_tile<BN, HDIM, NTHREADS>(sV, gV + static_cast<int64_t>(n) * BN * p.v_row_stride, p.v_row_stride,
                         sk - n * BN, tid);
     cp_async_commit();
     cp_async_wait<1>();  // K(n) has landed
@@ -334,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, 2) fmha_fwd_kernel(const FwdParams p
 
     __syncthreads();  // every warp is done reading sK
     if (n > 0) {
-      load_tile<BN, HDIM>(sK, gK + static_cast<int64_t>(n - 1) * BN * p.k_row_stride,
+      load_tile<BN, HDIM, NTHREADS>(sK, gK + static_cast<int64_t>(n - 1) * BN * p.k_row_stride,
                           p.k_row_stride, sk - (n - 1) * BN, tid);
     }
     cp_async_commit();
@@ -457,7 +467,7 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid((params.seqlen_q + S::kBlockM - 1) / S::kBlockM, params.num_heads, params.batch);
-  kernel<<<grid, kThreads, smem, stream>>>(params);
+  kernel<<<grid, S::kThreads, smem, stream>>>(params);
   return cudaGetLastError();
 }
 
