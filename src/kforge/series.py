@@ -295,6 +295,11 @@ def parse_patch(path: Path) -> ParsedPatch:
     flush()
     if not files:
         raise PatchError(f"{path.name} contains no diff", fix="generate patches with `git format-patch`")
+    for f in files:
+        for p in (f.old_path, f.new_path):
+            if p and (p.startswith("/") or ".." in p.split("/") or re.match(r"^[A-Za-z]:", p)):
+                raise PatchError(f"{path.name} touches a path outside the tree: {p}",
+                                 fix="patches may only change files inside the upstream source")
     return ParsedPatch(subject, tuple(files))
 
 

@@ -184,3 +184,10 @@ def test_real_series_in_the_repo_parse() -> None:
         assert s.entries, project
         for e in s.entries:
             assert parse_patch(e.path).files
+
+
+def test_patch_touching_paths_outside_the_tree_is_refused(tmp_path: Path) -> None:
+    evil = PATCH.replace("a/a.txt", "a/../a.txt").replace("--- a/../a.txt", "--- a/../a.txt")
+    (tmp_path / "x.patch").write_text(evil)
+    with pytest.raises(PatchError, match="outside the tree"):
+        parse_patch(tmp_path / "x.patch")
