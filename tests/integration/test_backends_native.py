@@ -3,6 +3,7 @@
 * ``upstream_tiny``: setup.py calling nvcc directly, with the TINY_CUDA_ARCHS knob.
 * ``ninja_tiny``: builds through ninja like torch's BuildExtension (``[n/m]`` lines,
   ``build/temp.*/.ninja_log``, ``PYTORCH_NVCC``), for progress, ninja logs and unit measures.
+* ``skbuild_tiny``: scikit-build-core, like kernels/fmha (``SKBUILD_BUILD_DIR``, CMake's launcher).
 * a broken copy of ``upstream_tiny``: the failing-build path.
 """
 
@@ -47,6 +48,12 @@ archs = ["sm_90"]
 build_isolation = false
 arch_knobs = [{ env = "TINY_CUDA_ARCHS", format = "numbers" }]
 env = { TINY_NVCC_FLAGS = "-O0" }
+
+[projects.sk]
+source = { local = "sk" }
+archs = ["sm_90"]
+build_isolation = false
+arch_knobs = [{ env = "CMAKE_CUDA_ARCHITECTURES", format = "cmake" }]
 
 [projects.nt]
 source = { local = "nt" }
@@ -135,6 +142,25 @@ def test_ninja_build_progress_logs_and_units(tmp_path, env_and_host, capsys):
     for name in ("kernel.o", "api.o"):
         assert units[name].returncode == 0 and units[name].seconds > 0 and units[name].peak_rss > 20 * 2**20
     assert result.peak_rss >= max(u.peak_rss for u in result.units) * 0.5
+
+
+def test_scikit_build_core_project(tmp_path, env_and_host, capsys):
+    pytest.importorskip("scikit_build_core", reason="scikit-build-core builds this fixture without isolation")
+    result = build(tmp_path, env_and_host, "sk-sm90", "skbuild_tiny", progress=True)
+    assert result.artifact.name == "skbuild_tiny-0.1.0-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(result.artifact) as zf:
+        lib = zf.read("skbuild_tiny/libskbuild_tiny.so")
+    assert read_elf(lib, "libskbuild_tiny.so").sass_archs == ("sm_90",)  # CMAKE_CUDA_ARCHITECTURES from the plan
+
+    assert re.search(r"building sk-sm90: 3/3 units, \d+:\d\d elapsed, ETA 0:00", capsys.readouterr().err)
+    # SKBUILD_BUILD_DIR put CMake's build dir (and its .ninja_log) under the build's work dir
+    assert result.ninja_logs == ((tmp_path / "work" / "skbuild" / ".ninja_log").resolve(),)
+    ninja_outputs = {e.output for e in parse_ninja_log(result.ninja_logs[0])}
+    # units measured through CMAKE_CUDA_COMPILER_LAUNCHER, named as ninja names them; CMake's probes left out
+    units = {u.output: u for u in result.units}
+    assert set(units) == {"CMakeFiles/skbuild_tiny.dir/csrc/kernel.cu.o", "CMakeFiles/skbuild_tiny.dir/csrc/api.cu.o"}
+    assert set(units) <= ninja_outputs
+    assert all(u.peak_rss > 20 * 2**20 and u.returncode == 0 for u in units.values())
 
 
 def _break(tree: Path) -> None:

@@ -276,6 +276,12 @@ def test_native_command_and_env(tmp_path):
     assert env["SKBUILD_BUILD_DIR"] == str(tmp_path / "work" / "skbuild")
     assert env["TINY_CUDA_ARCHS"] == "90"
     assert env.get("PYTORCH_NVCC") == os.environ.get("PYTORCH_NVCC")  # not a torch project: left alone
+    assert "CUDAARCHS" not in env or env["CUDAARCHS"] == os.environ.get("CUDAARCHS")  # no cmake knob in this plan
+    cm_env = backend.build_env(request_for(make_test_plan(tmp_path, "cm-sm120"), tmp_path, tree=tmp_path / "t"),
+                               tmp_path / "u.jsonl")
+    assert cm_env["CUDAARCHS"] == cm_env["CMAKE_CUDA_ARCHITECTURES"]  # CMake reads CUDAARCHS as the default
+    launcher = env["CMAKE_CUDA_COMPILER_LAUNCHER"].split(";")  # CMake-driven builds (scikit-build-core)
+    assert launcher[:6] == [sys.executable, "-m", "kforge.backends._peak", "unit", str(tmp_path / "u.jsonl"), "--"]
     torch_env = backend.build_env(request_for(tt, tmp_path, tree=tmp_path / "t", env={"PYTORCH_NVCC": "ccache nvcc"}),
                                   tmp_path / "u.jsonl")
     assert torch_env["PYTORCH_NVCC"].endswith(f"-m kforge.backends._peak unit {tmp_path / 'u.jsonl'} -- ccache nvcc")

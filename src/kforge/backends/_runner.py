@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kforge.errors import BuildError
-from kforge.jobs import JobChoice, run_with_oom_retry
+from kforge.jobs import JobChoice, UnitMeasure, read_measures, run_with_oom_retry
 from kforge.report import NinjaProgress, ProgressState
 
 #: How often (seconds) progress is printed as a plain line when the console is not a terminal (CI logs).
@@ -288,6 +288,25 @@ def find_ninja_logs(roots: Iterable[Path], since: float) -> tuple[Path, ...]:
             except OSError:
                 continue
     return tuple(sorted(found))
+
+
+#: Languages whose compiles CMake can route through a launcher.
+LAUNCHER_LANGS = ("C", "CXX", "CUDA")
+
+
+def measuring_launcher(units_log: Path, env: Mapping[str, str], lang: str) -> str:
+    """A CMake list for ``CMAKE_<LANG>_COMPILER_LAUNCHER``: kforge's unit measurer, then any launcher
+    the env already names (ccache, sccache), so every compile unit's time and peak RSS is recorded."""
+    ours = [sys.executable, "-m", "kforge.backends._peak", "unit", str(units_log), "--"]
+    theirs = [p for p in env.get(f"CMAKE_{lang}_COMPILER_LAUNCHER", "").split(";") if p]
+    return ";".join(ours + theirs)
+
+
+def read_units(units_log: Path | None) -> tuple[UnitMeasure, ...]:
+    """The compile units the measuring launcher recorded, without CMake's own probe compiles (``cmTC_*``)."""
+    if units_log is None or not Path(units_log).exists():
+        return ()
+    return tuple(u for u in read_measures(units_log) if "cmTC_" not in u.output)
 
 
 def which(program: str, env: Mapping[str, str]) -> str | None:

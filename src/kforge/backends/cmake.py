@@ -15,26 +15,25 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 import tarfile
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from kforge.backends import BuildRequest, BuildResult
 from kforge.backends._runner import (
+    LAUNCHER_LANGS,
     BuildLog,
     LiveProgress,
     StepOutcome,
     choice_from_env,
     find_ninja_logs,
+    measuring_launcher,
+    read_units,
     run_step,
     which,
 )
 from kforge.errors import BuildError, ToolchainError
-from kforge.jobs import Command, JobChoice, read_measures
-
-LANGS = ("C", "CXX", "CUDA")
+from kforge.jobs import Command, JobChoice
 
 
 class CmakeBackend:
@@ -59,16 +58,9 @@ class CmakeBackend:
             cmd.append("-DCMAKE_BUILD_TYPE=Release")
         cmd += [f"-DCMAKE_INSTALL_PREFIX={prefix}", f"-DCMAKE_CUDA_ARCHITECTURES={self.cuda_architectures(request)}"]
         if units_log is not None:
-            for lang in LANGS:
-                cmd.append(f"-DCMAKE_{lang}_COMPILER_LAUNCHER={self.launcher(units_log, env, lang)}")
+            for lang in LAUNCHER_LANGS:
+                cmd.append(f"-DCMAKE_{lang}_COMPILER_LAUNCHER={measuring_launcher(units_log, env, lang)}")
         return cmd + extra
-
-    @staticmethod
-    def launcher(units_log: Path, env: Mapping[str, str], lang: str) -> str:
-        """A CMake list: the measuring wrapper, then whatever launcher the env already asked for."""
-        ours = [sys.executable, "-m", "kforge.backends._peak", "unit", str(units_log), "--"]
-        theirs = [p for p in env.get(f"CMAKE_{lang}_COMPILER_LAUNCHER", "").split(";") if p]
-        return ";".join(ours + theirs)
 
     def build(self, request: BuildRequest) -> BuildResult:
         plan = request.plan
@@ -124,7 +116,7 @@ class CmakeBackend:
             ninja_logs=find_ninja_logs((build_dir,), since),
             log=log_path,
             retried_with_jobs=retried,
-            units=read_measures(units_log) if units_log is not None and units_log.exists() else (),
+            units=read_units(units_log),
             artifacts=(artifact,),
         )
 

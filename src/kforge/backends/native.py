@@ -10,8 +10,10 @@ output (and ninja's ``[n/m]`` lines) through to the log and the progress display
 Where build directories land, so the build report can find ``.ninja_log``:
 scikit-build-core honours ``SKBUILD_BUILD_DIR`` (set to ``work_dir/skbuild``), and
 setuptools / torch's ``BuildExtension`` write ``build/temp.*/.ninja_log`` inside the tree;
-both roots are searched. For torch extensions, ``PYTORCH_NVCC`` puts a measuring launcher in
-front of nvcc so each CUDA compile unit's time and peak RSS is recorded (``BuildResult.units``).
+both roots are searched. A plan's ``CMAKE_CUDA_ARCHITECTURES`` is also given to CMake as
+``CUDAARCHS`` (the environment variable CMake reads for that default). Each compile unit's time and peak RSS is recorded (``BuildResult.units``)
+through a measuring launcher: ``CMAKE_<LANG>_COMPILER_LAUNCHER`` for CMake-driven builds, and
+``PYTORCH_NVCC`` in front of nvcc for torch extensions (POSIX only).
 """
 
 from __future__ import annotations
@@ -23,9 +25,18 @@ import time
 from pathlib import Path
 
 from kforge.backends import BuildRequest, BuildResult
-from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, find_ninja_logs, place, run_step
+from kforge.backends._runner import (
+    LAUNCHER_LANGS,
+    BuildLog,
+    LiveProgress,
+    choice_from_env,
+    find_ninja_logs,
+    measuring_launcher,
+    place,
+    read_units,
+    run_step,
+)
 from kforge.errors import BuildError
-from kforge.jobs import read_measures
 
 
 class NativeBackend:
@@ -50,8 +61,17 @@ class NativeBackend:
     def build_env(self, request: BuildRequest, units_log: Path) -> dict[str, str]:
         env = dict(request.env)
         env.setdefault("SKBUILD_BUILD_DIR", str(Path(request.work_dir) / "skbuild"))
-        # Per-unit measurement through torch's nvcc hook (POSIX: the value is split like a shell word list).
-        if request.plan.project.torch_abi and os.name == "posix":
+        # CMake-driven builds take the plan's archs through CMake's own variable for the default.
+        if env.get("CMAKE_CUDA_ARCHITECTURES") and not env.get("CUDAARCHS"):
+            env["CUDAARCHS"] = env["CMAKE_CUDA_ARCHITECTURES"]
+        if os.name != "posix":
+            return env
+        # Per-unit measurement: CMake (scikit-build-core, or a setup.py that runs cmake) reads
+        # CMAKE_<LANG>_COMPILER_LAUNCHER from the environment as the launchers' default.
+        for lang in LAUNCHER_LANGS:
+            env[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = measuring_launcher(units_log, env, lang)
+        # ... and torch's BuildExtension runs $PYTORCH_NVCC (split like shell words) for nvcc.
+        if request.plan.project.torch_abi:
             inner = env.get("PYTORCH_NVCC") or (shlex.quote(n) if (n := self.nvcc(request)) else None)
             if inner:
                 env["PYTORCH_NVCC"] = (f"{shlex.quote(sys.executable)} -m kforge.backends._peak unit "
@@ -98,6 +118,6 @@ class NativeBackend:
             ninja_logs=find_ninja_logs((Path(request.tree), work), since),
             log=log_path,
             retried_with_jobs=outcome.retried_with_jobs,
-            units=read_measures(units_log) if units_log.exists() else (),
+            units=read_units(units_log),
             artifacts=(artifact,),
         )
