@@ -78,3 +78,18 @@ def test_pure_wheel_passes_without_expectations(tmp_path: Path, capsys: pytest.C
     assert code == 0 and "no ELF or PE binaries" in out
     code, out, _ = run(["doctor", str(f), "--expect-arch", "sm_90a"], capsys)
     assert code == DoctorError.exit_code and "no binary carries CUDA device code" in out
+
+
+def test_inspect_wheel_on_a_directory(tmp_path: Path) -> None:
+    from kforge.doctor import inspect_wheel, inspect_wheels
+
+    with pytest.raises(DoctorError, match="holds 0 wheels"):
+        inspect_wheel(tmp_path)
+    for name in ("a-1.0-py3-none-any.whl", "b-1.0-py3-none-any.whl"):
+        with zipfile.ZipFile(tmp_path / name, "w") as zf:
+            zf.writestr("x/__init__.py", "")
+    assert [r.name for r in inspect_wheels(tmp_path)] == ["a", "b"]
+    with pytest.raises(DoctorError, match="holds 2 wheels"):
+        inspect_wheel(tmp_path)
+    (tmp_path / "b-1.0-py3-none-any.whl").unlink()
+    assert inspect_wheel(tmp_path).name == "a"

@@ -45,10 +45,17 @@ def inspect_bytes(data: bytes, name: str) -> BinaryReport:
 
 
 def inspect_wheel(path: Path | str) -> WheelReport:
-    """Inspect one wheel file: every binary member, by its path inside the wheel."""
+    """Inspect one wheel file (or the one wheel in a directory): every binary member, by its path inside the wheel."""
     path = Path(path)
     if path.is_dir():
-        raise DoctorError(f"{path} is a directory", why="inspect_wheel takes one wheel", fix="use inspect_wheels() for a directory of wheels")
+        wheels = sorted(path.glob("*.whl"))
+        if len(wheels) != 1:
+            raise DoctorError(
+                f"{path} holds {len(wheels)} wheels",
+                why="inspect_wheel reports on one wheel (a directory is accepted when it holds exactly one)",
+                fix="use inspect_wheels() for a directory of wheels, or pass the wheel's path",
+            )
+        path = wheels[0]
     if not path.is_file():
         raise DoctorError(f"no wheel at {path}", why="the file does not exist", fix="pass the path of a built .whl, or a directory of wheels")
     try:
