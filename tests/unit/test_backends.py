@@ -129,6 +129,11 @@ def test_unit_launcher_names_the_unit_by_its_object(tmp_path):
     assert rc == 0
     (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert entry["output"] == "obj/a.o" and entry["nvcc_threads"] == 2 and entry["peak_rss"] > 0
+    # a link (no -c) runs, keeps its exit code, and is not recorded as a compile unit
+    link = tmp_path / "link.py"
+    link.write_text("raise SystemExit(4)\n")
+    assert _peak.main(["unit", str(log), "--", sys.executable, str(link), "-o", "lib.so", "a.o"]) == 4
+    assert len(log.read_text().splitlines()) == 1
 
 
 @pytest.mark.parametrize(("cmd", "expected"), [

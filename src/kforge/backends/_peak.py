@@ -10,7 +10,8 @@
     A compile launcher (``PYTORCH_NVCC``, ``CMAKE_<LANG>_COMPILER_LAUNCHER``): measure one
     compile unit with :func:`kforge.jobs.measure_command` and append it to LOG in the format
     :func:`kforge.jobs.read_measures` reads. The unit is named by the argument after ``-o``
-    (the object ninja names in ``.ninja_log``), not by the last argument.
+    (the object ninja names in ``.ninja_log``), not by the last argument. Commands that do
+    not compile (``-c``, ``-dc``, ...), such as links, run unmeasured.
 """
 
 from __future__ import annotations
@@ -55,8 +56,19 @@ def run(out: str, cmd: Sequence[str]) -> int:
     return _exit_code(proc.returncode)
 
 
+#: Flags that make a command a compile (gcc/clang/nvcc); anything else (a link) runs unmeasured.
+COMPILE_FLAGS = frozenset({"-c", "--compile", "-dc", "--device-c", "-dw", "--device-w"})
+
+
 def unit(log: str, cmd: Sequence[str]) -> int:
     from kforge.jobs import measure_command
+
+    if not COMPILE_FLAGS.intersection(cmd):  # links are not compile units: run them as they are
+        try:
+            return _exit_code(subprocess.run(list(cmd)).returncode)
+        except OSError as exc:
+            print(f"kforge: cannot run {cmd[0]}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+            return 127
 
     threads = 1
     for i, arg in enumerate(cmd):
