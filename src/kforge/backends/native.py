@@ -11,8 +11,10 @@ Where build directories land, so the build report can find ``.ninja_log``:
 scikit-build-core honours ``SKBUILD_BUILD_DIR`` (set to ``work_dir/skbuild``), and
 setuptools / torch's ``BuildExtension`` write ``build/temp.*/.ninja_log`` inside the tree;
 both roots are searched. A plan's ``CMAKE_CUDA_ARCHITECTURES`` is also given to CMake as
-``CUDAARCHS`` (the environment variable CMake reads for that default). Each compile unit's time and peak RSS is recorded (``BuildResult.units``)
-through a measuring launcher: ``CMAKE_<LANG>_COMPILER_LAUNCHER`` for CMake-driven builds, and
+``CUDAARCHS`` (the environment variable CMake reads for that default).
+
+Each compile unit's time and peak RSS is recorded (``BuildResult.units``) through a
+measuring launcher: ``CMAKE_<LANG>_COMPILER_LAUNCHER`` for CMake-driven builds, and
 ``PYTORCH_NVCC`` in front of nvcc for torch extensions (POSIX only).
 """
 
