@@ -426,6 +426,7 @@ OOM_PATTERNS = (
     re.compile(r"terminated by signal 9"),
     re.compile(r"signal: killed|killed by signal 9|SIGKILL", re.I),
     re.compile(r"Insufficient memory", re.I),
+    re.compile(r"failed to map segment from shared object"),  # mmap ENOMEM while loading a tool
 )
 
 

@@ -314,7 +314,10 @@ def compiler_cache(
     * an ``nvcc`` wrapper, set as ``PYTORCH_NVCC`` (torch's ninja rules run
       ``$PYTORCH_NVCC`` or ``$CUDA_HOME/bin/nvcc``), that rewrites torch's
       ``--generate-dependencies-with-compile --dependency-output F`` to ``-MD -MF F``,
-      the spelling ccache 4.x recognises, so nvcc compiles become direct-mode hits.
+      the spelling ccache 4.x recognises, so nvcc compiles become direct-mode hits
+      (torch >= 2.11 already writes ``-MD -MF``; older torch writes the long forms);
+    * for ccache, ``CCACHE_DEPEND=1`` (depend mode: no preprocessor run on a miss) and
+      ``CCACHE_COMPILERCHECK=content``, unless the environment sets them.
     """
     wanted = env.get("KFORGE_COMPILER_CACHE", "").strip().lower()
     if wanted in ("none", "off", "0", "false"):
@@ -368,6 +371,9 @@ def compiler_cache(
     if tool == "ccache":
         # nvcc output depends on the compiler's identity; the content check survives reinstalls.
         out_env["CCACHE_COMPILERCHECK"] = env.get("CCACHE_COMPILERCHECK", "content")
+        # Depend mode takes the headers from nvcc's own -MD output instead of running the
+        # preprocessor (nvcc -E) on every miss, which costs seconds per CUDA unit.
+        out_env["CCACHE_DEPEND"] = env.get("CCACHE_DEPEND", "1")
     return CacheSetup(tool=tool, path=launcher, env=out_env, wrapper_dir=wdir, nvcc_wrapper=nvcc_wrapper,
                       notes=tuple(notes))
 

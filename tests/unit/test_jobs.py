@@ -1,0 +1,261 @@
+"""kforge.jobs: host facts, profiles, the job choice, OOM detection (the real OOM is in integration)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kforge import jobs
+from kforge.errors import BuildError
+from kforge.jobs import GB, GiB, HostFacts, JobChoice, JobProfile, UnitMeasure
+
+# ---------------------------------------------------------------------------- detect_host
+
+
+def _fake_proc(tmp: Path, *, total_kb: int, avail_kb: int, cgroup: str) -> Path:
+    proc = tmp / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(
+        f"MemTotal:       {total_kb} kB\nMemFree:        1000 kB\nMemAvailable:   {avail_kb} kB\nBuffers: 1 kB\n"
+    )
+    (proc / "self" / "cgroup").write_text(cgroup)
+    return proc
+
+
+def test_detect_host_reads_meminfo_and_affinity(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, total_kb=64 * 1024**2, avail_kb=48 * 1024**2, cgroup="0::/\n")
+    host = jobs.detect_host(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1, 2, 5})
+    assert host.cpus == 4
+    assert host.mem_total == 64 * GiB
+    assert host.mem_available == 48 * GiB
+    assert "MemAvailable" in host.source
+
+
+def test_detect_host_lowers_to_cgroup_v2_room(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, total_kb=64 * 1024**2, avail_kb=48 * 1024**2, cgroup="0::/build.slice\n")
+    cg = tmp_path / "cg" / "build.slice"
+    cg.mkdir(parents=True)
+    (cg / "memory.max").write_text(str(16 * GiB))
+    (cg / "memory.current").write_text(str(4 * GiB))
+    host = jobs.detect_host(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0})
+    assert host.mem_available == 12 * GiB
+    assert host.mem_total == 16 * GiB
+    assert host.source == "cgroup memory limit"
+
+
+def test_detect_host_ignores_unlimited_cgroups(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, total_kb=8 * 1024**2, avail_kb=6 * 1024**2,
+                      cgroup="4:memory:/job\n0::/job\n")
+    v1 = tmp_path / "cg" / "memory" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(2**63 - 4096))  # v1's "unlimited"
+    v2 = tmp_path / "cg" / "job"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text("max\n")
+    host = jobs.detect_host(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
+    assert host.mem_available == 6 * GiB
+    assert host.mem_total == 8 * GiB
+
+
+def test_detect_host_cgroup_v1_limit(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, total_kb=8 * 1024**2, avail_kb=6 * 1024**2, cgroup="4:memory:/job\n")
+    v1 = tmp_path / "cg" / "memory" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(3 * GiB))
+    (v1 / "memory.usage_in_bytes").write_text(str(1 * GiB))
+    host = jobs.detect_host(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
+    assert host.mem_available == 2 * GiB
+
+
+def test_detect_host_on_this_machine_is_sane() -> None:
+    host = jobs.detect_host()
+    assert host.cpus >= 1
+    assert 0 < host.mem_available <= host.mem_total
+
+
+# ---------------------------------------------------------------------------- choose_jobs
+
+FA = jobs.SEEDS["flash-attn"]
+
+
+def _host(cpus: int, avail_gb: float) -> HostFacts:
+    return HostFacts(cpus=cpus, mem_available=int(avail_gb * GB), mem_total=int(avail_gb * GB) + GB)
+
+
+def test_plenty_of_memory_gives_one_job_per_core_and_one_thread() -> None:
+    choice = jobs.choose_jobs(_host(16, 125), FA)
+    assert (choice.max_jobs, choice.nvcc_threads) == (16, 1)
+    assert "cpus-bound" in choice.reason
+
+
+def test_upstream_default_would_have_picked_eight() -> None:
+    # min(cpu/2, free_GB/9) on the same host: the baseline of benchmarks/build_jobs.py
+    assert min(16 // 2, int(125 / 9)) == 8
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 8, 16, 64, 128])
+@pytest.mark.parametrize("avail", [1.5, 4, 7, 20, 60, 125, 500])
+@pytest.mark.parametrize("archs", [1, 2, 3, 5])
+def test_choice_never_exceeds_memory_or_cores(cpus: int, avail: float, archs: int) -> None:
+    host = _host(cpus, avail)
+    profile = jobs.load_profile(Path("/nonexistent"), "flash-attn", archs)
+    choice = jobs.choose_jobs(host, profile)
+    assert choice.max_jobs >= 1 and choice.nvcc_threads >= 1
+    threads_used = min(choice.nvcc_threads, archs)
+    assert choice.max_jobs * threads_used <= max(cpus, threads_used)
+    budget = host.mem_available - jobs.headroom(host)
+    if budget >= jobs.unit_memory(profile, 1):
+        assert choice.max_jobs * jobs.unit_memory(profile, choice.nvcc_threads) <= budget
+    else:  # not even one unit fits: one job, one thread, and the reason says so
+        assert (choice.max_jobs, choice.nvcc_threads) == (1, 1)
+        assert "may be OOM-killed" in choice.reason
+
+
+def test_memory_bound_multi_arch_build_spends_spare_cores_on_threads() -> None:
+    profile = jobs.load_profile(Path("/nonexistent"), "flash-attn", 3)
+    choice = jobs.choose_jobs(_host(16, 40), profile)
+    assert choice.nvcc_threads > 1
+    assert "memory-bound" in choice.reason
+    assert choice.max_jobs * jobs.unit_memory(profile, choice.nvcc_threads) <= 40 * GB - jobs.headroom(_host(16, 40))
+
+
+def test_threads_beyond_arch_count_are_never_chosen() -> None:
+    profile = jobs.load_profile(Path("/nonexistent"), "flash-attn", 2)
+    for avail in (8, 15, 30, 60, 200):
+        assert jobs.choose_jobs(_host(32, avail), profile).nvcc_threads <= 2
+
+
+def test_few_units_use_threads_for_the_tail() -> None:
+    profile = jobs.load_profile(Path("/nonexistent"), "flash-attn", 4)
+    many = jobs.choose_jobs(_host(16, 125), profile)
+    few = jobs.choose_jobs(_host(16, 125), profile, units=2)
+    assert many.nvcc_threads == 1
+    assert few.nvcc_threads == 4  # two units on 16 cores: the threads would otherwise idle
+
+
+def test_override_is_honoured_and_flagged_when_too_big() -> None:
+    choice = jobs.choose_jobs(_host(16, 20), FA, override_max_jobs=12, override_nvcc_threads=2)
+    assert (choice.max_jobs, choice.nvcc_threads) == (12, 2)
+    assert "user override" in choice.reason and "WARNING" in choice.reason
+    ok = jobs.choose_jobs(_host(16, 125), FA, override_max_jobs=4)
+    assert ok.max_jobs == 4 and "WARNING" not in ok.reason
+    threads_only = jobs.choose_jobs(_host(16, 125), FA, override_nvcc_threads=1)
+    assert threads_only.max_jobs == 16
+
+
+def test_override_must_be_positive() -> None:
+    with pytest.raises(BuildError, match="positive"):
+        jobs.choose_jobs(_host(4, 20), FA, override_max_jobs=0)
+
+
+def test_env_and_halving() -> None:
+    c = JobChoice(8, 2, "x", est_peak_memory=8 * GB)
+    assert c.env() == {"MAX_JOBS": "8", "NVCC_THREADS": "2", "CMAKE_BUILD_PARALLEL_LEVEL": "8"}
+    h = c.halved()
+    assert h is not None and (h.max_jobs, h.nvcc_threads) == (4, 2) and h.est_peak_memory == 4 * GB
+    one = JobChoice(1, 4, "x").halved()
+    assert one is not None and (one.max_jobs, one.nvcc_threads) == (1, 2)
+    assert JobChoice(1, 1, "x").halved() is None
+
+
+# ---------------------------------------------------------------------------- profiles
+
+
+def test_unknown_project_gets_a_stated_default(tmp_path: Path) -> None:
+    p = jobs.load_profile(tmp_path, "newproj", 2)
+    assert p.samples == 0 and "default guess" in p.source
+    assert p.peak_rss_per_unit == jobs.DEFAULT_PEAK_RSS
+
+
+def test_flash_attn_seed_comes_from_upstream_facts(tmp_path: Path) -> None:
+    p = jobs.load_profile(tmp_path, "flash-attn", 1)
+    assert p.peak_rss_per_unit == int(6.3 * GB)
+    assert p.unit_seconds == pytest.approx(9678 / 73)
+    assert "seed" in p.source
+    three = jobs.load_profile(tmp_path, "flash-attn", 3)
+    assert three.peak_rss_per_unit == p.peak_rss_per_unit  # memory does not grow with archs
+    assert three.unit_seconds > p.unit_seconds  # time does, at one thread
+
+
+def test_record_then_load_round_trips_and_is_atomic(tmp_path: Path) -> None:
+    units = [UnitMeasure("a.o", 10.0, 2 * GB), UnitMeasure("b.o", 30.0, 3 * GB), UnitMeasure("c.o", 20.0, GB)]
+    p = jobs.record(tmp_path, "fmha", 2, units)
+    assert p.peak_rss_per_unit == 3 * GB
+    assert p.unit_seconds == pytest.approx(20.0)
+    assert p.samples == 3 and p.source.startswith("measured")
+    again = jobs.load_profile(tmp_path, "fmha", 2)
+    assert again.peak_rss_per_unit == 3 * GB and again.samples == 3
+    data = json.loads((tmp_path / "jobs" / "fmha.json").read_text())
+    assert data["project"] == "fmha" and "2" in data["arch_counts"]
+    assert not list((tmp_path / "jobs").glob("*.tmp"))
+    # a second, lighter build keeps the heavier peak (history max), counts samples
+    p2 = jobs.record(tmp_path, "fmha", 2, [UnitMeasure("a.o", 5.0, GB)])
+    assert p2.peak_rss_per_unit == 3 * GB and p2.samples == 4
+
+
+def test_record_normalises_threaded_peaks_and_skips_failures(tmp_path: Path) -> None:
+    beta = jobs.DEFAULT_BETA
+    units = [UnitMeasure("a.o", 10.0, int(2 * GB * (1 + beta * 3)), nvcc_threads=4),
+             UnitMeasure("bad.o", 1.0, 50 * GB, returncode=1)]
+    p = jobs.record(tmp_path, "proj", 4, units)
+    assert p.peak_rss_per_unit == pytest.approx(2 * GB, rel=1e-6)
+    assert jobs.record(tmp_path, "other", 1, [UnitMeasure("x.o", 1.0, 0)]).samples == 0
+
+
+def test_measured_profile_for_other_arch_count_is_rescaled(tmp_path: Path) -> None:
+    jobs.record(tmp_path, "fmha", 1, [UnitMeasure("a.o", 10.0, 2 * GB)])
+    p = jobs.load_profile(tmp_path, "fmha", 3)
+    assert p.arch_count == 3 and "rescaled" in p.source
+    assert p.peak_rss_per_unit == 2 * GB and p.unit_seconds > 10.0
+
+
+def test_corrupt_profile_file_falls_back(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "flash-attn.json").write_text("{not json")
+    assert "seed" in jobs.load_profile(tmp_path, "flash-attn", 1).source
+
+
+# ---------------------------------------------------------------------------- OOM detection, measures
+
+
+@pytest.mark.parametrize("rc,out,oom", [
+    (137, "", True),
+    (-9, "", True),
+    (1, "nvcc error   : 'cicc' died due to signal 9 (Kill signal)\nKilled", True),
+    (1, "terminate called after throwing an instance of 'std::bad_alloc'", True),
+    (1, "cc1plus: out of memory allocating 65536 bytes", True),
+    (1, "virtual memory exhausted: Cannot allocate memory", True),
+    (1, "error: identifier \"foo\" is undefined", False),
+    (2, "ninja: build stopped: subcommand failed.", False),
+])
+def test_looks_oom(rc: int, out: str, oom: bool) -> None:
+    assert jobs.looks_oom(rc, out) is oom
+
+
+def test_measure_wrapper_logs_time_and_peak(tmp_path: Path) -> None:
+    log = tmp_path / "units.jsonl"
+    code = "x = bytearray(80 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096])"
+    rc = jobs._main(["measure", "--log", str(log), "--output", "big.o", "--", sys.executable, "-c", code])
+    assert rc == 0
+    rc = jobs._main(["measure", "--log", str(log), "--output", "fail.o", "--", sys.executable, "-c", "raise SystemExit(3)"])
+    assert rc == 3
+    got = {m.output: m for m in jobs.read_measures(log)}
+    assert got["big.o"].peak_rss >= 80 * 1024 * 1024
+    assert got["big.o"].returncode == 0 and got["big.o"].seconds > 0
+    assert got["fail.o"].returncode == 3
+
+
+def test_run_with_oom_retry_raises_build_error_for_plain_failures(tmp_path: Path) -> None:
+    with pytest.raises(BuildError) as err:
+        jobs.run_with_oom_retry([sys.executable, "-c", "print('syntax error here'); raise SystemExit(2)"],
+                                {}, JobChoice(4, 1, "x"), log=lambda m: None)
+    assert "exit code 2" in err.value.render().lower() and "syntax error here" in err.value.render()
+
+
+def test_profile_dataclass_is_frozen() -> None:
+    with pytest.raises(Exception):
+        FA.peak_rss_per_unit = 1  # type: ignore[misc]
+    assert isinstance(FA, JobProfile)
