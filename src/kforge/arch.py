@@ -482,3 +482,10 @@ def __getattr__(name: str) -> object:
 
         return getattr(archrender, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = [  # noqa: RUF022  (grouped: table, values, parsing, support, renderers)
+    "KNOWN_ARCHS", "LEGACY_ARCHS", "VARIANTS", "ArchInfo", "Arch", "Dropped",
+    "parse_arch", "parse_arch_list", "host_arch", "all_archs",
+    "as_cuda_version", "cuda_supports", "supported_archs", "unsupported_reason", "require_supported",
+    "filter_supported", "parse_nvcc_arch_list", *sorted(_RENDER_NAMES),
+]

@@ -84,18 +84,25 @@ def render_numbers(archs: Sequence[Arch], sep: str = ";") -> str:
     return sep.join(numbers)
 
 
+TORCH_UNKNOWN = frozenset({88})
+"""Arch numbers torch's TORCH_CUDA_ARCH_LIST rejects. Checked on the GPU host with torch 2.11.0+cu130:
+it takes 8.7, 9.0a, 10.0a, 10.3a, 11.0a, 12.0a, 12.1a, 12.0+PTX and 9.0a+PTX, and raises
+"Unknown CUDA arch" for 8.8 and for every ``f`` variant (10.0f, 10.3f, 11.0f, 12.0f, 12.1f)."""
+
+
 def render_torch_arch_list(archs: Sequence[Arch], *, ptx: PtxPolicy = "last") -> str:
     """``TORCH_CUDA_ARCH_LIST``: ``8.0;9.0a;12.0+PTX`` (torch adds PTX for entries with ``+PTX``)."""
     out: list[str] = []
-    for a, sass, p in _plan(archs, ptx):
-        if not sass:
-            if p:
-                raise ArchError(
-                    f"TORCH_CUDA_ARCH_LIST cannot carry PTX for {a} next to {a.with_variant('f')}",
-                    why="torch emits SASS for every entry, and nvcc refuses sm_X next to sm_Xf",
-                    fix=f"drop {a} (the {a.with_variant('f')} SASS runs on it) or ask for {a.with_variant('f')}+PTX",
-                )
-            continue
+    for a, _sass, p in _plan(archs, ptx):  # no 'f' gets through, so every entry keeps its SASS
+        if a.variant == "f" or a.numeric in TORCH_UNKNOWN:
+            instead = a.with_variant("a") if "a" in a.info.variants else None
+            raise ArchError(
+                f"TORCH_CUDA_ARCH_LIST cannot name {a.dotted} ({a})",
+                why="torch's cpp_extension (checked with torch 2.11.0) knows no family ('f') archs and "
+                "no 8.8, and fails the build with 'Unknown CUDA arch'",
+                fix=(f"ask for {instead} or {a.base} for this project" if instead else f"drop {a} for this project")
+                + ", or give it an arch knob in the gencode format",
+            )
         out.append(a.dotted + ("+PTX" if p else ""))
     return ";".join(out)
 
