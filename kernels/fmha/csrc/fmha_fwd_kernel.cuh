@@ -44,6 +44,9 @@ struct FwdConfig;
 #ifndef KFORGE_FMHA_H128_QREGS
 #define KFORGE_FMHA_H128_QREGS 0
 #endif
+#ifndef KFORGE_FMHA_LAZY_RESCALE
+#define KFORGE_FMHA_LAZY_RESCALE 1
+#endif
 #ifndef KFORGE_FMHA_H64_WARPS
 #define KFORGE_FMHA_H64_WARPS 4
 #endif
@@ -153,20 +156,26 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // Issue cp.async for a [ROWS][HDIM] tile; rows at or past `valid_rows` are zero-filled.
+// Thread t always copies chunk t % CHUNKS of rows t / CHUNKS + i * ROWS_PER_ITER, so the
+// global address advances by a constant and the swizzled shared offset is an immediate.
 template <int ROWS, int HDIM, int kThreads, typename T>
 __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride,
                                           int valid_rows, int tid) {
   constexpr int kChunks = HDIM / 8;
-  constexpr int kPerThread = ROWS * kChunks / kThreads;
-  static_assert(ROWS * kChunks % kThreads == 0, "tile must split evenly over the CTA");
+  constexpr int kRowsPerIter = kThreads / kChunks;
+  constexpr int kIters = ROWS / kRowsPerIter;
+  static_assert(kThreads % kChunks == 0 && ROWS % kRowsPerIter == 0, "tile must split evenly");
+  static_assert(kRowsPerIter % 8 == 0, "the swizzle phase must not depend on the iteration");
+  const int row = tid / kChunks;
+  const int c = tid % kChunks;
+  const T* src = gmem + static_cast<int64_t>(row) * row_stride + c * 8;
+  const uint32_t dst = smem_addr(smem + swz<HDIM>(row, c));
+  const int64_t step = static_cast<int64_t>(kRowsPerIter) * row_stride;
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int idx = i * kThreads + tid;
-    const int row = idx / kChunks;
-    const int c = idx % kChunks;
-    const bool valid = row < valid_rows;
-    const T* src = valid ? gmem + static_cast<int64_t>(row) * row_stride + c * 8 : gmem;
-    cp_async16(smem_addr(smem + swz<HDIM>(row, c)), src, valid);
+  for (int i = 0; i < kIters; ++i) {
+    const bool valid = row + i * kRowsPerIter < valid_rows;
+    cp_async16(dst + i * kRowsPerIter * HDIM * static_cast<int>(sizeof(T)),
+               valid ? src + i * step : gmem, valid);
   }
 }
 
@@ -277,12 +286,13 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
   const float scale_log2 = p.scale_log2;
 
   for (int n = n_blocks - 1; n >= 0; --n) {
-    __syncthreads();  // every warp is done reading sV
-    load_tile<BN, HDIM, NTHREADS>(sV, gV + static_cast<int64_t>(n) * BN * p.v_row_stride, p.v_row_stride,
-                        sk - n * BN, tid);
-    cp_async_commit();
-    cp_async_wait<1>();  // K(n) has landed
+    // Two barriers per step (as in FlashAttention-2): here K(n) has landed and every warp is
+    // done reading sV; after Q K^T, V(n) has landed and every warp is done reading sK.
+    cp_async_wait<0>();
     __syncthreads();
+    load_tile<BN, HDIM, NTHREADS>(sV, gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
+                                  p.v_row_stride, sk - n * BN, tid);
+    cp_async_commit();
 
     // S = Q K^T
     float s[MT][NT][4];
@@ -342,7 +352,8 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
       }
     }
 
-    __syncthreads();  // every warp is done reading sK
+    cp_async_wait<0>();  // V(n) has landed
+    __syncthreads();     // ... and every warp is done reading sK
     if (n > 0) {
       load_tile<BN, HDIM, NTHREADS>(sK, gK + static_cast<int64_t>(n - 1) * BN * p.k_row_stride,
                           p.k_row_stride, sk - (n - 1) * BN, tid);
@@ -373,16 +384,16 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
           }
         }
         row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+        // Once the running max settles, alpha is 1 for the whole warp: skip the rescale.
+        if (!KFORGE_FMHA_LAZY_RESCALE || __any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
-        for (int d = 0; d < DT; ++d) {
-          acc[mt][d][2 * r] *= alpha;
-          acc[mt][d][2 * r + 1] *= alpha;
+          for (int d = 0; d < DT; ++d) {
+            acc[mt][d][2 * r] *= alpha;
+            acc[mt][d][2 * r + 1] *= alpha;
+          }
         }
       }
     }
-
-    cp_async_wait<1>();  // V(n) has landed
-    __syncthreads();
 
     // O += P V
 #pragma unroll

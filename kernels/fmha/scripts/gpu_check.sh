@@ -28,11 +28,11 @@ tail -1 "$OUT/cmake.log"
 (cd kernels/fmha/build/c && ctest --output-on-failure 2>&1) | tee "$OUT/ctest.log" || status=1
 
 step "pip install"
-if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; fi
+if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site; fi
 CMAKE_CUDA_ARCHITECTURES="$ARCHS" python3 -m pip install -q --no-build-isolation --no-deps ./kernels/fmha >"$OUT/pip.log" 2>&1 || { tail -30 "$OUT/pip.log"; exit 1; }
 
 step "pytest (CPU + GPU, KFORGE_REQUIRE_GPU=1)"
-(cd /tmp && KFORGE_REQUIRE_GPU=1 python3 -m pytest -q -p no:cacheprovider -rfE -x "$ROOT/kernels/fmha/tests" ${PYTEST_ARGS:-} 2>&1) | tee "$OUT/pytest.log" || status=1
+(cd /tmp && KFORGE_REQUIRE_GPU=1 python3 -m pytest -q -p no:cacheprovider -rfEs "$ROOT/kernels/fmha/tests" ${PYTEST_ARGS:-} 2>&1) | tee "$OUT/pytest.log" || status=1
 
 BENCH=${BENCH:-full}
 if [ "$BENCH" = full ]; then
@@ -58,5 +58,20 @@ if [ -n "${VARIANTS:-}" ]; then
     (cd /tmp && KFORGE_FMHA_LIBRARY="$ROOT/kernels/fmha/build/v_$name/libkforge_fmha.so" \
       python3 "$ROOT/benchmarks/fmha_vs_sdpa.py" --quick --seqlens ${VSEQ:-2048,8192} --runs 10 2>&1) | grep -E "^bfloat16" 
   done
+fi
+if [ -n "${NCU:-}" ]; then
+  step "ncu ($NCU)"
+  cat > /tmp/ncu_one.py <<'PY'
+import sys, torch, kforge_fmha
+d, causal, L = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
+q, k, v = (torch.randn(16384 // L, L, 16, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+for _ in range(3):
+    kforge_fmha.fmha_fwd(q, k, v, causal=causal)
+torch.cuda.synchronize()
+PY
+  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || echo ncu)
+  (cd /tmp && "$NCU_BIN" --clock-control none -k regex:fmha_fwd -s 2 -c 1 --section SpeedOfLight \
+     --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+     --section Occupancy --section LaunchStats python3 /tmp/ncu_one.py $NCU 2>&1) | tee "$OUT/ncu.txt" | grep -vE "^==PROF==" | head -150
 fi
 exit $status
