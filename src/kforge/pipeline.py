@@ -186,7 +186,8 @@ def run_build(
             repaired_tag=repaired.tag,
             doctor=doctor.to_dict(wheel_report, findings),
         )
-        published = wheelhouse.publish(wheelhouse_root, project.name, repaired.wheel, manifest,
+        # A rebuild of the same version replaces the older wheel (atomically, with its manifest).
+        published = wheelhouse.publish(wheelhouse_root, project.name, repaired.wheel, manifest, replace=True,
                                        attachments=(report_json, timeline))
         log.info(f"{published.wheel} (index: {published.index})")
 

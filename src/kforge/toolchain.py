@@ -54,6 +54,26 @@ class Nvcc:
 
 
 _RELEASE = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
+_TOP = re.compile(r"^#\$ TOP=(.+?)\s*$", re.MULTILINE)
+
+
+def _cuda_home(path: Path, runner: Runner) -> Path:
+    """The toolkit root nvcc itself uses (``#$ TOP=`` of a dry run), else two levels above it.
+
+    ``/usr/local/bin/nvcc`` is often a wrapper script around ``/usr/local/cuda-X.Y/bin/nvcc``:
+    its parent's parent is ``/usr/local``, which is no CUDA_HOME.
+    """
+    try:
+        out = runner([str(path), "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull])
+        text = (getattr(out, "stdout", "") or "") + (getattr(out, "stderr", "") or "")
+    except (OSError, subprocess.SubprocessError):
+        text = ""
+    m = _TOP.search(text)
+    if m:
+        top = Path(m.group(1).strip().strip('"')).resolve()
+        if (top / "bin").is_dir():
+            return top
+    return Path(path).resolve().parent.parent
 
 
 def nvcc_info(path: Path, *, runner: Runner = _run) -> Nvcc:
@@ -71,15 +91,16 @@ def nvcc_info(path: Path, *, runner: Runner = _run) -> Nvcc:
     codes = runner([str(path), "--list-gpu-code"])
     return Nvcc(
         path=Path(path),
-        home=Path(path).resolve().parent.parent,
+        home=_cuda_home(Path(path), runner),
         version=Version(m.group(2)),
         gpu_archs=frozenset(archs.stdout.split()) if archs.returncode == 0 else frozenset(),
         gpu_codes=frozenset(codes.stdout.split()) if codes.returncode == 0 else frozenset(),
     )
 
 
-def nvcc_candidates(env: Mapping[str, str], *, which: Callable[..., str | None] = shutil.which) -> list[Path]:
-    """Where nvcc may be, in order: $CUDA_HOME, $CUDA_PATH, $PATH, then /usr/local/cuda*."""
+def nvcc_candidates(env: Mapping[str, str], *, which: Callable[..., str | None] = shutil.which,
+                    fallback_dirs: Sequence[Path] = (Path("/usr/local"),)) -> list[Path]:
+    """Where nvcc may be, in order: $CUDA_HOME, $CUDA_PATH, $PATH, then <fallback>/cuda*/bin/nvcc."""
     found: list[Path] = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if env.get(var):
@@ -87,9 +108,9 @@ def nvcc_candidates(env: Mapping[str, str], *, which: Callable[..., str | None] 
     on_path = which("nvcc", path=env.get("PATH", ""))
     if on_path:
         found.append(Path(on_path))
-    local = Path("/usr/local")
-    if local.is_dir():
-        found.extend(sorted(local.glob("cuda*/bin/nvcc"), reverse=True))
+    for local in fallback_dirs:
+        if Path(local).is_dir():
+            found.extend(sorted(Path(local).glob("cuda*/bin/nvcc"), reverse=True))
     seen: set[Path] = set()
     unique = []
     for p in found:
@@ -101,9 +122,10 @@ def nvcc_candidates(env: Mapping[str, str], *, which: Callable[..., str | None] 
 
 
 def find_nvcc(env: Mapping[str, str], *, cuda: str | None = None, runner: Runner = _run,
-              which: Callable[..., str | None] = shutil.which) -> Nvcc:
+              which: Callable[..., str | None] = shutil.which,
+              fallback_dirs: Sequence[Path] = (Path("/usr/local"),)) -> Nvcc:
     """The first nvcc from :func:`nvcc_candidates` (of CUDA ``cuda`` = ``major.minor``, if given)."""
-    candidates = nvcc_candidates(env, which=which)
+    candidates = nvcc_candidates(env, which=which, fallback_dirs=fallback_dirs)
     if not candidates:
         raise ToolchainError(
             "no nvcc found",

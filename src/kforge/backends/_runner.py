@@ -177,7 +177,7 @@ def run_step(
                    f"{shlex.join(real)}")
         if live is not None:
             live.restart()
-        return [python, "-m", "kforge.backends._peak", "run", str(peak), "--", *real]
+        return [python, "-I", "-m", "kforge.backends._peak", "run", str(peak), "--", *real]
 
     def echo(line: str) -> None:
         log.write(line)
@@ -297,7 +297,7 @@ LAUNCHER_LANGS = ("C", "CXX", "CUDA")
 def measuring_launcher(units_log: Path, env: Mapping[str, str], lang: str) -> str:
     """A CMake list for ``CMAKE_<LANG>_COMPILER_LAUNCHER``: kforge's unit measurer, then any launcher
     the env already names (ccache, sccache), so every compile unit's time and peak RSS is recorded."""
-    ours = [sys.executable, "-m", "kforge.backends._peak", "unit", str(units_log), "--"]
+    ours = [sys.executable, "-I", "-m", "kforge.backends._peak", "unit", str(units_log), "--"]
     theirs = [p for p in env.get(f"CMAKE_{lang}_COMPILER_LAUNCHER", "").split(";") if p]
     return ";".join(ours + theirs)
 

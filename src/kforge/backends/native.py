@@ -76,7 +76,7 @@ class NativeBackend:
         if request.plan.project.torch_abi:
             inner = env.get("PYTORCH_NVCC") or (shlex.quote(n) if (n := self.nvcc(request)) else None)
             if inner:
-                env["PYTORCH_NVCC"] = (f"{shlex.quote(sys.executable)} -m kforge.backends._peak unit "
+                env["PYTORCH_NVCC"] = (f"{shlex.quote(sys.executable)} -I -m kforge.backends._peak unit "
                                        f"{shlex.quote(str(units_log))} -- {inner}")
         return env
 
