@@ -483,9 +483,10 @@ def __getattr__(name: str) -> object:
         return getattr(archrender, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = [  # noqa: RUF022  (grouped: table, values, parsing, support, renderers)
-    "KNOWN_ARCHS", "LEGACY_ARCHS", "VARIANTS", "ArchInfo", "Arch", "Dropped",
-    "parse_arch", "parse_arch_list", "host_arch", "all_archs",
-    "as_cuda_version", "cuda_supports", "supported_archs", "unsupported_reason", "require_supported",
-    "filter_supported", "parse_nvcc_arch_list", *sorted(_RENDER_NAMES),
+__all__ = [
+    "KNOWN_ARCHS", "LEGACY_ARCHS", "RENDERERS", "VARIANTS", "Arch", "ArchInfo", "Dropped", "all_archs",
+    "as_cuda_version", "cuda_supports", "default_variant", "filter_supported", "host_arch", "parse_arch",
+    "parse_arch_list", "parse_nvcc_arch_list", "render_cmake_architectures", "render_disable_flags",
+    "render_flashinfer", "render_gencode", "render_numbers", "render_torch_arch_list", "require_supported",
+    "supported_archs", "unsupported_reason",
 ]

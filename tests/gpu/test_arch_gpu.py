@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge.arch import Arch, default_variant, host_arch, parse_arch, render_gencode, supported_archs
+from kforge.arch import (
+    Arch,
+    default_variant,
+    host_arch,
+    parse_arch,
+    render_gencode,
+    supported_archs,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -52,10 +59,10 @@ def device() -> tuple[Arch, str, Version]:
     if not smi:
         _no_gpu("no nvidia-smi on PATH")
     proc = subprocess.run([smi, "--query-gpu=compute_cap,name", "--format=csv,noheader"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not proc.stdout.strip():
         _no_gpu(f"nvidia-smi found no GPU: {proc.stderr.strip() or proc.stdout.strip()}")
-    cap, name = (s.strip() for s in proc.stdout.splitlines()[0].split(",", 1))
+    cap, _name = (s.strip() for s in proc.stdout.splitlines()[0].split(",", 1))
     major, minor = (int(x) for x in cap.split("."))
     nvcc = os.environ.get("KFORGE_NVCC") or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     if not Path(nvcc).is_file():
@@ -70,11 +77,11 @@ def _build_and_run(nvcc: str, tmp_path: Path, flags: tuple[str, ...]) -> subproc
     src.write_text(PROGRAM)
     exe = tmp_path / "add_one"
     subprocess.run([nvcc, "-O0", *flags, str(src), "-o", str(exe)], check=True, capture_output=True, text=True)
-    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_host_arch_flags_run(device, tmp_path):
-    arch, nvcc, cuda = device
+    arch, nvcc, _cuda = device
     run = _build_and_run(nvcc, tmp_path, render_gencode([arch], ptx=False))
     assert (run.returncode, run.stdout.strip()) == (0, "ok"), run.stdout
 

@@ -67,7 +67,7 @@ def compile_(nvcc: RealNvcc, kernel: Path, mode: str, flags: tuple[str, ...]) ->
     out = kernel.with_name(f"out_{abs(hash((mode,) + flags))}.{mode}")
     proc = subprocess.run(
         [nvcc.path, f"-{mode}", "-O0", "-Xptxas", "-O0", *flags, str(kernel), "-o", str(out)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, check=False,
     )
     return proc, out
 
@@ -115,7 +115,7 @@ def test_nvcc_accepts_every_variant_the_table_allows(nvcc, kernel):
             continue
         flags = render_gencode(batch, ptx=True)
         proc = subprocess.run([nvcc.path, "--dryrun", "-fatbin", *flags, str(kernel), "-o", str(kernel) + ".fatbin"],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, check=False)
         assert proc.returncode == 0, proc.stderr
         # the planned fatbinary command lists one ELF and one PTX image per arch
         planned = set(re.findall(r"--image3=kind=(elf|ptx),sm=(\d+[af]?)", proc.stdout + proc.stderr))

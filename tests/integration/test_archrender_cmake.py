@@ -47,7 +47,7 @@ def configure(cmake_project, archs: str) -> tuple[subprocess.CompletedProcess, s
     build = src / f"build_{re.sub(r'[^0-9a-z]+', '_', archs)}"
     proc = subprocess.run(
         [cmake, "-S", str(src), "-B", str(build), "-G", "Unix Makefiles", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"],
-        capture_output=True, text=True, env={**os.environ, "CUDACXX": nvcc}, timeout=300,
+        capture_output=True, text=True, env={**os.environ, "CUDACXX": nvcc}, timeout=300, check=False,
     )
     flags = build / "CMakeFiles" / "k.dir" / "flags.make"
     return proc, flags.read_text() if flags.exists() else ""
