@@ -172,3 +172,8 @@ def test_arch_spelling_helpers() -> None:
     assert sorted([CudaArch(12, 0), CudaArch(9, 0, "a"), CudaArch(10, 0, "f")])[0] == CudaArch(9, 0, "a")
     with pytest.raises(ArchError):
         parse_arch("hopper")
+
+
+def test_finding_prints_as_one_line() -> None:
+    (finding,) = check(binary("sm_80"), expect_archs=["sm_86"])
+    assert str(finding) == f"info: {finding.message}"

@@ -189,3 +189,6 @@ class Finding:
     @property
     def is_error(self) -> bool:
         return self.severity == "error"
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.message}"
