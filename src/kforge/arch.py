@@ -374,8 +374,8 @@ def unsupported_reason(
         return ToolchainError(
             f"{arch} needs CUDA {needed} or newer, and the selected {source} is CUDA {v}",
             why=f"CUDA {v} has no {arch.compute}",
-            fix=f"install CUDA >= {needed} (or pass --cuda {needed} to provision it), "
-            f"or drop {arch} from the arch list",
+            fix=f"install CUDA >= {needed} and point CUDA_HOME at it "
+            f"(kforge provisions CUDA >= 13.0 from PyPI with --cuda 13.0), or drop {arch} from the arch list",
         )
     if not base_ok:  # the table says CUDA v has it, but this nvcc does not list it
         shown = ", ".join(sorted(nvcc_archs or (), key=_arch_sort_key)) or "nothing"

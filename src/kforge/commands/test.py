@@ -1,0 +1,29 @@
+"""``kforge test <target>``: install the target's wheel from the wheelhouse index and run its GPU tests."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from kforge.commands._common import add_plan_options, plan_from_args
+from kforge.commands.build import wheelhouse_from
+from kforge.host import detect_host
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("test", help="pip install the target's wheel from the wheelhouse index and run its GPU tests")
+    p.add_argument("target", help="<project>[-<arch>][-<platform>]")
+    add_plan_options(p)
+    p.add_argument("--wheelhouse", help="the wheelhouse to install from (default: <root>/wheelhouse, or $KFORGE_WHEELHOUSE)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kforge.gputest import run_gpu_tests
+
+    environ = dict(os.environ)
+    host = detect_host(environ)
+    forge, plan = plan_from_args(args, args.target, environ=environ, host=host)
+    outcome = run_gpu_tests(forge, plan, host, wheelhouse_root=wheelhouse_from(args, forge.root), environ=environ)
+    print(f"test-{plan.id}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
+    return 0
