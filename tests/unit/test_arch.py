@@ -317,7 +317,8 @@ def test_require_supported_exact_message_for_sm103a_on_12_8():
         require_supported(parse_arch_list("80;90a;103a;120f"), "12.8")
     err = exc.value
     assert err.what == "sm_103a needs CUDA 12.9 or newer, and the selected nvcc is CUDA 12.8"
-    assert err.fix == "install CUDA >= 12.9 (or pass --cuda 12.9 to provision it), or drop sm_103a from the arch list"
+    assert err.fix == ("install CUDA >= 12.9 and point CUDA_HOME at it (kforge provisions CUDA >= 13.0 from PyPI "
+                       "with --cuda 13.0), or drop sm_103a from the arch list")
     assert err.exit_code == 4
 
 
