@@ -286,7 +286,9 @@ def test_native_command_and_env(tmp_path):
                                tmp_path / "u.jsonl")
     assert cm_env["CUDAARCHS"] == cm_env["CMAKE_CUDA_ARCHITECTURES"]  # CMake reads CUDAARCHS as the default
     launcher = env["CMAKE_CUDA_COMPILER_LAUNCHER"].split(";")  # CMake-driven builds (scikit-build-core)
-    assert launcher[:6] == [sys.executable, "-m", "kforge.backends._peak", "unit", str(tmp_path / "u.jsonl"), "--"]
+    # python -I: pip's isolated build env sets PYTHONPATH, which must not hide kforge from its own interpreter
+    assert launcher[:7] == [sys.executable, "-I", "-m", "kforge.backends._peak", "unit", str(tmp_path / "u.jsonl"),
+                            "--"]
     torch_env = backend.build_env(request_for(tt, tmp_path, tree=tmp_path / "t", env={"PYTORCH_NVCC": "ccache nvcc"}),
                                   tmp_path / "u.jsonl")
     assert torch_env["PYTORCH_NVCC"].endswith(f"-m kforge.backends._peak unit {tmp_path / 'u.jsonl'} -- ccache nvcc")
