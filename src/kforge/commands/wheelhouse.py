@@ -53,16 +53,14 @@ def run_list(args: argparse.Namespace) -> int:
     if not wheels:
         print("no wheels" + (f" for {args.project}" if args.project else ""))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("project", "wheel", "target", "size", "sha256", "built", "doctor")
+    rows = [("project", "wheel", "target", "size", "sha256", "built", "doctor")]
     for w in wheels:
         m = w.record
         doctor = "-" if m.doctor is None else ("ok" if m.doctor.get("ok", True) else "FAILED")
-        table.add_row(w.project, w.filename, m.target, f"{m.size / 1e6:.1f} MB", m.sha256[:12],
-                      m.built_at or "-", doctor)
-    Console().print(table)
+        rows.append((w.project, w.filename, m.target, f"{m.size / 1e6:.1f} MB", m.sha256[:12], m.built_at or "-", doctor))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip())
     return 0
 
 
