@@ -123,17 +123,35 @@ def test_peak_wrapper_passes_exit_codes_and_signals(tmp_path):
     assert _peak.main(["run", str(out), "--", str(tmp_path / "no-such-compiler")]) == 127
 
 
+def _fake_compiler(tmp_path: Path, worker_seconds: float | None) -> Path:
+    """A 'compiler' driver that runs a worker process named cc1plus (as gcc does), or none at all
+    (as a compiler cache's hit does), then exits 0."""
+    (tmp_path / "cc1plus").symlink_to(sys.executable)
+    work = f'"$(dirname "$0")/cc1plus" -c "import time; time.sleep({worker_seconds})"' if worker_seconds else "true"
+    return script(tmp_path / "fakecc", f"{work}\n")
+
+
 def test_unit_launcher_names_the_unit_by_its_object(tmp_path):
     log = tmp_path / "units.jsonl"
-    rc = _peak.main(["unit", str(log), "--", sys.executable, "-c", "pass", "-o", "obj/a.o", "--threads", "2", "-O0"])
+    cc = _fake_compiler(tmp_path, 0.3)
+    rc = _peak.main(["unit", str(log), "--", str(cc), "-c", "a.cu", "-o", "obj/a.o", "--threads", "2", "-O0"])
     assert rc == 0
     (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert entry["output"] == "obj/a.o" and entry["nvcc_threads"] == 2 and entry["peak_rss"] > 0
+    assert 0.3 <= entry["seconds"] < 5
     # a link (no -c) runs, keeps its exit code, and is not recorded as a compile unit
     link = tmp_path / "link.py"
     link.write_text("raise SystemExit(4)\n")
     assert _peak.main(["unit", str(log), "--", sys.executable, str(link), "-o", "lib.so", "a.o"]) == 4
     assert len(log.read_text().splitlines()) == 1
+
+
+def test_unit_launcher_skips_compiler_cache_hits(tmp_path):
+    """No compiler worker ran (a ccache hit): its milliseconds and MB must not reach the job model."""
+    log = tmp_path / "units.jsonl"
+    cc = _fake_compiler(tmp_path, None)
+    assert _peak.main(["unit", str(log), "--", str(cc), "-c", "a.cu", "-o", "obj/a.o"]) == 0
+    assert not log.exists()
 
 
 @pytest.mark.parametrize(("cmd", "expected"), [

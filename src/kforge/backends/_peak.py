@@ -8,10 +8,14 @@
 
 ``python -m kforge.backends._peak unit LOG -- CMD...``
     A compile launcher (``PYTORCH_NVCC``, ``CMAKE_<LANG>_COMPILER_LAUNCHER``): measure one
-    compile unit with :func:`kforge.jobs.measure_command` and append it to LOG in the format
-    :func:`kforge.jobs.read_measures` reads. The unit is named by the argument after ``-o``
-    (the object ninja names in ``.ninja_log``), not by the last argument. Commands that do
-    not compile (``-c``, ``-dc``, ...), such as links, run unmeasured.
+    compile unit (time; peak RSS as the larger of ``wait4``'s ``ru_maxrss`` and the sampled
+    sum over the process tree, as :func:`kforge.jobs.measure_command` does) and append it to
+    LOG as a :class:`kforge.jobs.UnitMeasure` line that :func:`kforge.jobs.read_measures`
+    reads. The unit is named by the argument after ``-o`` (the object ninja names in
+    ``.ninja_log``). Commands that do not compile (``-c``, ``-dc``, ...), such as links, run
+    unmeasured. A unit in which no compiler worker (cicc, ptxas, cc1plus, ...) was seen is
+    not recorded: it was served from a compiler cache (ccache, sccache), and its few MB and
+    milliseconds say nothing about what compiling it costs (it would mislead the job choice).
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
+
+from kforge.jobs import UnitMeasure
 
 
 def output_of(cmd: Sequence[str]) -> str:
@@ -56,13 +63,66 @@ def run(out: str, cmd: Sequence[str]) -> int:
     return _exit_code(proc.returncode)
 
 
+#: Processes that do a compile's real work. A compiler cache's hit runs none of them.
+WORKERS = frozenset({"cicc", "ptxas", "cudafe++", "nvlink", "fatbinary", "cc1", "cc1plus", "clang", "clang++",
+                     "clang-18", "clang-19", "clang-20", "cl.exe", "as"})
+
 #: Flags that make a command a compile (gcc/clang/nvcc); anything else (a link) runs unmeasured.
 COMPILE_FLAGS = frozenset({"-c", "--compile", "-dc", "--device-c", "-dw", "--device-w"})
 
 
-def unit(log: str, cmd: Sequence[str]) -> int:
-    from kforge.jobs import measure_command
+def _scan(root_pid: int, page: int) -> tuple[int, set[str]]:
+    """RSS summed over ``root_pid`` and its descendants, and their process names, from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        left, right = stat.find("("), stat.rfind(")")
+        fields = stat[right + 2:].split()
+        pid = int(entry.name)
+        names[pid] = stat[left + 1:right]
+        children.setdefault(int(fields[1]), []).append(pid)
+        rss[pid] = int(fields[21]) * page
+    total, seen, todo = 0, set(), [root_pid]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        seen.add(names.get(pid, ""))
+        todo.extend(children.get(pid, ()))
+    return total, seen
 
+
+def measure(cmd: Sequence[str], *, output: str, nvcc_threads: int) -> tuple[UnitMeasure, set[str] | None]:
+    """Run one compile; its measure, and the names of the processes seen (None without /proc)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(list(cmd))
+    has_proc = os.path.isdir("/proc")
+    page = os.sysconf("SC_PAGE_SIZE") if has_proc else 0
+    peak_sum, interval = 0, 0.02
+    seen: set[str] = set()
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if has_proc:
+            total, names = _scan(proc.pid, page)
+            peak_sum, seen = max(peak_sum, total), seen | names
+        time.sleep(interval)
+        interval = min(0.2, interval * 1.5)  # fine early, so a short real compile is still seen
+    rc = os.waitstatus_to_exitcode(status)
+    peak = max(peak_sum, usage.ru_maxrss * 1024)
+    return (UnitMeasure(output=output, seconds=time.monotonic() - start, peak_rss=peak, returncode=rc,
+                        nvcc_threads=nvcc_threads), seen if has_proc else None)
+
+
+def unit(log: str, cmd: Sequence[str]) -> int:
     if not COMPILE_FLAGS.intersection(cmd):  # links are not compile units: run them as they are
         try:
             return _exit_code(subprocess.run(list(cmd)).returncode)
@@ -77,10 +137,12 @@ def unit(log: str, cmd: Sequence[str]) -> int:
         elif arg.startswith("--threads=") and arg[10:].isdigit():
             threads = int(arg[10:])
     try:
-        m = measure_command(cmd, output=output_of(cmd), nvcc_threads=threads)
+        m, names = measure(cmd, output=output_of(cmd), nvcc_threads=threads)
     except OSError as exc:
         print(f"kforge: cannot run {cmd[0]}: {exc.strerror or exc}", file=sys.stderr, flush=True)
         return 127
+    if names is not None and not (names & WORKERS):  # a compiler-cache hit: nothing was compiled
+        return _exit_code(m.returncode)
     line = (json.dumps(asdict(m)) + "\n").encode()
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
