@@ -56,6 +56,7 @@ class PlanOptions:
     backend: str | None = None
     max_jobs: int | None = None
     nvcc_threads: int | None = None
+    build_isolation: bool | None = None  # False: build with the interpreter's packages (offline hosts)
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # --env KEY=VALUE, applied last
 
     @classmethod
@@ -66,6 +67,11 @@ class PlanOptions:
             raw = environ.get(var, "").strip()
             if raw:
                 values[opt] = _int_option(var, raw) if opt in ("max_jobs", "nvcc_threads") else raw
+        isolation = environ.get("KFORGE_BUILD_ISOLATION", "").strip().lower()
+        if isolation:
+            if isolation not in ("0", "1", "true", "false", "yes", "no"):
+                raise ConfigError(f"KFORGE_BUILD_ISOLATION={isolation!r} is not a yes/no value", fix="set it to 0 or 1")
+            values["build_isolation"] = isolation in ("1", "true", "yes")
         for key, value in cli.items():
             if value is not None and key != "env":
                 values[key] = value
@@ -331,7 +337,7 @@ def make_plan(
         nvcc_flags=render_gencode(archs),
         backend=backend,
         build_dir=project.build_dir,
-        build_isolation=project.build_isolation,
+        build_isolation=project.build_isolation and options.build_isolation is not False,
         jobs=jobs,
         toolchain=Toolchain(
             cuda=cuda,

@@ -155,3 +155,13 @@ def test_plan_json_round_trip(forge) -> None:
     assert data["env"]["FLASH_MLA_DISABLE_SM90"] == "1"
     assert data["toolchain"]["min_cuda"] == "12.8"
     assert data["patches"]["dir"] == "patches/flashmla"
+
+
+def test_build_isolation_can_be_turned_off(forge) -> None:
+    assert plan_for(forge, "fmha-sm90").build_isolation is True
+    assert plan_for(forge, "fmha-sm90", build_isolation=False).build_isolation is False
+    opts = PlanOptions.from_cascade({"KFORGE_BUILD_ISOLATION": "0"})
+    assert opts.build_isolation is False
+    assert plan_for(forge, "flash-attn-sm90", build_isolation=True).build_isolation is False  # its setup.py needs torch
+    with pytest.raises(ConfigError, match="KFORGE_BUILD_ISOLATION"):
+        PlanOptions.from_cascade({"KFORGE_BUILD_ISOLATION": "maybe"})

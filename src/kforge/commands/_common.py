@@ -35,6 +35,8 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("native", "cibuildwheel", "cmake"), help="override the project's backend")
     parser.add_argument("--max-jobs", type=int, help="parallel compile units (default: chosen from free memory)")
     parser.add_argument("--nvcc-threads", type=int, help="nvcc --threads per unit (default: chosen with --max-jobs)")
+    parser.add_argument("--no-build-isolation", dest="build_isolation", action="store_const", const=False,
+                        help="build with this interpreter's packages, not an isolated env (offline hosts)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra build environment, applied last")
 
 
@@ -63,6 +65,7 @@ def plan_from_args(args: argparse.Namespace, target_text: str, *, environ: Mappi
         backend=args.backend,
         max_jobs=args.max_jobs,
         nvcc_threads=args.nvcc_threads,
+        build_isolation=args.build_isolation,
         env=parse_env_pairs(args.env),
     )
     from kforge.jobs import load_profile
