@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def render(plan: Plan) -> str:
     tc = plan.toolchain
+    isolation = "isolated" if plan.build_isolation else "no build isolation: uses this interpreter's packages"
     lines = [
         f"plan {plan.id}  ({plan.target.platform})",
         f"  project     {plan.project.name}: {plan.project.description}",
@@ -27,7 +28,7 @@ def render(plan: Plan) -> str:
         f"  archs       {' '.join(a.sm for a in plan.archs)}",
         f"  profile     {plan.profile or 'none'}",
         f"  backend     {plan.backend} (build dir {plan.build_dir}, "
-        f"{'isolated' if plan.build_isolation else "no build isolation: uses this interpreter's packages"})",
+        f"{isolation})",
         f"  cuda        {tc.cuda} (from {tc.cuda_from}; needs >= {tc.min_cuda}): {tc.action}",
         f"  torch       {tc.torch or 'not needed (torch-free wheel)'}",
         f"  python      {tc.python}",
