@@ -17,6 +17,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "fmha_params.h"
 
 namespace kforge_fmha {
@@ -45,7 +47,7 @@ struct FwdConfig;
 #define KFORGE_FMHA_H128_QREGS 0
 #endif
 #ifndef KFORGE_FMHA_LAZY_RESCALE
-#define KFORGE_FMHA_LAZY_RESCALE 1
+#define KFORGE_FMHA_LAZY_RESCALE 0
 #endif
 #ifndef KFORGE_FMHA_H64_WARPS
 #define KFORGE_FMHA_H64_WARPS 4
@@ -94,6 +96,19 @@ template <int HDIM>
 __device__ __forceinline__ int swz(int row, int chunk) {
   return row * HDIM + ((chunk ^ (row & 7)) << 3);
 }
+
+// ldmatrix addressing. A lane reads 16-byte chunk 2*j + c0 of a row whose (row & 7) is r7, so
+// the swizzled chunk is (2*j) ^ x with x = c0 ^ r7 < 8, i.e. (j / 4) * 8 + ((2 * (j % 4)) ^ x):
+// four per-lane offsets (kept in registers) plus an immediate, instead of one register per j.
+struct SwzCols {
+  uint32_t off[4];  // bytes
+  __device__ __forceinline__ explicit SwzCols(int x) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) off[i] = static_cast<uint32_t>(((2 * i) ^ x) << 4);
+  }
+  // j must be known after unrolling, so that off[] stays in registers.
+  __device__ __forceinline__ uint32_t at(int j) const { return off[j % 4] + (j / 4) * 128; }
+};
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;  // 0 bytes read: the 16 bytes are zero-filled
@@ -285,140 +300,154 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
 
   const float scale_log2 = p.scale_log2;
 
-  for (int n = n_blocks - 1; n >= 0; --n) {
-    // Two barriers per step (as in FlashAttention-2): here K(n) has landed and every warp is
-    // done reading sV; after Q K^T, V(n) has landed and every warp is done reading sK.
-    cp_async_wait<0>();
-    __syncthreads();
-    load_tile<BN, HDIM, NTHREADS>(sV, gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
-                                  p.v_row_stride, sk - n * BN, tid);
-    cp_async_commit();
+  // Per-lane ldmatrix bases (row part) and swizzled column offsets; see SwzCols.
+  const uint32_t q_base = smem_addr(sQ + (warp_row + lane % 16) * HDIM);
+  const uint32_t k_base = smem_addr(sK + ((lane / 16) * 8 + lane % 8) * HDIM);
+  const uint32_t v_base = smem_addr(sV + (lane % 16) * HDIM);
+  const SwzCols q_cols((lane / 16) ^ (lane % 8));
+  const SwzCols k_cols(((lane / 8) % 2) ^ (lane % 8));
+  const SwzCols v_cols((lane / 16) ^ (lane % 8));
 
-    // S = Q K^T
-    float s[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][t][e] = 0.f;
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < KT; ++kk) {
-      uint32_t a[MT][4];
-#pragma unroll
+  // A key tile needs masking when it holds the end of the keys or crosses the diagonal. Those
+  // are the highest tiles, which run first; the rest run through a copy of the step compiled
+  // without any masking code (less register pressure in the steady state).
+  auto needs_mask = [&](int n) {
+    return (n + 1) * BN > sk || (CAUSAL && n * BN + BN - 1 > row0 + sk - sq);
+  };
+  auto step = [&](int n, auto masked) {
+      // Two barriers per step (as in FlashAttention-2): here K(n) has landed and every warp is
+      // done reading sV; after Q K^T, V(n) has landed and every warp is done reading sK.
+      cp_async_wait<0>();
+      __syncthreads();
+      load_tile<BN, HDIM, NTHREADS>(sV, gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
+                                    p.v_row_stride, sk - n * BN, tid);
+      cp_async_commit();
+
+      // S = Q K^T
+      float s[MT][NT][4];
+  #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (S::kQInRegs) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
-        } else {
-          const int row = warp_row + mt * 16 + (lane % 16);
-          ldsm_x4(a[mt], smem_addr(sQ + swz<HDIM>(row, kk * 2 + lane / 16)));
+  #pragma unroll
+        for (int t = 0; t < NT; ++t) {
+  #pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][t][e] = 0.f;
         }
       }
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t bk[4];
-        const int key = np * 16 + (lane / 16) * 8 + (lane % 8);
-        ldsm_x4(bk, smem_addr(sK + swz<HDIM>(key, kk * 2 + (lane / 8) % 2)));
-#pragma unroll
+  #pragma unroll
+      for (int kk = 0; kk < KT; ++kk) {
+        uint32_t a[MT][4];
+  #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          Mma<T>::run(s[mt][2 * np], a[mt], bk[0], bk[1]);
-          Mma<T>::run(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          if constexpr (S::kQInRegs) {
+  #pragma unroll
+            for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
+          } else {
+            ldsm_x4(a[mt], q_base + mt * 16 * HDIM * int(sizeof(T)) + q_cols.at(kk));
+          }
+        }
+  #pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t bk[4];
+          ldsm_x4(bk, k_base + np * 16 * HDIM * int(sizeof(T)) + k_cols.at(kk));
+  #pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            Mma<T>::run(s[mt][2 * np], a[mt], bk[0], bk[1]);
+            Mma<T>::run(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          }
         }
       }
-    }
 
-    // Masks: only the tile that holds the end of the keys and tiles crossing the diagonal.
-    const int col0 = n * BN;
-    const bool need_mask = (col0 + BN > sk) || (CAUSAL && col0 + BN - 1 > row0 + sk - sq);
-    if (need_mask) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = row0 + warp_row + mt * 16 + lane / 4 + 8 * r;
-          const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
-#pragma unroll
-          for (int t = 0; t < NT; ++t) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = col0 + t * 8 + 2 * (lane % 4) + e;
-              if (col >= limit) s[mt][t][2 * r + e] = kNegInf;
+      // Masks: only the tile that holds the end of the keys and tiles crossing the diagonal.
+      if constexpr (decltype(masked)::value) {
+        const int col0 = n * BN;
+  #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+  #pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = row0 + warp_row + mt * 16 + lane / 4 + 8 * r;
+            const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
+  #pragma unroll
+            for (int t = 0; t < NT; ++t) {
+  #pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int col = col0 + t * 8 + 2 * (lane % 4) + e;
+                if (col >= limit) s[mt][t][2 * r + e] = kNegInf;
+              }
             }
           }
         }
       }
-    }
 
-    cp_async_wait<0>();  // V(n) has landed
-    __syncthreads();     // ... and every warp is done reading sK
-    if (n > 0) {
-      load_tile<BN, HDIM, NTHREADS>(sK, gK + static_cast<int64_t>(n - 1) * BN * p.k_row_stride,
-                          p.k_row_stride, sk - (n - 1) * BN, tid);
-    }
-    cp_async_commit();
-
-    // Online softmax, in the exp2 domain.
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = row_max[mt][r];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s[mt][t][2 * r], s[mt][t][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_scaled = (mx == kNegInf) ? 0.f : mx * scale_log2;
-        const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
-        row_max[mt][r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float x = fast_exp2(fmaf(s[mt][t][2 * r + e], scale_log2, -m_scaled));
-            s[mt][t][2 * r + e] = x;
-            sum += x;
-          }
-        }
-        row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
-        // Once the running max settles, alpha is 1 for the whole warp: skip the rescale.
-        if (!KFORGE_FMHA_LAZY_RESCALE || __any_sync(0xffffffffu, alpha != 1.f)) {
-#pragma unroll
-          for (int d = 0; d < DT; ++d) {
-            acc[mt][d][2 * r] *= alpha;
-            acc[mt][d][2 * r + 1] *= alpha;
-          }
-        }
+      cp_async_wait<0>();  // V(n) has landed
+      __syncthreads();     // ... and every warp is done reading sK
+      if (n > 0) {
+        load_tile<BN, HDIM, NTHREADS>(sK, gK + static_cast<int64_t>(n - 1) * BN * p.k_row_stride,
+                            p.k_row_stride, sk - (n - 1) * BN, tid);
       }
-    }
+      cp_async_commit();
 
-    // O += P V
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      uint32_t a[MT][4];
-#pragma unroll
+      // Online softmax, in the exp2 domain.
+  #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = Mma<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = Mma<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = Mma<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = Mma<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {
-        uint32_t bv[4];
-        const int key = kk * 16 + (lane % 16);
-        ldsm_x4_t(bv, smem_addr(sV + swz<HDIM>(key, dp * 2 + lane / 16)));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          Mma<T>::run(acc[mt][2 * dp], a[mt], bv[0], bv[1]);
-          Mma<T>::run(acc[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+  #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = row_max[mt][r];
+  #pragma unroll
+          for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s[mt][t][2 * r], s[mt][t][2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_scaled = (mx == kNegInf) ? 0.f : mx * scale_log2;
+          const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
+          row_max[mt][r] = mx;
+          float sum = 0.f;
+  #pragma unroll
+          for (int t = 0; t < NT; ++t) {
+  #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float x = fast_exp2(fmaf(s[mt][t][2 * r + e], scale_log2, -m_scaled));
+              s[mt][t][2 * r + e] = x;
+              sum += x;
+            }
+          }
+          row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+          // Once the running max settles, alpha is 1 for the whole warp: skip the rescale.
+          if (!KFORGE_FMHA_LAZY_RESCALE || __any_sync(0xffffffffu, alpha != 1.f)) {
+  #pragma unroll
+            for (int d = 0; d < DT; ++d) {
+              acc[mt][d][2 * r] *= alpha;
+              acc[mt][d][2 * r + 1] *= alpha;
+            }
+          }
         }
       }
-    }
-  }
+
+      // O += P V
+  #pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[MT][4];
+  #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          a[mt][0] = Mma<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          a[mt][1] = Mma<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          a[mt][2] = Mma<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          a[mt][3] = Mma<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+  #pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          uint32_t bv[4];
+          ldsm_x4_t(bv, v_base + kk * 16 * HDIM * int(sizeof(T)) + v_cols.at(dp));
+  #pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            Mma<T>::run(acc[mt][2 * dp], a[mt], bv[0], bv[1]);
+            Mma<T>::run(acc[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+          }
+        }
+      }
+  };
+
+  int n = n_blocks - 1;
+  for (; n >= 0 && needs_mask(n); --n) step(n, std::true_type{});
+  for (; n >= 0; --n) step(n, std::false_type{});
 
   // Epilogue: normalise, write LSE, stage O through this warp's rows of sQ, store 16 bytes
   // per thread. A warp only ever reads its own rows of sQ, so no CTA barrier is needed.
