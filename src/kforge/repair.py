@@ -13,8 +13,10 @@ flash-attention convention) and a RECORD-correct rewrite of a built wheel's vers
 from __future__ import annotations
 
 import base64
+import csv
 import fnmatch
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -340,7 +342,7 @@ def apply_local_version(wheel: Path | str, label: str | None, *, out_dir: Path |
     os.close(fd)
     try:
         with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
-            record: list[str] = []
+            record: list[tuple[str, str, str]] = []
             for info in src.infolist():
                 top, _, rest = info.filename.partition("/")
                 new_name = f"{renames[top]}/{rest}" if top in renames else info.filename
@@ -355,12 +357,14 @@ def apply_local_version(wheel: Path | str, label: str | None, *, out_dir: Path |
                 dst.writestr(out, data)
                 if not new_name.endswith("/"):
                     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-                    record.append(f"{_csv_field(new_name)},sha256={digest},{len(data)}")
-            record.append(f"{record_name},,")
+                    record.append((new_name, f"sha256={digest}", str(len(data))))
+            record.append((record_name, "", ""))
             info = zipfile.ZipInfo(record_name, date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
-            dst.writestr(info, "\n".join(record) + "\n")
+            buf = io.StringIO()
+            csv.writer(buf, lineterminator="\n").writerows(record)
+            dst.writestr(info, buf.getvalue())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -375,7 +379,3 @@ def _set_metadata_version(data: bytes, version: str) -> bytes:
     if n != 1:
         raise RepairError("the wheel's METADATA has no Version: field", why="a wheel's METADATA must name its version", fix="rebuild the wheel")
     return (new_head + sep + body).encode("utf-8")
-
-
-def _csv_field(name: str) -> str:
-    return f'"{name}"' if "," in name or '"' in name else name
