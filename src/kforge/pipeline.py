@@ -7,6 +7,7 @@ step before publish passed, and publish itself is atomic.
 
 from __future__ import annotations
 
+import os
 import platform as _platform
 import shutil
 import sys
@@ -62,6 +63,16 @@ def _toolchain_env(plan: Plan, environ: Mapping[str, str], cache_dir: Path, log:
     return env, nvcc
 
 
+def _isolate_git(env: dict[str, str], work: Path) -> None:
+    """Upstream setup.py files run git (FlashMLA: `git submodule update`, versions from `git describe`).
+
+    The scratch tree is an export without .git, under the monorepo: stop git from finding the
+    monorepo's repository above it.
+    """
+    ceiling = str(work.parent)
+    env["GIT_CEILING_DIRECTORIES"] = ceiling + (os.pathsep + env["GIT_CEILING_DIRECTORIES"] if env.get("GIT_CEILING_DIRECTORIES") else "")
+
+
 def run_build(
     forge: Forge,
     plan: Plan,
@@ -105,6 +116,7 @@ def run_build(
 
     with log.step("toolchain", f"CUDA {plan.toolchain.cuda}"):
         env, nvcc = _toolchain_env(plan, environ, cache_dir, log)
+        _isolate_git(env, work)
         torch_info = toolchain.detect_torch(python) if project.torch_abi else None
         if project.torch_abi and torch_info is None:
             raise ToolchainError(
