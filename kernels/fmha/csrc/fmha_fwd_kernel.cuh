@@ -49,6 +49,18 @@ struct FwdConfig;
 #ifndef KFORGE_FMHA_LAZY_RESCALE
 #define KFORGE_FMHA_LAZY_RESCALE 0
 #endif
+#ifndef KFORGE_FMHA_H64_STAGES
+#define KFORGE_FMHA_H64_STAGES 1
+#endif
+#ifndef KFORGE_FMHA_H64_SLICE
+#define KFORGE_FMHA_H64_SLICE 32
+#endif
+#ifndef KFORGE_FMHA_H128_STAGES
+#define KFORGE_FMHA_H128_STAGES 1
+#endif
+#ifndef KFORGE_FMHA_H128_SLICE
+#define KFORGE_FMHA_H128_SLICE 32
+#endif
 #ifndef KFORGE_FMHA_H64_WARPS
 #define KFORGE_FMHA_H64_WARPS 4
 #endif
@@ -61,6 +73,8 @@ struct FwdConfig<64> {
   static constexpr int kBlockN = KFORGE_FMHA_H64_BN;
   static constexpr bool kQInRegs = KFORGE_FMHA_H64_QREGS != 0;
   static constexpr int kWarps = KFORGE_FMHA_H64_WARPS;
+  static constexpr int kStages = KFORGE_FMHA_H64_STAGES;
+  static constexpr int kSlice = KFORGE_FMHA_H64_SLICE;
 };
 template <>
 struct FwdConfig<128> {
@@ -68,6 +82,8 @@ struct FwdConfig<128> {
   static constexpr int kBlockN = KFORGE_FMHA_H128_BN;
   static constexpr bool kQInRegs = KFORGE_FMHA_H128_QREGS != 0;
   static constexpr int kWarps = KFORGE_FMHA_H128_WARPS;
+  static constexpr int kStages = KFORGE_FMHA_H128_STAGES;
+  static constexpr int kSlice = KFORGE_FMHA_H128_SLICE;
 };
 
 template <int HDIM>
@@ -79,9 +95,13 @@ struct FwdShape {
   static constexpr int kBlockM = kWarps * 16 * kMTiles;
   static constexpr int kBlockN = FwdConfig<HDIM>::kBlockN;
   static constexpr bool kQInRegs = FwdConfig<HDIM>::kQInRegs;
+  static constexpr int kStages = FwdConfig<HDIM>::kStages;
+  static constexpr int kSlice = kStages == 1 ? kBlockN : FwdConfig<HDIM>::kSlice;
+  static_assert(kStages == 1 || kStages == 2, "1 or 2 K/V stages");
+  static_assert(kBlockN % kSlice == 0 && kSlice % 16 == 0, "slice must divide the key tile");
   template <typename T>
   static constexpr int smem_bytes() {
-    return (kBlockM + 2 * kBlockN) * HDIM * static_cast<int>(sizeof(T));
+    return (kBlockM + 2 * kStages * kBlockN) * HDIM * static_cast<int>(sizeof(T));
   }
 };
 
@@ -206,14 +226,16 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
   constexpr int BM = S::kBlockM;
   constexpr int BN = S::kBlockN;
   constexpr int KT = HDIM / 16;  // k-steps of Q K^T
-  constexpr int NT = BN / 8;     // n-tiles of S
+  constexpr int STAGES = S::kStages;
+  constexpr int SLICE = S::kSlice;  // keys per softmax update
+  constexpr int NT = SLICE / 8;     // n-tiles of S
   constexpr int DT = HDIM / 8;   // n-tiles of O
   constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + BM * HDIM;
-  T* sV = sK + BN * HDIM;
+  T* sV = sK + STAGES * BN * HDIM;
 
   // Heavy (late) query blocks first: they have the most key tiles under a causal mask.
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -264,8 +286,16 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
 
   load_tile<BM, HDIM, NTHREADS>(sQ, gQ, p.q_row_stride, sq - row0, tid);
   if (n_blocks > 0) {
-    load_tile<BN, HDIM, NTHREADS>(sK, gK + static_cast<int64_t>(n_blocks - 1) * BN * p.k_row_stride,
-                        p.k_row_stride, sk - (n_blocks - 1) * BN, tid);
+    const int nb = n_blocks - 1;
+    const int buf = STAGES == 1 ? 0 : (nb & 1);
+    load_tile<BN, HDIM, NTHREADS>(sK + buf * BN * HDIM,
+                                  gK + static_cast<int64_t>(nb) * BN * p.k_row_stride,
+                                  p.k_row_stride, sk - nb * BN, tid);
+    if (STAGES == 2) {
+      load_tile<BN, HDIM, NTHREADS>(sV + buf * BN * HDIM,
+                                    gV + static_cast<int64_t>(nb) * BN * p.v_row_stride,
+                                    p.v_row_stride, sk - nb * BN, tid);
+    }
   }
   cp_async_commit();
 
@@ -314,135 +344,171 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
   auto needs_mask = [&](int n) {
     return (n + 1) * BN > sk || (CAUSAL && n * BN + BN - 1 > row0 + sk - sq);
   };
+
+  // S[MT][NT] = Q K^T for NT * 8 keys whose swizzled tile starts at k_addr (lane base).
+  auto qk = [&](float (&sc)[MT][NT][4], uint32_t k_addr) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[mt][t][e] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (S::kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
+        } else {
+          ldsm_x4(a[mt], q_base + mt * 16 * HDIM * int(sizeof(T)) + q_cols.at(kk));
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t bk[4];
+        ldsm_x4(bk, k_addr + np * 16 * HDIM * int(sizeof(T)) + k_cols.at(kk));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<T>::run(sc[mt][2 * np], a[mt], bk[0], bk[1]);
+          Mma<T>::run(sc[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+  };
+
+  auto apply_mask = [&](float (&sc)[MT][NT][4], int col0) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + warp_row + mt * 16 + lane / 4 + 8 * r;
+        const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = col0 + t * 8 + 2 * (lane % 4) + e;
+            if (col >= limit) sc[mt][t][2 * r + e] = kNegInf;
+          }
+        }
+      }
+    }
+  };
+
+  // Online softmax in the exp2 domain; S becomes P (unnormalised), O is rescaled.
+  auto softmax = [&](float (&sc)[MT][NT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[mt][r];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(sc[mt][t][2 * r], sc[mt][t][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_scaled = (mx == kNegInf) ? 0.f : mx * scale_log2;
+        const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
+        row_max[mt][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = fast_exp2(fmaf(sc[mt][t][2 * r + e], scale_log2, -m_scaled));
+            sc[mt][t][2 * r + e] = x;
+            sum += x;
+          }
+        }
+        row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+        if (!KFORGE_FMHA_LAZY_RESCALE || __any_sync(0xffffffffu, alpha != 1.f)) {
+#pragma unroll
+          for (int d = 0; d < DT; ++d) {
+            acc[mt][d][2 * r] *= alpha;
+            acc[mt][d][2 * r + 1] *= alpha;
+          }
+        }
+      }
+    }
+  };
+
+  // O += P V for the NT * 8 keys whose swizzled V tile starts at v_addr (lane base).
+  auto pv = [&](float (&sc)[MT][NT][4], uint32_t v_addr) {
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = Mma<T>::pack(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+        a[mt][1] = Mma<T>::pack(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+        a[mt][2] = Mma<T>::pack(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+        a[mt][3] = Mma<T>::pack(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        uint32_t bv[4];
+        ldsm_x4_t(bv, v_addr + kk * 16 * HDIM * int(sizeof(T)) + v_cols.at(dp));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<T>::run(acc[mt][2 * dp], a[mt], bv[0], bv[1]);
+          Mma<T>::run(acc[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  };
+
+  auto load_k = [&](int n, int buf) {
+    load_tile<BN, HDIM, NTHREADS>(sK + buf * BN * HDIM,
+                                  gK + static_cast<int64_t>(n) * BN * p.k_row_stride,
+                                  p.k_row_stride, sk - n * BN, tid);
+  };
+  auto load_v = [&](int n, int buf) {
+    load_tile<BN, HDIM, NTHREADS>(sV + buf * BN * HDIM,
+                                  gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
+                                  p.v_row_stride, sk - n * BN, tid);
+  };
+  constexpr uint32_t kTileBytes = BN * HDIM * sizeof(T);
+
   auto step = [&](int n, auto masked) {
+    if constexpr (STAGES == 1) {
       // Two barriers per step (as in FlashAttention-2): here K(n) has landed and every warp is
       // done reading sV; after Q K^T, V(n) has landed and every warp is done reading sK.
       cp_async_wait<0>();
       __syncthreads();
-      load_tile<BN, HDIM, NTHREADS>(sV, gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
-                                    p.v_row_stride, sk - n * BN, tid);
+      load_v(n, 0);
       cp_async_commit();
-
-      // S = Q K^T
-      float s[MT][NT][4];
-  #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-  #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-  #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][t][e] = 0.f;
-        }
-      }
-  #pragma unroll
-      for (int kk = 0; kk < KT; ++kk) {
-        uint32_t a[MT][4];
-  #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          if constexpr (S::kQInRegs) {
-  #pragma unroll
-            for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
-          } else {
-            ldsm_x4(a[mt], q_base + mt * 16 * HDIM * int(sizeof(T)) + q_cols.at(kk));
-          }
-        }
-  #pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          uint32_t bk[4];
-          ldsm_x4(bk, k_base + np * 16 * HDIM * int(sizeof(T)) + k_cols.at(kk));
-  #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            Mma<T>::run(s[mt][2 * np], a[mt], bk[0], bk[1]);
-            Mma<T>::run(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
-          }
-        }
-      }
-
-      // Masks: only the tile that holds the end of the keys and tiles crossing the diagonal.
-      if constexpr (decltype(masked)::value) {
-        const int col0 = n * BN;
-  #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-  #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = row0 + warp_row + mt * 16 + lane / 4 + 8 * r;
-            const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
-  #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-  #pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int col = col0 + t * 8 + 2 * (lane % 4) + e;
-                if (col >= limit) s[mt][t][2 * r + e] = kNegInf;
-              }
-            }
-          }
-        }
-      }
-
-      cp_async_wait<0>();  // V(n) has landed
-      __syncthreads();     // ... and every warp is done reading sK
+      float sc[MT][NT][4];
+      qk(sc, k_base);
+      if constexpr (decltype(masked)::value) apply_mask(sc, n * BN);
+      cp_async_wait<0>();
+      __syncthreads();
+      if (n > 0) load_k(n - 1, 0);
+      cp_async_commit();
+      softmax(sc);
+      pv(sc, v_base);
+    } else {
+      // Double-buffered K and V: one barrier per step. Tile n-1 loads into the other buffer
+      // while tile n is consumed in slices of SLICE keys.
+      const int buf = n & 1;
+      cp_async_wait<0>();
+      __syncthreads();
       if (n > 0) {
-        load_tile<BN, HDIM, NTHREADS>(sK, gK + static_cast<int64_t>(n - 1) * BN * p.k_row_stride,
-                            p.k_row_stride, sk - (n - 1) * BN, tid);
+        load_k(n - 1, buf ^ 1);
+        load_v(n - 1, buf ^ 1);
       }
       cp_async_commit();
-
-      // Online softmax, in the exp2 domain.
-  #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-  #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float mx = row_max[mt][r];
-  #pragma unroll
-          for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s[mt][t][2 * r], s[mt][t][2 * r + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_scaled = (mx == kNegInf) ? 0.f : mx * scale_log2;
-          const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
-          row_max[mt][r] = mx;
-          float sum = 0.f;
-  #pragma unroll
-          for (int t = 0; t < NT; ++t) {
-  #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float x = fast_exp2(fmaf(s[mt][t][2 * r + e], scale_log2, -m_scaled));
-              s[mt][t][2 * r + e] = x;
-              sum += x;
-            }
-          }
-          row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
-          // Once the running max settles, alpha is 1 for the whole warp: skip the rescale.
-          if (!KFORGE_FMHA_LAZY_RESCALE || __any_sync(0xffffffffu, alpha != 1.f)) {
-  #pragma unroll
-            for (int d = 0; d < DT; ++d) {
-              acc[mt][d][2 * r] *= alpha;
-              acc[mt][d][2 * r + 1] *= alpha;
-            }
-          }
-        }
+#pragma unroll
+      for (int sl = 0; sl < BN / SLICE; ++sl) {
+        float sc[MT][NT][4];
+        qk(sc, k_base + buf * kTileBytes + sl * SLICE * HDIM * int(sizeof(T)));
+        if constexpr (decltype(masked)::value) apply_mask(sc, n * BN + sl * SLICE);
+        softmax(sc);
+        pv(sc, v_base + buf * kTileBytes + sl * SLICE * HDIM * int(sizeof(T)));
       }
-
-      // O += P V
-  #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        uint32_t a[MT][4];
-  #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          a[mt][0] = Mma<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          a[mt][1] = Mma<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          a[mt][2] = Mma<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          a[mt][3] = Mma<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
-  #pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          uint32_t bv[4];
-          ldsm_x4_t(bv, v_base + kk * 16 * HDIM * int(sizeof(T)) + v_cols.at(dp));
-  #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            Mma<T>::run(acc[mt][2 * dp], a[mt], bv[0], bv[1]);
-            Mma<T>::run(acc[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
-          }
-        }
-      }
+    }
   };
 
   int n = n_blocks - 1;
