@@ -7,6 +7,7 @@ import io
 import json
 import os
 import stat
+import subprocess
 import sys
 import tarfile
 import textwrap
@@ -304,12 +305,15 @@ def test_native_command_and_env(tmp_path):
                                tmp_path / "u.jsonl")
     assert cm_env["CUDAARCHS"] == cm_env["CMAKE_CUDA_ARCHITECTURES"]  # CMake reads CUDAARCHS as the default
     launcher = env["CMAKE_CUDA_COMPILER_LAUNCHER"].split(";")  # CMake-driven builds (scikit-build-core)
-    # python -I: pip's isolated build env sets PYTHONPATH, which must not hide kforge from its own interpreter
-    assert launcher[:7] == [sys.executable, "-I", "-m", "kforge.backends._peak", "unit", str(tmp_path / "u.jsonl"),
-                            "--"]
+    # python -I boot.py: pip's isolated build env rewrites PYTHONPATH/site, which must not hide kforge
+    boot = tmp_path / "kforge_peak_boot.py"
+    assert launcher[:6] == [sys.executable, "-I", str(boot), "unit", str(tmp_path / "u.jsonl"), "--"]
+    isolated = subprocess.run([sys.executable, "-I", str(boot), "bogus"], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(tmp_path / "nothing"), "PYTHONNOUSERSITE": "1"})
+    assert isolated.returncode == 2 and "usage:" in isolated.stderr  # kforge imported, main() answered
     torch_env = backend.build_env(request_for(tt, tmp_path, tree=tmp_path / "t", env={"PYTORCH_NVCC": "ccache nvcc"}),
                                   tmp_path / "u.jsonl")
-    assert torch_env["PYTORCH_NVCC"].endswith(f"-m kforge.backends._peak unit {tmp_path / 'u.jsonl'} -- ccache nvcc")
+    assert torch_env["PYTORCH_NVCC"].endswith(f"-I {boot} unit {tmp_path / 'u.jsonl'} -- ccache nvcc")
 
 
 def test_native_refuses_a_tree_that_is_not_a_python_project(tmp_path):
@@ -374,7 +378,7 @@ def test_cmake_configure_command(tmp_path):
     assert f"-DCMAKE_CUDA_ARCHITECTURES={plan.env['CMAKE_CUDA_ARCHITECTURES']}" in cmd
     assert cmd[-2:] == ["-DFOO=1", "-DCMAKE_BUILD_TYPE=Debug"] and "-DCMAKE_BUILD_TYPE=Release" not in cmd
     cuda_launcher = next(a for a in cmd if a.startswith("-DCMAKE_CUDA_COMPILER_LAUNCHER="))
-    assert cuda_launcher.endswith(f";kforge.backends._peak;unit;{tmp_path / 'u.jsonl'};--;ccache")
+    assert cuda_launcher.endswith(f"/kforge_peak_boot.py;unit;{tmp_path / 'u.jsonl'};--;ccache")
 
     no_ninja = request_for(plan, tmp_path, tree=tmp_path / "src", env={"PATH": str(tmp_path / "nothing")})
     assert "-G" not in CmakeBackend().configure_command(no_ninja, "cmake", tmp_path / "b", tmp_path / "p", None)

@@ -177,7 +177,7 @@ def run_step(
                    f"{shlex.join(real)}")
         if live is not None:
             live.restart()
-        return [python, "-I", "-m", "kforge.backends._peak", "run", str(peak), "--", *real]
+        return [*peak_command(Path(work_dir)), "run", str(peak), "--", *real]
 
     def echo(line: str) -> None:
         log.write(line)
@@ -290,6 +290,33 @@ def find_ninja_logs(roots: Iterable[Path], since: float) -> tuple[Path, ...]:
     return tuple(sorted(found))
 
 
+_BOOT = """# Written by kforge: run kforge.backends._peak with the sys.path of the kforge that wrote it.
+import sys
+sys.path[:0] = {paths!r}
+from kforge.backends._peak import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def peak_command(directory: Path) -> list[str]:
+    """``[python, -I, boot.py]``: the measuring wrapper, runnable from inside any build.
+
+    A build under pip's isolation rewrites PYTHONPATH/site for its children, so a plain
+    ``python -m kforge.backends._peak`` there cannot import kforge. The boot file carries this
+    interpreter's own sys.path (editable installs, PYTHONPATH on offline hosts), and ``-I`` keeps
+    the build's environment from changing it.
+    """
+    import kforge
+
+    paths = [str(Path(kforge.__file__).resolve().parents[1])] + [p for p in sys.path if p]
+    boot = Path(directory) / "kforge_peak_boot.py"
+    boot.parent.mkdir(parents=True, exist_ok=True)
+    text = _BOOT.format(paths=list(dict.fromkeys(paths)))
+    if not boot.is_file() or boot.read_text() != text:
+        boot.write_text(text)
+    return [sys.executable, "-I", str(boot)]
+
+
 #: Languages whose compiles CMake can route through a launcher.
 LAUNCHER_LANGS = ("C", "CXX", "CUDA")
 
@@ -297,7 +324,7 @@ LAUNCHER_LANGS = ("C", "CXX", "CUDA")
 def measuring_launcher(units_log: Path, env: Mapping[str, str], lang: str) -> str:
     """A CMake list for ``CMAKE_<LANG>_COMPILER_LAUNCHER``: kforge's unit measurer, then any launcher
     the env already names (ccache, sccache), so every compile unit's time and peak RSS is recorded."""
-    ours = [sys.executable, "-I", "-m", "kforge.backends._peak", "unit", str(units_log), "--"]
+    ours = [*peak_command(units_log.parent), "unit", str(units_log), "--"]
     theirs = [p for p in env.get(f"CMAKE_{lang}_COMPILER_LAUNCHER", "").split(";") if p]
     return ";".join(ours + theirs)
 

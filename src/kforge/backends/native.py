@@ -34,6 +34,7 @@ from kforge.backends._runner import (
     choice_from_env,
     find_ninja_logs,
     measuring_launcher,
+    peak_command,
     place,
     read_units,
     run_step,
@@ -76,7 +77,7 @@ class NativeBackend:
         if request.plan.project.torch_abi:
             inner = env.get("PYTORCH_NVCC") or (shlex.quote(n) if (n := self.nvcc(request)) else None)
             if inner:
-                env["PYTORCH_NVCC"] = (f"{shlex.quote(sys.executable)} -I -m kforge.backends._peak unit "
+                env["PYTORCH_NVCC"] = (f"{shlex.join(peak_command(units_log.parent))} unit "
                                        f"{shlex.quote(str(units_log))} -- {inner}")
         return env
 
