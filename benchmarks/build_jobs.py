@@ -232,6 +232,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--deadline", type=float, default=570.0, help="seconds for the whole run")
     ap.add_argument("--units", nargs="*", default=SAMPLE)
+    ap.add_argument("--no-cache", action="store_true", help="run (b) without the compiler cache (a control)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="skip (a) and compare with the upstream run in this earlier results.json (cross-run)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {"sample": args.units}
@@ -280,7 +283,7 @@ def main() -> int:
     save()
 
     env_cc = setup_ccache(args.debs, args.work)
-    cc = toolchain.compiler_cache(env_cc, wrapper_dir=args.work / "ccwrap", nvcc=nvcc.path)
+    cc = None if args.no_cache else toolchain.compiler_cache(env_cc, wrapper_dir=args.work / "ccwrap", nvcc=nvcc.path)
     results["ccache"] = cc.tool if cc else None
     if cc:
         env_cc.update(cc.env)
@@ -292,12 +295,17 @@ def main() -> int:
     remaining = lambda: args.deadline - (time.monotonic() - T0)  # noqa: E731
     # (a) upstream default
     va = args.work / "upstream"
-    targets = make_variant(text, va, args.units, up_threads, None)
-    log(f"(a) upstream: {len(targets)} units, -j {up_jobs}")
-    ra = run_ninja(va, targets, up_jobs, dict(os.environ), timeout=remaining() * 0.6)
-    ra.update(summarize(va, f"flash-attn sample, upstream default: {up_jobs} jobs x {up_threads} threads"))
-    results["upstream"] = ra
-    log(f"(a) rc={ra['rc']} wall {ra['wall_s']:.1f}s sys peak {ra['sys_used_peak'] / 1e9:.1f} GB")
+    if args.baseline:
+        ra = json.loads(args.baseline.read_text())["upstream"]
+        results["upstream"] = {**ra, "from": str(args.baseline), "cross_run": True}
+        log(f"(a) taken from {args.baseline}: wall {ra['wall_s']:.1f}s (another run: cross-run comparison)")
+    else:
+        targets = make_variant(text, va, args.units, up_threads, None)
+        log(f"(a) upstream: {len(targets)} units, -j {up_jobs}")
+        ra = run_ninja(va, targets, up_jobs, dict(os.environ), timeout=remaining() * 0.6)
+        ra.update(summarize(va, f"flash-attn sample, upstream default: {up_jobs} jobs x {up_threads} threads"))
+        results["upstream"] = ra
+        log(f"(a) rc={ra['rc']} wall {ra['wall_s']:.1f}s sys peak {ra['sys_used_peak'] / 1e9:.1f} GB")
     save()
 
     # (b) kforge
@@ -305,7 +313,8 @@ def main() -> int:
     targets_b = make_variant(text, vb, args.units, choice.nvcc_threads, str(cc.nvcc_wrapper) if cc and cc.nvcc_wrapper else None)
     log(f"(b) kforge: -j {choice.max_jobs}")
     rb = run_ninja(vb, targets_b, choice.max_jobs, env_cc if cc else dict(os.environ), timeout=remaining() - 25)
-    rb.update(summarize(vb, f"flash-attn sample, kforge: {choice.max_jobs} jobs x {choice.nvcc_threads} threads (ccache cold)"))
+    rb.update(summarize(vb, f"flash-attn sample, kforge: {choice.max_jobs} jobs x {choice.nvcc_threads} threads"
+                          + (" (ccache cold)" if cc else " (no compiler cache)")))
     results["kforge"] = rb
     log(f"(b) rc={rb['rc']} wall {rb['wall_s']:.1f}s sys peak {rb['sys_used_peak'] / 1e9:.1f} GB")
     if cc:
