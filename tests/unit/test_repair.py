@@ -166,3 +166,14 @@ def test_repair_tool_failure_carries_command_code_and_tail(tmp_path: Path) -> No
     assert "-m auditwheel repair" in err.why and "--exclude libcuda.so*" in err.why
     assert "lib_paths" in err.fix
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("platform", ["linux", "windows"])
+def test_wheel_without_binaries_is_copied_through_without_running_a_tool(tmp_path: Path, platform: str) -> None:
+    src = _wheel(tmp_path)
+
+    def must_not_run(cmd, env):  # type: ignore[no-untyped-def]
+        raise AssertionError(f"ran {cmd}")
+
+    result = repair_wheel(src, tmp_path / "out", platform=platform, policy=default_policy(), runner=must_not_run)
+    assert not result.repaired and result.tag == "any" and result.wheel.read_bytes() == src.read_bytes()
