@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kforge import jobs, report, toolchain  # noqa: E402
+from kforge import jobs, report, toolchain
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -130,7 +130,7 @@ def capture_build_ninja(src: Path, work: Path, nvcc: toolchain.Nvcc) -> str:
            "FLASH_ATTN_CUDA_ARCHS": "90", "MAX_JOBS": "1", "NVCC_THREADS": "4"}
     env.pop("PYTORCH_NVCC", None)
     out = subprocess.run([sys.executable, "setup.py", "build_ext"], cwd=src, env=env, capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, check=False)
     if not captured.is_file():
         print(out.stdout[-3000:], out.stderr[-3000:])
         raise SystemExit("could not capture torch's build.ninja")
@@ -139,21 +139,21 @@ def capture_build_ninja(src: Path, work: Path, nvcc: toolchain.Nvcc) -> str:
 
 def make_variant(text: str, vdir: Path, units: list[str], threads: int, nvcc: str | None) -> list[str]:
     """Rewrite torch's build.ninja for one variant; return the sample's object paths."""
-    builds = re.findall(r"^build (\S+): cuda_compile (\S+)$", text, flags=re.M)
+    builds = re.findall(r"^build (\S+): cuda_compile (\S+)$", text, flags=re.MULTILINE)
     objdir = os.path.commonpath([os.path.dirname(o) for o, _ in builds])
     objdir = objdir[: objdir.index("/csrc")] if "/csrc" in objdir else objdir
     text = text.replace(objdir, str(vdir / "obj"))
     text = re.sub(r"--threads\s+\d+", f"--threads {threads}", text)
     measure = f"{sys.executable} -m kforge.jobs measure --log {vdir / 'units.jsonl'} --threads {threads} --output $out --"
-    text = re.sub(r"^(\s+command = )\$nvcc ", rf"\1{measure} $nvcc ", text, flags=re.M)
+    text = re.sub(r"^(\s+command = )\$nvcc ", rf"\1{measure} $nvcc ", text, flags=re.MULTILINE)
     if nvcc:
-        text = re.sub(r"^nvcc = .*$", f"nvcc = {nvcc}", text, flags=re.M)
+        text = re.sub(r"^nvcc = .*$", f"nvcc = {nvcc}", text, flags=re.MULTILINE)
     else:  # newer torch prefixes "ccache " itself when ccache is on PATH; the baseline runs without
-        text = re.sub(r"^nvcc = (?:\S*ccache|sccache) ", "nvcc = ", text, flags=re.M)
+        text = re.sub(r"^nvcc = (?:\S*ccache|sccache) ", "nvcc = ", text, flags=re.MULTILINE)
     vdir.mkdir(parents=True, exist_ok=True)
     (vdir / "build.ninja").write_text(text)
     wanted = []
-    for obj, src in re.findall(r"^build (\S+): cuda_compile (\S+)$", text, flags=re.M):
+    for obj, src in re.findall(r"^build (\S+): cuda_compile (\S+)$", text, flags=re.MULTILINE):
         if Path(src).stem in units:
             wanted.append(obj)
     missing = set(units) - {Path(o).stem for o in wanted}
@@ -218,7 +218,7 @@ def setup_ccache(debs: Path | None, work: Path) -> dict[str, str]:
 
 
 def ccache_stats(env: dict[str, str]) -> str:
-    out = subprocess.run(["ccache", "-s"], env=env, capture_output=True, text=True)
+    out = subprocess.run(["ccache", "-s"], env=env, capture_output=True, text=True, check=False)
     return out.stdout.strip()
 
 
@@ -265,10 +265,10 @@ def main() -> int:
     log(f"host: {host.describe()}; {cpu_model}; nvcc {nvcc.version}; torch {results['host']['torch']}")
 
     text = args.captured.read_text() if args.captured else capture_build_ninja(src, args.work, nvcc)
-    log("captured torch's build.ninja: " + re.search(r"^nvcc = .*$", text, re.M).group(0))
-    results["cuda_post_cflags"] = (re.search(r"^cuda_post_cflags = (.*)$", text, re.M) or [None, None])[1]
-    results["torch_nvcc_line"] = (re.search(r"^nvcc = (.*)$", text, re.M) or [None, None])[1]
-    results["torch_cuda_rule"] = (re.search(r"^rule cuda_compile\n(?:  .*\n)*", text, re.M) or [None])[0]
+    log("captured torch's build.ninja: " + re.search(r"^nvcc = .*$", text, re.MULTILINE).group(0))
+    results["cuda_post_cflags"] = (re.search(r"^cuda_post_cflags = (.*)$", text, re.MULTILINE) or [None, None])[1]
+    results["torch_nvcc_line"] = (re.search(r"^nvcc = (.*)$", text, re.MULTILINE) or [None, None])[1]
+    results["torch_cuda_rule"] = (re.search(r"^rule cuda_compile\n(?:  .*\n)*", text, re.MULTILINE) or [None])[0]
     log("torch's cuda_compile rule:\n" + str(results["torch_cuda_rule"]))
 
     up_jobs, up_threads, free_gb = upstream_choice()
@@ -287,12 +287,12 @@ def main() -> int:
     results["ccache"] = cc.tool if cc else None
     if cc:
         env_cc.update(cc.env)
-        subprocess.run(["ccache", "-z"], env=env_cc, capture_output=True)
+        subprocess.run(["ccache", "-z"], env=env_cc, capture_output=True, check=False)
         log(f"compiler cache: {cc.tool} at {cc.path}, nvcc wrapper {cc.nvcc_wrapper}")
     else:
         log("no compiler cache available: (b) runs without one and the warm rebuild is skipped")
 
-    remaining = lambda: args.deadline - (time.monotonic() - T0)  # noqa: E731
+    remaining = lambda: args.deadline - (time.monotonic() - T0)
     # (a) upstream default
     va = args.work / "upstream"
     if args.baseline:
@@ -329,7 +329,7 @@ def main() -> int:
     if cc and rb["rc"] == 0 and remaining() > 15:
         shutil.rmtree(vb / "obj")
         (vb / ".ninja_log").rename(vb / "ninja_log.cold")
-        subprocess.run(["ccache", "-z"], env=env_cc, capture_output=True)
+        subprocess.run(["ccache", "-z"], env=env_cc, capture_output=True, check=False)
         rw = run_ninja(vb, targets_b, choice.max_jobs, env_cc, timeout=max(5.0, remaining()))
         rw["ccache_stats"] = ccache_stats(env_cc)
         results["warm"] = rw

@@ -43,7 +43,7 @@ def _nvcc() -> Path:
 def _compile_under(limit: int, src: Path, out: Path) -> bool:
     argv = ["prlimit", f"--as={limit}", str(NVCC), "-O0", "-gencode", "arch=compute_90,code=sm_90", "-DUNIT=8",
             "-c", str(src), "-o", str(out)]
-    return subprocess.run(argv, capture_output=True, text=True).returncode == 0
+    return subprocess.run(argv, capture_output=True, text=True, check=False).returncode == 0
 
 
 @pytest.fixture(scope="module")

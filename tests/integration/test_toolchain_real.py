@@ -47,13 +47,13 @@ def test_detect_torch_in_real_interpreters(tmp_path: Path) -> None:
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     assert toolchain.detect_torch(str(bare / "bin" / "python")) is None
-    probe = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
+    probe = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, check=False)
     if probe.returncode != 0:
         pytest.skip("no torch in the test interpreter")
     info = toolchain.detect_torch(sys.executable)
     assert info is not None and info.version.major >= 2
     assert str(info.version) in subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True).stdout
+        [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, check=False).stdout
 
 
 # ---------------------------------------------------------------------------- ccache
@@ -99,7 +99,7 @@ def test_nvcc_through_the_wrapper_is_cached(ccache_env: dict[str, str], tmp_path
     assert s0.get("direct_cache_hit", 0) == 0 and s0.get("cache_miss", 0) == 0, s0
     subprocess.run(["ccache", "-z"], env=ccache_env, capture_output=True, check=True)
 
-    first = subprocess.run(_torch_style(env["PYTORCH_NVCC"], src, tmp_path / "a.o"), env=env, capture_output=True, text=True)
+    first = subprocess.run(_torch_style(env["PYTORCH_NVCC"], src, tmp_path / "a.o"), env=env, capture_output=True, text=True, check=False)
     assert first.returncode == 0, first.stderr
     s1 = _stats(env)
     assert s1.get("cache_miss", 0) == 1 and s1.get("direct_cache_hit", 0) == 0
@@ -109,7 +109,7 @@ def test_nvcc_through_the_wrapper_is_cached(ccache_env: dict[str, str], tmp_path
 
     (tmp_path / "a.o").unlink()
     (tmp_path / "a.o.d").unlink()
-    second = subprocess.run(_torch_style(env["PYTORCH_NVCC"], src, tmp_path / "a.o"), env=env, capture_output=True, text=True)
+    second = subprocess.run(_torch_style(env["PYTORCH_NVCC"], src, tmp_path / "a.o"), env=env, capture_output=True, text=True, check=False)
     assert second.returncode == 0, second.stderr
     s2 = _stats(env)
     assert s2.get("direct_cache_hit", 0) == 1, s2  # the warm compile is a hit
@@ -117,7 +117,7 @@ def test_nvcc_through_the_wrapper_is_cached(ccache_env: dict[str, str], tmp_path
     assert "scale.h" in (tmp_path / "a.o.d").read_text()
 
     (tmp_path / "scale.h").write_text("#define SCALE 3.0f\n")  # a header change must miss
-    third = subprocess.run(_torch_style(env["PYTORCH_NVCC"], src, tmp_path / "a.o"), env=env, capture_output=True, text=True)
+    third = subprocess.run(_torch_style(env["PYTORCH_NVCC"], src, tmp_path / "a.o"), env=env, capture_output=True, text=True, check=False)
     assert third.returncode == 0, third.stderr
     s3 = _stats(env)
     assert s3.get("cache_miss", 0) == 2 and s3.get("direct_cache_hit", 0) == 1
@@ -152,9 +152,9 @@ def test_provision_cuda_13_from_pypi(tmp_path: Path) -> None:
     (tmp_path / "k.cu").write_text(KERNEL + "int main() { launch(nullptr, nullptr, 0); return 0; }\n")
     # compile and link an executable: needs crt headers, nvvm (cicc), cudart and the lib64 link
     out = subprocess.run([str(nvcc.path), "-O0", "-gencode", "arch=compute_90,code=sm_90", str(tmp_path / "k.cu"),
-                          "-o", str(tmp_path / "k")], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+                          "-o", str(tmp_path / "k")], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "k").stat().st_size > 0
     again = toolchain.provision_cuda("13.0", tmp_path / "cache", runner=lambda argv, **kw: (
-        pytest.fail("pip ran again") if "pip" in argv else subprocess.run(argv, capture_output=True, text=True)))
+        pytest.fail("pip ran again") if "pip" in argv else subprocess.run(argv, capture_output=True, text=True, check=False)))
     assert again.path == nvcc.path

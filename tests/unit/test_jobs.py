@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -224,7 +225,9 @@ def test_corrupt_profile_file_falls_back(tmp_path: Path) -> None:
 @pytest.mark.parametrize("rc,out,oom", [
     (137, "", True),
     (-9, "", True),
-    (1, "nvcc error   : 'cicc' died due to signal 9 (Kill signal)\nKilled", True),
+    (1, "nvcc error   : 'cicc' died due to signal 9 (Kill signal)", True),
+    (1, "g++: fatal error: Killed signal terminated program cc1plus", True),
+    (1, "nvcc error   : 'ptxas' died due to signal 11 (Invalid memory reference)", False),
     (1, "terminate called after throwing an instance of 'std::bad_alloc'", True),
     (1, "cc1plus: out of memory allocating 65536 bytes", True),
     (1, "virtual memory exhausted: Cannot allocate memory", True),
@@ -256,6 +259,6 @@ def test_run_with_oom_retry_raises_build_error_for_plain_failures(tmp_path: Path
 
 
 def test_profile_dataclass_is_frozen() -> None:
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         FA.peak_rss_per_unit = 1  # type: ignore[misc]
     assert isinstance(FA, JobProfile)
