@@ -40,8 +40,9 @@ def _torch_cuda_libs() -> list[Path]:
     return [p for p in (lib / "libtorch_cuda.so", lib / "libc10_cuda.so") if p.is_file()]
 
 
-@pytest.mark.parametrize("name", ["libtorch_cuda.so", "libc10_cuda.so"])
-def test_parser_agrees_with_cuobjdump_on_torch(name: str) -> None:
+# libtorch_cuda.so carries thousands of kernels; libc10_cuda.so carries none (both tools must agree on that too).
+@pytest.mark.parametrize(("name", "has_device_code"), [("libtorch_cuda.so", True), ("libc10_cuda.so", False)])
+def test_parser_agrees_with_cuobjdump_on_torch(name: str, has_device_code: bool) -> None:
     libs = {p.name: p for p in _torch_cuda_libs()}
     if name not in libs:
         pytest.skip(f"torch with CUDA is not installed here ({name} not found)")
@@ -53,6 +54,6 @@ def test_parser_agrees_with_cuobjdump_on_torch(name: str) -> None:
     ours = collections.Counter(
         f"{e.kind} sm_{e.major}{e.minor}" + ("a" if e.variant == "a" else "") for e in report.fatbins if e.kind in ("sass", "ptx")
     )
-    assert theirs, f"cuobjdump listed nothing in {libs[name]}"
+    assert bool(theirs) is has_device_code, f"cuobjdump listed {sum(theirs.values())} entries in {libs[name]}"
     assert ours == theirs
     print(f"{name}: {sum(ours.values())} entries, SASS {report.sass_archs}, PTX {report.ptx_archs}")
