@@ -61,6 +61,9 @@ struct FwdConfig;
 #ifndef KFORGE_FMHA_H128_SLICE
 #define KFORGE_FMHA_H128_SLICE 32
 #endif
+#ifndef KFORGE_FMHA_QK_UNROLL
+#define KFORGE_FMHA_QK_UNROLL 0  // 0: unroll the Q K^T k-loop fully; N: unroll by N (Q in smem only)
+#endif
 #ifndef KFORGE_FMHA_H64_WARPS
 #define KFORGE_FMHA_H64_WARPS 4
 #endif
@@ -122,12 +125,17 @@ __device__ __forceinline__ int swz(int row, int chunk) {
 // four per-lane offsets (kept in registers) plus an immediate, instead of one register per j.
 struct SwzCols {
   uint32_t off[4];  // bytes
-  __device__ __forceinline__ explicit SwzCols(int x) {
+  __device__ __forceinline__ explicit SwzCols(int x_) : x(x_) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) off[i] = static_cast<uint32_t>(((2 * i) ^ x) << 4);
   }
+  int x;
   // j must be known after unrolling, so that off[] stays in registers.
   __device__ __forceinline__ uint32_t at(int j) const { return off[j % 4] + (j / 4) * 128; }
+  // For loops that are not fully unrolled: two integer ops instead of a register array.
+  __device__ __forceinline__ uint32_t at_dyn(int j) const {
+    return static_cast<uint32_t>((((2 * (j & 3)) ^ x) << 4) + (j >> 2) * 128);
+  }
 };
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
@@ -291,11 +299,16 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
     load_tile<BN, HDIM, NTHREADS>(sK + buf * BN * HDIM,
                                   gK + static_cast<int64_t>(nb) * BN * p.k_row_stride,
                                   p.k_row_stride, sk - nb * BN, tid);
-    if (STAGES == 2) {
-      load_tile<BN, HDIM, NTHREADS>(sV + buf * BN * HDIM,
-                                    gV + static_cast<int64_t>(nb) * BN * p.v_row_stride,
-                                    p.v_row_stride, sk - nb * BN, tid);
-    }
+  }
+  cp_async_commit();
+  // V of the first step is in flight while Q and K land (its own group in the 1-stage
+  // pipeline, so the first Q K^T only waits for Q and K).
+  if (n_blocks > 0) {
+    const int nb = n_blocks - 1;
+    const int buf = STAGES == 1 ? 0 : (nb & 1);
+    load_tile<BN, HDIM, NTHREADS>(sV + buf * BN * HDIM,
+                                  gV + static_cast<int64_t>(nb) * BN * p.v_row_stride,
+                                  p.v_row_stride, sk - nb * BN, tid);
   }
   cp_async_commit();
 
@@ -315,7 +328,11 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
 
-  cp_async_wait<0>();
+  if constexpr (STAGES == 1) {
+    cp_async_wait<1>();  // Q and K
+  } else {
+    cp_async_wait<0>();  // Q, K and V
+  }
   __syncthreads();
   if constexpr (S::kQInRegs) {
 #pragma unroll
@@ -355,22 +372,26 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
         for (int e = 0; e < 4; ++e) sc[mt][t][e] = 0.f;
       }
     }
-#pragma unroll
+    constexpr bool kPartial = KFORGE_FMHA_QK_UNROLL > 0 && !S::kQInRegs;
+    constexpr int kUnroll = kPartial ? KFORGE_FMHA_QK_UNROLL : KT;
+#pragma unroll(kUnroll)
     for (int kk = 0; kk < KT; ++kk) {
       uint32_t a[MT][4];
+      const uint32_t q_off = kPartial ? q_cols.at_dyn(kk) : q_cols.at(kk);
+      const uint32_t k_off = kPartial ? k_cols.at_dyn(kk) : k_cols.at(kk);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         if constexpr (S::kQInRegs) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
         } else {
-          ldsm_x4(a[mt], q_base + mt * 16 * HDIM * int(sizeof(T)) + q_cols.at(kk));
+          ldsm_x4(a[mt], q_base + mt * 16 * HDIM * int(sizeof(T)) + q_off);
         }
       }
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t bk[4];
-        ldsm_x4(bk, k_addr + np * 16 * HDIM * int(sizeof(T)) + k_cols.at(kk));
+        ldsm_x4(bk, k_addr + np * 16 * HDIM * int(sizeof(T)) + k_off);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           Mma<T>::run(sc[mt][2 * np], a[mt], bk[0], bk[1]);
@@ -476,10 +497,12 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
     if constexpr (STAGES == 1) {
       // Two barriers per step (as in FlashAttention-2): here K(n) has landed and every warp is
       // done reading sV; after Q K^T, V(n) has landed and every warp is done reading sK.
-      cp_async_wait<0>();
-      __syncthreads();
-      load_v(n, 0);
-      cp_async_commit();
+      if (n != n_blocks - 1) {  // the first step's V was issued with Q and K
+        cp_async_wait<0>();
+        __syncthreads();
+        load_v(n, 0);
+        cp_async_commit();
+      }
       float sc[MT][NT][4];
       qk(sc, k_base);
       if constexpr (decltype(masked)::value) apply_mask(sc, n * BN);
@@ -570,8 +593,16 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   using S = FwdShape<HDIM>;
   constexpr int smem = S::template smem_bytes<T>();
   auto kernel = fmha_fwd_kernel<T, HDIM, CAUSAL>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // Raise the dynamic shared memory limit once per device (it is a per-device setting).
+  static int configured[64] = {};  // 0: not yet, 1: done
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
+  if (dev >= 64 || !__atomic_load_n(&configured[dev], __ATOMIC_ACQUIRE)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
+  }
   const dim3 grid((params.seqlen_q + S::kBlockM - 1) / S::kBlockM, params.num_heads, params.batch);
   kernel<<<grid, S::kThreads, smem, stream>>>(params);
   return cudaGetLastError();
