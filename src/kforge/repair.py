@@ -245,7 +245,9 @@ def _wheel_members(wheel: Path) -> list[str]:
 
 
 def _excluded_needed(wheel: Path, policy: RepairPolicy) -> tuple[str, ...]:
-    from kforge.doctor.wheel import inspect_wheel  # late: the doctor imports this module's policy
+    from kforge.doctor.wheel import (
+        inspect_wheel,  # late: the doctor imports this module's policy
+    )
 
     report = inspect_wheel(wheel)
     return tuple(sorted({lib for b in report.binaries for lib in b.needed if policy.excludes(lib)}))
@@ -316,7 +318,7 @@ def apply_local_version(wheel: Path | str, label: str | None, *, out_dir: Path |
     if not label:
         return wheel
     try:
-        dist, version, _build, _tags = parse_wheel_filename(wheel.name)
+        _dist, version, _build, _tags = parse_wheel_filename(wheel.name)
         new_version = Version(f"{version}.{label}" if version.local else f"{version}+{label}")
     except (InvalidWheelFilename, InvalidVersion) as exc:
         raise RepairError(f"cannot add '+{label}' to {wheel.name}", why=str(exc), fix="use a label of letters, digits and dots, e.g. cu130torch2.11") from exc

@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from kforge.cli import main
-from kforge.doctor import check, inspect_binary, inspect_wheel, inspect_wheels, parse_fatbins, render_text, to_json, verify
+from kforge.doctor import (
+    check,
+    inspect_binary,
+    inspect_wheel,
+    inspect_wheels,
+    parse_fatbins,
+    render_text,
+    to_json,
+    verify,
+)
 from kforge.errors import DoctorError
 from kforge.repair import default_policy
 

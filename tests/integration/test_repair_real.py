@@ -13,7 +13,13 @@ import pytest
 
 from kforge.doctor import check, inspect_bytes, inspect_wheel
 from kforge.errors import RepairError
-from kforge.repair import apply_local_version, default_policy, local_version, repair_wheel, unmangle
+from kforge.repair import (
+    apply_local_version,
+    default_policy,
+    local_version,
+    repair_wheel,
+    unmangle,
+)
 
 pytestmark = pytest.mark.integration
 

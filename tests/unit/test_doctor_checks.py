@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from kforge.doctor import BinaryReport, FatbinEntry, WheelReport, check, render_text, to_json, verify
+from kforge.doctor import (
+    BinaryReport,
+    FatbinEntry,
+    WheelReport,
+    check,
+    render_text,
+    to_json,
+    verify,
+)
 from kforge.doctor.model import CudaArch, parse_arch
 from kforge.errors import ArchError, DoctorError
 from kforge.repair import default_policy
@@ -169,7 +177,7 @@ def test_arch_spelling_helpers() -> None:
     assert parse_arch("sm_90a") == ("sass", CudaArch(9, 0, "a"))
     assert parse_arch("compute_120f") == ("ptx", CudaArch(12, 0, "f"))
     assert parse_arch("10.3a") == (None, CudaArch(10, 3, "a"))
-    assert sorted([CudaArch(12, 0), CudaArch(9, 0, "a"), CudaArch(10, 0, "f")])[0] == CudaArch(9, 0, "a")
+    assert min([CudaArch(12, 0), CudaArch(9, 0, "a"), CudaArch(10, 0, "f")]) == CudaArch(9, 0, "a")
     with pytest.raises(ArchError):
         parse_arch("hopper")
 

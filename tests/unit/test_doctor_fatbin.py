@@ -7,7 +7,15 @@ import struct
 
 import pytest
 
-from kforge.doctor.fatbin import FLAG_ARCH_SPECIFIC, FLAG_FAMILY, FLAG_LZ4, FLAG_ZSTD, MAGIC, FatbinFormatError, parse_fatbins
+from kforge.doctor.fatbin import (
+    FLAG_ARCH_SPECIFIC,
+    FLAG_FAMILY,
+    FLAG_LZ4,
+    FLAG_ZSTD,
+    MAGIC,
+    FatbinFormatError,
+    parse_fatbins,
+)
 
 
 def entry(kind: int, arch: int, flags: int = 0x11, payload: bytes = b"\0" * 24, *, usize: int = 0, header: int = 64, version: tuple[int, int] = (1, 8)) -> bytes:

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from kforge.errors import RepairError, ToolchainError
-from kforge.repair import apply_local_version, default_policy, local_version, platform_tag, repair_wheel, unmangle
+from kforge.repair import (
+    apply_local_version,
+    default_policy,
+    local_version,
+    platform_tag,
+    repair_wheel,
+    unmangle,
+)
 
 
 @pytest.mark.parametrize(

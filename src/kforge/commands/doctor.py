@@ -41,7 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def handler(args: argparse.Namespace) -> int:
-    from kforge.doctor import check, inspect_binary, inspect_wheels, render_text, to_json
+    from kforge.doctor import (
+        check,
+        inspect_binary,
+        inspect_wheels,
+        render_text,
+        to_json,
+    )
     from kforge.doctor.checks import expected
     from kforge.repair import default_policy
 

@@ -15,9 +15,22 @@ from __future__ import annotations
 
 from kforge.doctor.checks import check, verify
 from kforge.doctor.fatbin import FatbinFormatError, parse_fatbins
-from kforge.doctor.model import BinaryReport, CudaArch, FatbinEntry, Finding, SectionSize, WheelReport, parse_arch
+from kforge.doctor.model import (
+    BinaryReport,
+    CudaArch,
+    FatbinEntry,
+    Finding,
+    SectionSize,
+    WheelReport,
+    parse_arch,
+)
 from kforge.doctor.render import render_text, to_dict, to_json
-from kforge.doctor.wheel import inspect_binary, inspect_bytes, inspect_wheel, inspect_wheels
+from kforge.doctor.wheel import (
+    inspect_binary,
+    inspect_bytes,
+    inspect_wheel,
+    inspect_wheels,
+)
 
 __all__ = [
     "BinaryReport",

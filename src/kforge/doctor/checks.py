@@ -28,7 +28,14 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kforge.doctor.model import PTX, BinaryReport, CudaArch, Finding, WheelReport, parse_arch
+from kforge.doctor.model import (
+    PTX,
+    BinaryReport,
+    CudaArch,
+    Finding,
+    WheelReport,
+    parse_arch,
+)
 from kforge.errors import DoctorError
 
 if TYPE_CHECKING:
