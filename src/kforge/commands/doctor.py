@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def handler(args: argparse.Namespace) -> int:
     from kforge.doctor import (
+        BinaryReport,
+        WheelReport,
         check,
         inspect_binary,
         inspect_wheels,
@@ -56,6 +58,7 @@ def handler(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
         raise DoctorError(f"no such file or directory: {path}", why="kforge doctor needs something to inspect", fix="pass a .whl, a directory of wheels, or a .so/.pyd/.dll")
+    reports: list[WheelReport | BinaryReport]
     if path.is_file() and (path.suffix.lower() in BINARY_SUFFIXES or ".so." in path.name):
         reports = [inspect_binary(path)]
     else:

@@ -8,7 +8,7 @@ scanned for fatbins embedded as data. A linked PE image has no undefined symbols
 
 from __future__ import annotations
 
-import pefile
+import pefile  # type: ignore[import-untyped]
 
 from kforge.doctor.elf import NotABinaryError
 from kforge.doctor.fatbin import count_containers, parse_fatbins

@@ -16,7 +16,7 @@ from kforge.doctor.model import PTX, SASS, BinaryReport, CudaArch, Finding, Whee
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def render_text(report: WheelReport | BinaryReport | Sequence[WheelReport], findings: Sequence[Finding] = (), *, width: int = 120) -> str:
+def render_text(report: WheelReport | BinaryReport | Sequence[WheelReport | BinaryReport], findings: Sequence[Finding] = (), *, width: int = 120) -> str:
     """A table per wheel (rows: binaries, columns: archs; cells say SASS/PTX, ``z`` = compressed), then
     each binary's libraries, symbols and largest sections, then the findings."""
     buf = io.StringIO()
@@ -107,7 +107,7 @@ def _binary_dict(b: BinaryReport) -> dict[str, Any]:
     return data
 
 
-def to_json(report: WheelReport | BinaryReport | Sequence[WheelReport], findings: Sequence[Finding] | None = None, *, indent: int | None = 2) -> str:
+def to_json(report: WheelReport | BinaryReport | Sequence[WheelReport | BinaryReport], findings: Sequence[Finding] | None = None, *, indent: int | None = 2) -> str:
     """JSON of one report (an object) or several (a list); ``findings`` are added when given."""
     if isinstance(report, (WheelReport, BinaryReport)):
         return json.dumps(to_dict(report, findings), indent=indent)
