@@ -53,13 +53,13 @@ def read_elf(data: bytes, path: str) -> BinaryReport:
         if isinstance(sec, DynamicSection):
             for tag in sec.iter_tags():
                 if tag.entry.d_tag == "DT_NEEDED":
-                    needed.append(getattr(tag, "needed"))
+                    needed.append(tag.needed)
                 elif tag.entry.d_tag == "DT_RPATH":
-                    rpath.extend(p for p in getattr(tag, "rpath").split(":") if p)
+                    rpath.extend(p for p in tag.rpath.split(":") if p)
                 elif tag.entry.d_tag == "DT_RUNPATH":
-                    rpath.extend(p for p in getattr(tag, "runpath").split(":") if p)
+                    rpath.extend(p for p in tag.runpath.split(":") if p)
                 elif tag.entry.d_tag == "DT_SONAME":
-                    soname = getattr(tag, "soname")
+                    soname = tag.soname
         if isinstance(sec, SymbolTableSection):
             names = [
                 s.name
