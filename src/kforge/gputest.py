@@ -73,7 +73,7 @@ def run_gpu_tests(
         if environ.get("KFORGE_REQUIRE_GPU") == "1":
             raise GPUError(problem, why="KFORGE_REQUIRE_GPU=1 turns a skip into a failure",
                            fix="run this on a machine whose GPU is one of the wheel's archs, or unset KFORGE_REQUIRE_GPU")
-        log.warn(f"skipped: {problem}")
+        log.warning(f"skipped: {problem}")
         return GpuTestOutcome("skipped", problem, published.wheel)
 
     name, version, _, _ = parse_wheel_filename(published.wheel.name)

@@ -50,5 +50,5 @@ class StepLog:
     def info(self, text: str) -> None:
         self.console.print(f"    {text}", highlight=False, markup=False)
 
-    def warn(self, text: str) -> None:
+    def warning(self, text: str) -> None:
         self.console.print(f"    [yellow]warning:[/] {text}", highlight=False)

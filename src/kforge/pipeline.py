@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from filelock import FileLock
+
 from kforge import doctor, jobs, patches, repair, report, sources, toolchain, wheelhouse
 from kforge.backends import BuildRequest, BuildResult, get_backend
 from kforge.config import Forge
-from kforge.errors import BuildError, ToolchainError
+from kforge.errors import BuildError, DoctorError, ToolchainError
 from kforge.host import HostFacts
 from kforge.log import StepLog
 from kforge.plan import PROVISIONABLE_FROM, Plan
@@ -32,13 +34,14 @@ STEPS = ("source", "patches", "toolchain", "build", "repair", "doctor", "report"
 @dataclass(frozen=True)
 class BuildOutcome:
     plan: Plan
-    wheel: Path  # the published wheel
-    manifest: Path
-    doctor: doctor.WheelReport
+    wheel: Path  # the published wheel (cmake backend: the verified C library archive)
+    manifest: Path | None  # None for the cmake backend's archive, which is not published
+    doctor: doctor.WheelReport | None
     report_json: Path
     timeline: Path
     seconds: float
     repaired_tag: str
+    wheels: tuple[Path, ...] = ()  # every published wheel (cibuildwheel: one per Python)
 
 
 def work_dir_for(root: Path, plan: Plan) -> Path:
@@ -84,9 +87,9 @@ def run_build(
     allow_dirty: bool = False,
     python: str = sys.executable,
     progress: bool = True,
+    ctest: bool = False,
     log: StepLog | None = None,
 ) -> BuildOutcome:
-    project = plan.project
     log = log or StepLog(total=len(STEPS), title=plan.id)
     started = time.monotonic()
     if plan.target.platform != host.platform and plan.backend != "cibuildwheel":
@@ -97,6 +100,18 @@ def run_build(
         )
 
     work = work_dir_for(forge.root, plan)
+    work.parent.mkdir(parents=True, exist_ok=True)
+    # Two builds of the same target take turns; different targets build side by side.
+    with FileLock(str(work) + ".lock"):
+        return _run_locked(forge, plan, host, work, started, wheelhouse_root=wheelhouse_root, cache_dir=cache_dir,
+                           environ=environ, allow_dirty=allow_dirty, python=python, progress=progress, ctest=ctest,
+                           log=log)
+
+
+def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: float, *, wheelhouse_root: Path,
+                cache_dir: Path, environ: Mapping[str, str], allow_dirty: bool, python: str, progress: bool,
+                ctest: bool, log: StepLog) -> BuildOutcome:
+    project = plan.project
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -130,6 +145,7 @@ def run_build(
 
     with log.step("build", f"{plan.backend}, MAX_JOBS={plan.jobs.max_jobs} NVCC_THREADS={plan.jobs.nvcc_threads}"):
         request = BuildRequest(
+            ctest=ctest,
             plan=plan,
             tree=prepared.tree / plan.build_dir,
             out_dir=work / "dist",
@@ -141,30 +157,10 @@ def run_build(
         )
         result: BuildResult = get_backend(plan.backend).build(request)
         if result.retried_with_jobs:
-            log.warn(f"a compile unit ran out of memory; the build was retried with MAX_JOBS={result.retried_with_jobs}")
+            log.warning(f"a compile unit ran out of memory; the build was retried with MAX_JOBS={result.retried_with_jobs}")
         if result.units:
             jobs.record(cache_dir, project.name, len(plan.archs), result.units)
         log.info(f"built {result.artifact.name} in {result.seconds:.0f} s, peak RSS {result.peak_rss / 2**30:.2f} GiB")
-    if result.kind != "wheel":
-        raise BuildError(f"the {plan.backend} backend produced {result.kind}, not a wheel",
-                         fix="use --backend native to build a wheel for the wheelhouse")
-
-    wheel = result.artifact
-    if plan.local_version and not project.local_version_env:
-        wheel = repair.apply_local_version(wheel, plan.local_version, out_dir=work / "versioned")
-
-    policy = repair.default_policy(project.name, torch=project.torch_abi, extra=project.repair_exclude)
-    with log.step("repair", "auditwheel" if plan.platform_os == "linux" else "delvewheel"):
-        repaired = repair.repair_wheel(wheel, work / "repaired", platform=plan.platform_os, policy=policy,
-                                       lib_paths=[nvcc.home / "lib64", nvcc.home / "lib"], python=python)
-        log.info(f"{repaired.wheel.name}: {repaired.tag}" + ("" if repaired.repaired else " (no binaries to repair)"))
-
-    with log.step("doctor", "expects " + " ".join(a.sm for a in plan.archs)):
-        wheel_report = doctor.inspect_wheel(repaired.wheel)
-        findings = doctor.verify(wheel_report, [a.sm for a in plan.archs], policy)
-        for finding in findings:
-            log.info(str(finding))
-
     with log.step("report"):
         entries = [e for path in result.ninja_logs for e in report.parse_ninja_log(path)]
         peaks = {u.output: u.peak_rss for u in result.units}
@@ -172,44 +168,91 @@ def run_build(
         report_json, timeline = report.write_report(build_report, work / "report")
         log.info(f"{len(build_report.units)} compile units; timeline {timeline}")
 
-    with log.step("publish", str(wheelhouse_root)):
-        manifest = wheelhouse.Manifest(
-            target=plan.id,
-            project=project.name,
-            archs=tuple(a.sm for a in plan.archs),
-            source_kind=plan.source_kind,
-            source_pin=prepared.pin if prepared.kind != "sdist" else plan.source_pin,
-            source_dirty=prepared.dirty,
-            patch_series_hash=plan.series_hash,
-            patches=plan.patches,
-            toolchain={
-                "nvcc": str(nvcc.version),
-                "cuda": str(plan.toolchain.cuda),
-                "torch": str(torch_info.version) if torch_info else None,
-                "python": host.python,
-                "max_jobs": plan.jobs.max_jobs,
-                "nvcc_threads": plan.jobs.nvcc_threads,
-            },
-            host={"platform": host.platform, "machine": _platform.node(), "cpus": host.cpus,
-                  "mem_total": host.mem_total},
-            built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            build_seconds=round(result.seconds, 1),
-            peak_rss=result.peak_rss,
-            repaired_tag=repaired.tag,
-            doctor=doctor.to_dict(wheel_report, findings),
-        )
-        # A rebuild of the same version replaces the older wheel (atomically, with its manifest).
-        published = wheelhouse.publish(wheelhouse_root, project.name, repaired.wheel, manifest, replace=True,
-                                       attachments=(report_json, timeline))
-        log.info(f"{published.wheel} (index: {published.index})")
+    policy = repair.default_policy(project.name, torch=project.torch_abi, extra=project.repair_exclude)
+    expect = [a.sm for a in plan.archs]
+    if result.kind != "wheel":  # the cmake backend: a standalone C library, verified but not a wheel to index
+        with log.step("doctor", "expects " + " ".join(expect)):
+            binaries = sorted(p for p in (work / "build" / "prefix").glob("**/*") if not p.is_symlink() and (p.suffix in (".so", ".dll")
+                              or ".so." in p.name))
+            if not binaries:
+                raise DoctorError(f"the {plan.backend} build installed no shared library", fix="check the project's install() rules")
+            for binary in binaries:
+                for finding in doctor.verify(doctor.inspect_binary(binary), expect, policy):
+                    log.info(str(finding))
+                log.info(f"{binary.name}: has {', '.join(expect)}")
+        log.info(f"C library archive: {result.artifact} (the wheelhouse indexes wheels only; --backend native for one)")
+        return BuildOutcome(plan=plan, wheel=result.artifact, manifest=None, doctor=None, report_json=report_json,
+                            timeline=timeline, seconds=time.monotonic() - started, repaired_tag="",
+                            wheels=(result.artifact,))
 
+    wheels = list(result.artifacts or (result.artifact,))
+    if plan.local_version and not project.local_version_env:
+        wheels = [repair.apply_local_version(w, plan.local_version, out_dir=work / "versioned") for w in wheels]
+
+    repaired: list[tuple[Path, str]] = []
+    with log.step("repair", "done by the backend" if result.repaired else
+                  "auditwheel" if plan.platform_os == "linux" else "delvewheel"):
+        for wheel in wheels:
+            if result.repaired:
+                repaired.append((wheel, repair.platform_tag(wheel.name)))
+                continue
+            fixed = repair.repair_wheel(wheel, work / "repaired", platform=plan.platform_os, policy=policy,
+                                        lib_paths=[nvcc.home / "lib64", nvcc.home / "lib"], python=python)
+            log.info(f"{fixed.wheel.name}: {fixed.tag}" + ("" if fixed.repaired else " (no binaries to repair)"))
+            repaired.append((fixed.wheel, fixed.tag))
+
+    checked: list[tuple[Path, str, doctor.WheelReport, list]] = []
+    with log.step("doctor", "expects " + " ".join(expect)):
+        for wheel, tag in repaired:
+            wheel_report = doctor.inspect_wheel(wheel)
+            findings = doctor.verify(wheel_report, expect, policy)
+            for finding in findings:
+                log.info(str(finding))
+            checked.append((wheel, tag, wheel_report, findings))
+
+    published: list[wheelhouse.PublishedWheel] = []
+    with log.step("publish", str(wheelhouse_root)):
+        for wheel, tag, wheel_report, findings in checked:
+            manifest = wheelhouse.Manifest(
+                target=plan.id,
+                project=project.name,
+                archs=tuple(expect),
+                source_kind=plan.source_kind,
+                source_pin=prepared.pin if prepared.kind != "sdist" else plan.source_pin,
+                source_dirty=prepared.dirty,
+                patch_series_hash=plan.series_hash,
+                patches=plan.patches,
+                toolchain={
+                    "nvcc": str(nvcc.version),
+                    "cuda": str(plan.toolchain.cuda),
+                    "torch": str(torch_info.version) if torch_info else None,
+                    "python": host.python,
+                    "max_jobs": plan.jobs.max_jobs,
+                    "nvcc_threads": plan.jobs.nvcc_threads,
+                },
+                host={"platform": host.platform, "machine": _platform.node(), "cpus": host.cpus,
+                      "mem_total": host.mem_total},
+                built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                build_seconds=round(result.seconds, 1),
+                peak_rss=result.peak_rss,
+                repaired_tag=tag,
+                doctor=doctor.to_dict(wheel_report, findings),
+            )
+            # A rebuild of the same version replaces the older wheel (atomically, with its manifest).
+            done = wheelhouse.publish(wheelhouse_root, project.name, wheel, manifest, replace=True,
+                                      attachments=(report_json, timeline))
+            log.info(f"{done.wheel} (index: {done.index})")
+            published.append(done)
+
+    first = published[0]
     return BuildOutcome(
         plan=plan,
-        wheel=published.wheel,
-        manifest=published.manifest,
-        doctor=wheel_report,
+        wheel=first.wheel,
+        manifest=first.manifest,
+        doctor=checked[0][2],
         report_json=report_json,
         timeline=timeline,
         seconds=time.monotonic() - started,
-        repaired_tag=repaired.tag,
+        repaired_tag=checked[0][1],
+        wheels=tuple(p.wheel for p in published),
     )

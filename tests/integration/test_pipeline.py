@@ -138,3 +138,15 @@ def test_fmha_main_job_wheel(fmha_wheelhouse: Path, tmp_path: Path) -> None:
     probe = subprocess.run([str(py), "-c", "import kforge_fmha, sys; print(kforge_fmha.__version__)"],
                            capture_output=True, text=True, cwd=tmp_path)
     assert probe.returncode == 0 and probe.stdout.strip() == "0.1.0", probe.stderr
+
+
+def test_fmha_c_library_through_the_cmake_backend(tmp_path: Path) -> None:
+    """The standalone C API: configured and built by CMake, checked by the doctor, not published as a wheel."""
+    env = dict(os.environ, KFORGE_CACHE=str(tmp_path / "cache"))
+    out = kforge("build", "fmha-sm90", "--backend", "cmake", "--wheelhouse", str(tmp_path / "wh"), "--no-progress",
+                 cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "libkforge_fmha.so.0.1.0: has sm_90a" in out.stderr
+    archive = Path(out.stdout.splitlines()[0].split(": ", 1)[1])
+    assert archive.name == "fmha-sm90.tar.gz" and archive.is_file()
+    assert not (tmp_path / "wh").exists()  # nothing in the wheelhouse: it indexes wheels only

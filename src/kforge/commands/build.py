@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_plan_options(p)
     p.add_argument("--wheelhouse", type=Path, help="where to publish (default: <root>/wheelhouse, or $KFORGE_WHEELHOUSE)")
     p.add_argument("--allow-dirty", action="store_true", help="build a dirty or mis-pinned submodule anyway (marked dirty in the manifest)")
+    p.add_argument("--ctest", action="store_true", help="cmake backend: run ctest on the build before packing")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar (plain log lines)")
     p.set_defaults(func=run)
 
@@ -47,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
         environ=environ,
         allow_dirty=args.allow_dirty,
         progress=not args.no_progress,
+        ctest=args.ctest,
         log=log,
     )
-    print(f"{plan.id}: {outcome.wheel} ({outcome.repaired_tag}) in {outcome.seconds:.0f} s; manifest {outcome.manifest}")
+    for wheel in outcome.wheels:
+        print(f"{plan.id}: {wheel}" + (f" ({outcome.repaired_tag})" if outcome.repaired_tag else ""))
+    print(f"{plan.id}: done in {outcome.seconds:.0f} s" + (f"; manifest {outcome.manifest}" if outcome.manifest else ""))
     return 0
