@@ -53,13 +53,13 @@ def read_elf(data: bytes, path: str) -> BinaryReport:
         if isinstance(sec, DynamicSection):
             for tag in sec.iter_tags():
                 if tag.entry.d_tag == "DT_NEEDED":
-                    needed.append(tag.needed)
+                    needed.append(tag.needed)  # type: ignore[attr-defined]
                 elif tag.entry.d_tag == "DT_RPATH":
-                    rpath.extend(p for p in tag.rpath.split(":") if p)
+                    rpath.extend(p for p in tag.rpath.split(":") if p)  # type: ignore[attr-defined]
                 elif tag.entry.d_tag == "DT_RUNPATH":
-                    rpath.extend(p for p in tag.runpath.split(":") if p)
+                    rpath.extend(p for p in tag.runpath.split(":") if p)  # type: ignore[attr-defined]
                 elif tag.entry.d_tag == "DT_SONAME":
-                    soname = tag.soname
+                    soname = tag.soname  # type: ignore[attr-defined]
         if isinstance(sec, SymbolTableSection):
             names = [
                 s.name
