@@ -395,7 +395,9 @@ def compiler_cache(
         out_env["CCACHE_COMPILERCHECK"] = env.get("CCACHE_COMPILERCHECK", "content")
         # Depend mode takes the headers from nvcc's own -MD output instead of running the
         # preprocessor (nvcc -E) on every miss, which costs seconds per CUDA unit.
-        out_env["CCACHE_DEPEND"] = env.get("CCACHE_DEPEND", "1")
+        # (ccache refuses CCACHE_DEPEND=0; a user turns it off with CCACHE_NODEPEND=1, which wins.)
+        if "CCACHE_DEPEND" not in env and "CCACHE_NODEPEND" not in env:
+            out_env["CCACHE_DEPEND"] = "1"
     return CacheSetup(tool=tool, path=launcher, env=out_env, wrapper_dir=wdir, nvcc_wrapper=nvcc_wrapper,
                       notes=tuple(notes))
 
