@@ -289,3 +289,12 @@ def test_c_api_refuses_host_pointers() -> None:
 def test_device_check_reports_the_gpu() -> None:
     major, minor = kforge_fmha.device_check()
     assert (major, minor) == torch.cuda.get_device_capability()
+
+
+def test_custom_op_called_directly_matches_the_eager_path() -> None:
+    dtype = torch.bfloat16
+    q, k, v = (rand(2, 200, 4, 128, dtype=dtype) for _ in range(3))
+    eager, eager_lse = kforge_fmha.fmha_fwd(q, k, v, causal=True, return_lse=True)
+    op_out, op_lse = torch.ops.kforge_fmha.fwd(q, k, v, None, None, 200, 200, 128 ** -0.5, True)
+    torch.testing.assert_close(op_out, eager, atol=0, rtol=0)
+    torch.testing.assert_close(op_lse, eager_lse, atol=0, rtol=0)

@@ -91,21 +91,33 @@ def _call(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, return_lse, 
     varlen = cu_q is not None or cu_k is not None
     tensors = [q, k, v] + ([cu_q, cu_k] if varlen else [])
     all_torch = all(is_torch_tensor(t) for t in tensors if t is not None)
+
+    if all_torch and out is None and lse is None and stream is None:
+        torch = sys.modules["torch"]
+        if torch.compiler.is_compiling() or q.device.type == "meta":
+            # Inside torch.compile (or for shape-only meta tensors): check shapes now, then
+            # emit the custom op.
+            qi, ki, vi = describe("q", q), describe("k", k), describe("v", v)
+            ci = describe("cu_seqlens_q", cu_q) if varlen else None
+            cki = describe("cu_seqlens_k", cu_k) if varlen else None
+            p = _api.validate(qi, ki, vi, varlen=varlen, cu_q=ci, cu_k=cki, max_seqlen_q=max_q,
+                              max_seqlen_k=max_k, softmax_scale=softmax_scale, causal=causal)
+            from . import _torch
+
+            _torch.ensure_registered()
+            o, l = torch.ops.kforge_fmha.fwd(q, k, v, cu_q, cu_k, p.seqlen_q, p.seqlen_k,
+                                             p.softmax_scale, p.causal)
+        else:
+            # Eager: the op's own body, without the dispatcher's per-call cost.
+            o, l = _api.run_torch(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal)
+        return (o, l) if return_lse else o
+
     names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
     infos = [describe(n, t, stream) if t is not None else None for n, t in zip(names, tensors)]
     qi, ki, vi = infos[:3]
     ci, cki = (infos[3], infos[4]) if varlen else (None, None)
     p = _api.validate(qi, ki, vi, varlen=varlen, cu_q=ci, cu_k=cki, max_seqlen_q=max_q,
                       max_seqlen_k=max_k, softmax_scale=softmax_scale, causal=causal)
-
-    if all_torch and out is None and lse is None and stream is None:
-        from . import _torch
-
-        _torch.ensure_registered()
-        torch = sys.modules["torch"]
-        o, l = torch.ops.kforge_fmha.fwd(q, k, v, cu_q, cu_k, p.seqlen_q, p.seqlen_k,
-                                         p.softmax_scale, p.causal)
-        return (o, l) if return_lse else o
 
     # Direct path: caller-provided outputs, a caller-chosen stream, or non-torch arrays.
     if out is None:

@@ -185,8 +185,9 @@ def torch_stream(device_index: int) -> int:
     return int(torch.cuda.current_stream(device_index).cuda_stream)
 
 
-def run_torch(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_seqlen_q: int,
-              max_seqlen_k: int, softmax_scale: float, causal: bool) -> tuple[Any, Any]:
+def run_torch(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_seqlen_q: int | None,
+              max_seqlen_k: int | None, softmax_scale: float | None,
+              causal: bool) -> tuple[Any, Any]:
     """Eager body of the custom op: allocate outputs with torch and launch on its stream."""
     torch = torch_module()
     varlen = cu_q is not None
