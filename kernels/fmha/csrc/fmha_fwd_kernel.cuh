@@ -61,6 +61,9 @@ struct FwdConfig;
 #ifndef KFORGE_FMHA_H128_SLICE
 #define KFORGE_FMHA_H128_SLICE 32
 #endif
+#ifndef KFORGE_FMHA_POLY_EXP_EVERY
+#define KFORGE_FMHA_POLY_EXP_EVERY 0  // N > 0: every N-th n-tile of S uses poly_exp2
+#endif
 #ifndef KFORGE_FMHA_QK_UNROLL
 #define KFORGE_FMHA_QK_UNROLL 0  // 0: unroll the Q K^T k-loop fully; N: unroll by N (Q in smem only)
 #endif
@@ -196,6 +199,23 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// 2^x for x <= 0 on the FMA/ALU pipes (no MUFU): round-to-nearest split x = j + f with the
+// 1.5 * 2^23 trick, a degree-4 polynomial for 2^f on [-0.5, 0.5] (relative error ~4e-5, below
+// the fp16/bf16 rounding of P), and j added to the exponent bits. Used for a fraction of the
+// softmax exponentials to take load off the MUFU unit (KFORGE_FMHA_POLY_EXP_EVERY).
+__device__ __forceinline__ float poly_exp2(float x) {
+  const float xc = fmaxf(x, -126.f);
+  const float t = xc + 12582912.f;  // 1.5 * 2^23: the integer part lands in the low mantissa bits
+  const int j = __float_as_int(t);
+  const float f = xc - (t - 12582912.f);
+  float p = fmaf(f, 0.009618129f, 0.05550411f);
+  p = fmaf(p, f, 0.24022651f);
+  p = fmaf(p, f, 0.69314718f);
+  p = fmaf(p, f, 1.0f);
+  // Exactly 0 below 2^-125 (masked scores are -inf; empty rows must sum to 0).
+  return x < -125.f ? 0.f : __int_as_float(__float_as_int(p) + (j << 23));
 }
 
 // Issue cp.async for a [ROWS][HDIM] tile; rows at or past `valid_rows` are zero-filled.
@@ -439,7 +459,11 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
         for (int t = 0; t < NT; ++t) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float x = fast_exp2(fmaf(sc[mt][t][2 * r + e], scale_log2, -m_scaled));
+            const float arg = fmaf(sc[mt][t][2 * r + e], scale_log2, -m_scaled);
+            const bool poly = KFORGE_FMHA_POLY_EXP_EVERY > 0 &&
+                              (t % (KFORGE_FMHA_POLY_EXP_EVERY > 0 ? KFORGE_FMHA_POLY_EXP_EVERY : 1)) ==
+                                  (KFORGE_FMHA_POLY_EXP_EVERY > 0 ? KFORGE_FMHA_POLY_EXP_EVERY - 1 : 0);
+            const float x = poly ? poly_exp2(arg) : fast_exp2(arg);
             sc[mt][t][2 * r + e] = x;
             sum += x;
           }
