@@ -131,7 +131,7 @@ def render(meta, rows, mem) -> str:
                  "kforge_fmha / SDPA backend, from the same run. Produced by "
                  "`python benchmarks/fmha_vs_sdpa.py --write docs/benchmarks.md`. "
                  f"Host time per call (tiny shape, queue busy): kforge_fmha "
-                 f"{meta['host_us_kforge']:.0f} µs (Python checks + torch custom op + ctypes), "
+                 f"{meta['host_us_kforge']:.0f} µs (Python checks, torch allocations, ctypes, C-side pointer checks), "
                  f"SDPA {meta['host_us_sdpa']:.0f} µs.")
     lines.append("")
     lines.append("| dtype | hdim | causal | seqlen | batch | kforge | SDPA flash | SDPA efficient "
