@@ -28,7 +28,7 @@ from kforge.log import StepLog
 from kforge.plan import PROVISIONABLE_FROM, Plan
 from kforge.series import load_series
 
-STEPS = ("source", "patches", "toolchain", "build", "repair", "doctor", "report", "publish")
+STEPS = ("source", "patches", "toolchain", "build", "report", "repair", "doctor", "publish")
 
 
 @dataclass(frozen=True)
