@@ -442,6 +442,62 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
 
   // Online softmax in the exp2 domain; S becomes P (unnormalised), O is rescaled.
   auto softmax = [&](float (&sc)[MT][NT][4]) {
+    if constexpr (KFORGE_FMHA_LAZY_RESCALE == 2) {
+      // Stale-max variant: keep each row's reference max until some row of the warp grows by
+      // more than 2^8, so P stays <= 256 (safe in fp16/bf16 and fp32 sums) and O is rescaled
+      // only on those rare steps (one warp vote per step instead of 4 * DT multiplies per row).
+      float mx[MT][2];
+      bool grow = false;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float m = row_max[mt][r];
+#pragma unroll
+          for (int t = 0; t < NT; ++t) m = fmaxf(m, fmaxf(sc[mt][t][2 * r], sc[mt][t][2 * r + 1]));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+          mx[mt][r] = m;
+          grow |= (m - row_max[mt][r]) * scale_log2 > 8.f;  // -inf reference: inf > 8
+        }
+      }
+      if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float m_scaled = (mx[mt][r] == kNegInf) ? 0.f : mx[mt][r] * scale_log2;
+            const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
+            row_max[mt][r] = mx[mt][r];
+            row_sum[mt][r] *= alpha;
+#pragma unroll
+            for (int d = 0; d < DT; ++d) {
+              acc[mt][d][2 * r] *= alpha;
+              acc[mt][d][2 * r + 1] *= alpha;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float m_scaled = (row_max[mt][r] == kNegInf) ? 0.f : row_max[mt][r] * scale_log2;
+          float sum = 0.f;
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float x = fast_exp2(fmaf(sc[mt][t][2 * r + e], scale_log2, -m_scaled));
+              sc[mt][t][2 * r + e] = x;
+              sum += x;
+            }
+          }
+          row_sum[mt][r] += sum;
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
