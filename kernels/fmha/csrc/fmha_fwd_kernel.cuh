@@ -47,7 +47,7 @@ struct FwdConfig;
 #define KFORGE_FMHA_H128_QREGS 0
 #endif
 #ifndef KFORGE_FMHA_LAZY_RESCALE
-#define KFORGE_FMHA_LAZY_RESCALE 0
+#define KFORGE_FMHA_LAZY_RESCALE 2  // 0: rescale O every step; 1: when alpha != 1 (vote per row); 2: stale max (tuned)
 #endif
 #ifndef KFORGE_FMHA_H64_STAGES
 #define KFORGE_FMHA_H64_STAGES 1
