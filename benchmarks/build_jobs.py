@@ -292,7 +292,9 @@ def main() -> int:
     else:
         log("no compiler cache available: (b) runs without one and the warm rebuild is skipped")
 
-    remaining = lambda: args.deadline - (time.monotonic() - T0)
+    def remaining() -> float:
+        return args.deadline - (time.monotonic() - T0)
+
     # (a) upstream default
     va = args.work / "upstream"
     if args.baseline:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from kforge.errors import BuildError
 
@@ -81,7 +81,7 @@ class BuildRun:
         return self.attempts[-1].choice
 
 
-Command = "Sequence[str] | Callable[[JobChoice], Sequence[str]]"
+Command: TypeAlias = "Sequence[str] | Callable[[JobChoice], Sequence[str]]"
 
 
 def run_with_oom_retry(
@@ -215,7 +215,7 @@ def _main(argv: Iterable[str]) -> int:
         return 2
     sep = args.index("--")
     opts, cmd = args[1:sep], args[sep + 1:]
-    kv = dict(zip(opts[::2], opts[1::2]))
+    kv = dict(zip(opts[::2], opts[1::2], strict=False))
     m = measure_command(cmd, output=kv.get("--output", cmd[-1] if cmd else ""),
                         nvcc_threads=int(kv.get("--threads", "1")))
     if "--log" in kv:

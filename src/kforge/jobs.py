@@ -45,7 +45,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kforge.buildrun import UnitMeasure
+# Running a build and measuring its units live in kforge.buildrun; re-exported here, where the
+# backends and ``python -m kforge.jobs measure`` find them.
+from kforge.buildrun import (
+    OOM_PATTERNS,
+    Attempt,
+    BuildRun,
+    Command,
+    UnitMeasure,
+    _main,
+    looks_oom,
+    measure_command,
+    read_measures,
+    run_with_oom_retry,
+)
 from kforge.errors import BuildError
 
 GiB = 1024**3
@@ -400,20 +413,6 @@ def _overridden(host, profile, budget, what, jobs, threads, units) -> JobChoice:
     return JobChoice(jobs, t, f"{jobs} jobs x {t} nvcc threads (user override){warn}: {what}",
                      mem, unit_seconds(profile, t))
 
-
-# ---------------------------------------------------------------------------- running and measuring
-# (in kforge.buildrun; re-exported here, where the backends and ``python -m kforge.jobs`` find them)
-from kforge.buildrun import (
-    OOM_PATTERNS,
-    Attempt,
-    BuildRun,
-    Command,
-    _main,
-    looks_oom,
-    measure_command,
-    read_measures,
-    run_with_oom_retry,
-)
 
 __all__ = [
     "OOM_PATTERNS",

@@ -127,7 +127,7 @@ def build_report(entries: Sequence[NinjaEntry], peaks: Mapping[str, int] | None 
     units = tuple(
         UnitReport(e.output, (e.start_ms - t0) / 1000, (e.end_ms - t0) / 1000, (e.end_ms - e.start_ms) / 1000,
                    lane, _peak_for(e.output, peaks))
-        for e, lane in zip(entries, lanes)
+        for e, lane in zip(entries, lanes, strict=True)
     )
     measured = [u.peak_rss for u in units if u.peak_rss is not None]
     return BuildReport(
@@ -263,7 +263,13 @@ class NinjaProgress:
 
 def follow(lines: Iterable[str], *, console=None, description: str = "compiling") -> ProgressState:
     """Show a rich progress bar for a stream of ninja output lines; return the final state."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     tracker = NinjaProgress()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -138,6 +138,7 @@ def find_nvcc(env: Mapping[str, str], *, cuda: str | None = None, runner: Runner
         if cuda is None or info.cuda == _major_minor(cuda):
             return info
         seen.append(f"{info.cuda} at {path}")
+    assert cuda is not None  # without a version asked for, the first nvcc was returned above
     raise ToolchainError(
         f"CUDA {cuda} is not installed",
         why="found " + "; ".join(seen),

@@ -32,7 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import (
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_wheel_filename,
+)
 
 from kforge.errors import PublishError
 
@@ -291,7 +295,7 @@ def render_index(wheels: tuple[PublishedWheel, ...]) -> dict[str, str]:
     """The PEP 503 pages, in memory: {relative path under the root: html}."""
     by_name: dict[str, list[PublishedWheel]] = {}
     for w in wheels:
-        name = canonicalize_name(parse_wheel_filename(w.filename)[0])
+        name = str(canonicalize_name(parse_wheel_filename(w.filename)[0]))
         by_name.setdefault(name, []).append(w)
     pages: dict[str, str] = {}
     root_links = "\n".join(f'    <a href="{html.escape(n)}/">{html.escape(n)}</a><br/>' for n in sorted(by_name))

@@ -80,7 +80,9 @@ def test_find_nvcc_picks_the_requested_cuda(tmp_path: Path) -> None:
     a = _fake_nvcc(tmp_path, "cuda-a")
     b = _fake_nvcc(tmp_path, "cuda-b")
     env = {"CUDA_HOME": str(a.parent.parent), "PATH": str(b.parent)}
-    which = lambda name, path=None: str(b) if path == str(b.parent) else None
+    def which(name, path=None):
+        return str(b) if path == str(b.parent) else None
+
     got = toolchain.find_nvcc(env, cuda="13.0", runner=_runner({str(a): "12.8.93", str(b): "13.0.88"}), which=which, fallback_dirs=())
     assert got.path == b
 

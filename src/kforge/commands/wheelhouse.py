@@ -60,7 +60,7 @@ def run_list(args: argparse.Namespace) -> int:
         rows.append((w.project, w.filename, m.target, f"{m.size / 1e6:.1f} MB", m.sha256[:12], m.built_at or "-", doctor))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip())
+        print("  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip())
     return 0
 
 
