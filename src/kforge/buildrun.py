@@ -145,11 +145,12 @@ def _run_capture(argv, env, cwd, echo) -> tuple[int, str]:
 # ---------------------------------------------------------------------------- measuring one unit
 
 
-def _tree_rss(root_pid: int) -> int:
-    """Sum of RSS over ``root_pid`` and its descendants, from /proc (0 where unreadable)."""
+def process_tree(root_pid: int, page: int | None = None) -> tuple[int, set[str]]:
+    """RSS summed over ``root_pid`` and its descendants, and their process names, from /proc."""
+    page = page or os.sysconf("SC_PAGE_SIZE")
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
+    names: dict[int, str] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -158,16 +159,24 @@ def _tree_rss(root_pid: int) -> int:
                 stat = fh.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
+        left, right = stat.find("("), stat.rfind(")")
+        fields = stat[right + 2:].split()
         pid = int(entry.name)
+        names[pid] = stat[left + 1:right]
         children.setdefault(int(fields[1]), []).append(pid)
         rss[pid] = int(fields[21]) * page
-    total, todo = 0, [root_pid]
+    total, seen, todo = 0, set(), [root_pid]
     while todo:
         pid = todo.pop()
         total += rss.get(pid, 0)
+        seen.add(names.get(pid, ""))
         todo.extend(children.get(pid, ()))
-    return total
+    return total, seen
+
+
+def _tree_rss(root_pid: int) -> int:
+    """Sum of RSS over ``root_pid`` and its descendants (0 where unreadable)."""
+    return process_tree(root_pid)[0]
 
 
 def measure_command(argv: Sequence[str], *, output: str = "", interval: float = 0.2,

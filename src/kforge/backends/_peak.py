@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from kforge.buildrun import process_tree
 from kforge.jobs import UnitMeasure
 
 
@@ -71,34 +72,6 @@ WORKERS = frozenset({"cicc", "ptxas", "cudafe++", "nvlink", "fatbinary", "cc1", 
 COMPILE_FLAGS = frozenset({"-c", "--compile", "-dc", "--device-c", "-dw", "--device-w"})
 
 
-def _scan(root_pid: int, page: int) -> tuple[int, set[str]]:
-    """RSS summed over ``root_pid`` and its descendants, and their process names, from /proc."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        left, right = stat.find("("), stat.rfind(")")
-        fields = stat[right + 2:].split()
-        pid = int(entry.name)
-        names[pid] = stat[left + 1:right]
-        children.setdefault(int(fields[1]), []).append(pid)
-        rss[pid] = int(fields[21]) * page
-    total, seen, todo = 0, set(), [root_pid]
-    while todo:
-        pid = todo.pop()
-        total += rss.get(pid, 0)
-        seen.add(names.get(pid, ""))
-        todo.extend(children.get(pid, ()))
-    return total, seen
-
-
 def measure(cmd: Sequence[str], *, output: str, nvcc_threads: int) -> tuple[UnitMeasure, set[str] | None]:
     """Run one compile; its measure, and the names of the processes seen (None without /proc)."""
     start = time.monotonic()
@@ -112,7 +85,7 @@ def measure(cmd: Sequence[str], *, output: str, nvcc_threads: int) -> tuple[Unit
         if pid:
             break
         if has_proc:
-            total, names = _scan(proc.pid, page)
+            total, names = process_tree(proc.pid, page)
             peak_sum, seen = max(peak_sum, total), seen | names
         time.sleep(interval)
         interval = min(0.2, interval * 1.5)  # fine early, so a short real compile is still seen
