@@ -12,7 +12,6 @@ top) sticks to the standard library, ``packaging`` and ``nox`` itself.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

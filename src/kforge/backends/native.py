@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 import time
 from pathlib import Path
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from kforge.config import Forge, load_forge
 from kforge.errors import ConfigError
-import sys
-
 from kforge.host import HostFacts, detect_host, with_torch
 from kforge.plan import Plan, PlanOptions, make_plan
 from kforge.targets import parse_target

@@ -84,7 +84,7 @@ def render_status(rows: list[tuple[sources.SourceStatus, sources.Source, bool]],
         state = f"[{_STYLE.get(str(st.state), 'white')}]{st.state}[/]"
         table.add_row(st.name, where, pin, state, st.detail)
     out.print(table)
-    for st, spec, primary in rows:
+    for st, spec, _primary in rows:
         if not st.ok and st.fix:
             out.print(f"[bold]{st.name}[/] ({_where(spec)}) is {st.state}: {st.fix}", highlight=False)
 
