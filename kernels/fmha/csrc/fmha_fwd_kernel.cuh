@@ -496,8 +496,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
           row_sum[mt][r] += sum;
         }
       }
-      return;
-    }
+    } else {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -533,6 +532,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
           }
         }
       }
+    }
     }
   };
 
