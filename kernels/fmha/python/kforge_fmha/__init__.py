@@ -3,8 +3,9 @@ and 128, causal or not, GQA/MQA and packed variable-length batches.
 
 The kernels live in libkforge_fmha.so, a plain C library called through ctypes; nothing here
 links against torch. torch tensors and any DLPack producer (CuPy, JAX, ...) are accepted.
-With torch tensors the call goes through the custom op ``torch.ops.kforge_fmha.fwd`` on
-torch's current CUDA stream, so it works inside ``torch.compile``.
+torch tensors run on torch's current CUDA stream; under ``torch.compile`` the call is the
+custom op ``torch.ops.kforge_fmha.fwd`` (registered with a fake implementation), in eager mode
+the op's body runs directly.
 """
 
 from __future__ import annotations
