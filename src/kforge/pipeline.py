@@ -177,7 +177,7 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
             if not binaries:
                 raise DoctorError(f"the {plan.backend} build installed no shared library", fix="check the project's install() rules")
             for binary in binaries:
-                for finding in doctor.verify(doctor.inspect_binary(binary), expect, policy):
+                for finding in doctor.verify(doctor.inspect_binary(binary), plan.archs, policy):
                     log.info(str(finding))
                 log.info(f"{binary.name}: has {', '.join(expect)}")
         log.info(f"C library archive: {result.artifact} (the wheelhouse indexes wheels only; --backend native for one)")
@@ -205,7 +205,7 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
     with log.step("doctor", "expects " + " ".join(expect)):
         for wheel, tag in repaired:
             wheel_report = doctor.inspect_wheel(wheel)
-            findings = doctor.verify(wheel_report, expect, policy)
+            findings = doctor.verify(wheel_report, plan.archs, policy)
             for finding in findings:
                 log.info(str(finding))
             checked.append((wheel, tag, wheel_report, findings))
