@@ -22,11 +22,10 @@ import statistics
 import sys
 from pathlib import Path
 
+import kforge_fmha
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-import kforge_fmha
 
 HEADING = "## fmha vs torch SDPA"
 BACKENDS = {
@@ -50,7 +49,7 @@ def time_ms(fn, warmup: int, runs: int) -> float:
         fn()
         ends[i].record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
 def host_us(fn, calls: int = 200) -> float:
@@ -80,11 +79,11 @@ def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, r
     res = {}
     for impl in impls:
         if impl == "kforge":
-            fn = lambda: kforge_fmha.fmha_fwd(q, k, v, causal=causal)  # noqa: E731
+            fn = lambda: kforge_fmha.fmha_fwd(q, k, v, causal=causal)  # noqa: E731, F821  (bound before the del below)
         else:
             def fn(backend=BACKENDS[impl]):
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)  # noqa: F821  (bound before the del below)
         try:
             ms = time_ms(fn, warmup, runs)
         except RuntimeError as exc:  # backend refuses this shape
@@ -213,10 +212,10 @@ def main(argv=None) -> int:
             "date": __import__("datetime").datetime.now(__import__("datetime").timezone.utc)
             .strftime("%Y-%m-%d %H:%M UTC")}
     q = torch.randn(1, 128, args.heads, 128, dtype=torch.bfloat16, device="cuda")
-    meta["host_us_kforge"] = host_us(lambda: kforge_fmha.fmha_fwd(q, q, q))
+    meta["host_us_kforge"] = host_us(lambda: kforge_fmha.fmha_fwd(q, q, q))  # noqa: F821  (bound before the del below)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         qt = q.transpose(1, 2)
-        meta["host_us_sdpa"] = host_us(lambda: F.scaled_dot_product_attention(qt, qt, qt))
+        meta["host_us_sdpa"] = host_us(lambda: F.scaled_dot_product_attention(qt, qt, qt))  # noqa: F821  (bound before the del below)
     del q, qt
     print(f"host time per call: kforge {meta['host_us_kforge']:.1f} us, "
           f"SDPA flash {meta['host_us_sdpa']:.1f} us", flush=True)
