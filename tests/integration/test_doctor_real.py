@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -27,19 +26,8 @@ from kforge.repair import default_policy
 pytestmark = pytest.mark.integration
 
 
-def _builders():  # type: ignore[no-untyped-def]
-    name = "kforge_doctor_builders"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "fixtures" / "doctor" / "builders.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-B = _builders()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+import kforge_doctor_builders as B  # noqa: E402
 
 
 @pytest.fixture(scope="session")
