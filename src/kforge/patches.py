@@ -36,7 +36,7 @@ from kforge.series import (
     parse_patch,
     series_hash,
 )
-from kforge.sources import has_commit, run_git
+from kforge.sources import has_commit, is_checkout, run_git
 
 __all__ = [
     "PatchContext", "Series", "SeriesEntry", "load_series", "series_hash", "PatchState", "HunkFailure",
@@ -383,9 +383,11 @@ def refresh(directory: Path, repo: Path, base: str, head: str = "HEAD") -> Refre
 
     Use it after rebasing the working branch that carries our patches onto a new pin.
     Conditions of existing entries are kept (matched by the patch's subject slug); new
-    patches are unconditional. The directory is replaced atomically.
+    patches are unconditional. The directory is swapped in by renames, and the old one is restored if the swap fails.
     """
     directory, repo = Path(directory).resolve(), Path(repo).resolve()
+    if not is_checkout(repo):  # else git would walk up and format-patch the monorepo's own commits
+        raise SourceError(f"{repo} is not a git checkout", fix="pass --repo with the rebased working tree, or run `kforge sources sync` first")
     old = load_series(directory) if (directory / "series").is_file() else Series(directory)
     if run_git(["merge-base", "--is-ancestor", base, head], cwd=repo, check=False).returncode != 0:
         raise PatchError(f"{base} is not an ancestor of {head} in {repo}",
@@ -415,12 +417,21 @@ def refresh(directory: Path, repo: Path, base: str, head: str = "HEAD") -> Refre
             for f in directory.iterdir():
                 if f.is_file() and f.suffix != ".patch" and f.name != "series":
                     shutil.copy2(f, staging / f.name)
+        if directory.is_dir():  # and subdirectories, whole
+            for d in directory.iterdir():
+                if d.is_dir():
+                    shutil.copytree(d, staging / d.name, symlinks=True)
         backup = parent / f".{directory.name}-old"
         if backup.exists():
             shutil.rmtree(backup)
         if directory.exists():
             os.replace(directory, backup)
-        os.replace(staging, directory)
+        try:
+            os.replace(staging, directory)
+        except OSError:
+            if backup.exists():  # put the old series back: all or nothing
+                os.replace(backup, directory)
+            raise
         shutil.rmtree(backup, ignore_errors=True)
     finally:
         if staging.exists():

@@ -279,3 +279,20 @@ def _env(tmp_path: Path) -> dict[str, str]:
     env["KFORGE_CACHE"] = str(tmp_path / "cache")
     env["COLUMNS"] = "200"
     return env
+
+
+def test_refresh_from_an_uninitialised_submodule_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty externals/<name> inside the monorepo: git would find the monorepo's commits instead."""
+    from kforge.errors import SourceError
+
+    use_test_git_config(monkeypatch, tmp_path / "home")
+    mono = tmp_path / "mono"
+    (mono / "externals" / "tiny").mkdir(parents=True)
+    shutil.copytree(TINY_PATCHES, mono / "patches" / "tiny")
+    git(mono, "init", "-q")
+    git(mono, "add", "-A")
+    git(mono, "commit", "-q", "-m", "monorepo")
+    before = sources.tree_hash(mono / "patches" / "tiny")
+    with pytest.raises(SourceError, match="not a git checkout"):
+        patches.refresh(mono / "patches" / "tiny", mono / "externals" / "tiny", "HEAD")
+    assert sources.tree_hash(mono / "patches" / "tiny") == before
