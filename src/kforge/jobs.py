@@ -204,11 +204,21 @@ def _profile_path(cache_dir: Path, project: str) -> Path:
 
 
 def _read_profiles(path: Path) -> dict[str, dict]:
+    """The usable entries of a profile file, by arch count. A damaged entry (hand-edited, cut
+    short) counts as not measured: the next build measures again and overwrites it."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return data.get("arch_counts", {}) if isinstance(data, dict) else {}
+    raw = data.get("arch_counts", {}) if isinstance(data, dict) else {}
+    good: dict[str, dict] = {}
+    for key, entry in (raw.items() if isinstance(raw, dict) else ()):
+        try:
+            _from_entry("check", int(key), entry)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        good[str(int(key))] = entry
+    return good
 
 
 def _from_entry(project: str, arch_count: int, entry: Mapping) -> JobProfile:

@@ -262,3 +262,13 @@ def test_profile_dataclass_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         FA.peak_rss_per_unit = 1  # type: ignore[misc]
     assert isinstance(FA, JobProfile)
+
+
+def test_damaged_profile_file_counts_as_not_measured(tmp_path) -> None:
+    from kforge.jobs import load_profile
+
+    path = tmp_path / "jobs" / "fmha.json"
+    path.parent.mkdir()
+    path.write_text('{"arch_counts": {"1": {}, "x": {"peak_rss_per_unit": 1}, "2": {"unit_seconds": "soon"}}}')
+    profile = load_profile(tmp_path, "fmha", 1)
+    assert profile.source.startswith("default guess")
