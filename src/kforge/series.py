@@ -27,12 +27,11 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from kforge.errors import PatchError, did_you_mean
+from kforge.arch import parse_arch as _parse_arch
+from kforge.errors import KforgeError, PatchError, did_you_mean
 
 KEYS = ("platform", "arch", "upstream")
 _COND = re.compile(r"^(?P<key>[a-z_]+)(?P<op>==|=|!=|>=|<=|>|<)(?P<value>.+)$")
-_ARCH = re.compile(r"^(?:sm_?|compute_?)?(?P<num>\d{2,3})(?P<var>[af]?)$", re.IGNORECASE)
-_ARCH_DOTTED = re.compile(r"^(?P<major>\d{1,2})\.(?P<minor>\d)(?P<var>[af]?)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -45,15 +44,12 @@ class PatchContext:
 
 
 def parse_arch(text: str) -> tuple[int, str]:
-    """``"sm_120a"`` -> ``(120, "a")``; accepts ``120``, ``sm120f``, ``compute_90a``, ``12.0a``."""
-    t = text.strip()
-    m = _ARCH.match(t)
-    if m:
-        return int(m["num"]), m["var"].lower()
-    m = _ARCH_DOTTED.match(t)
-    if m:
-        return int(m["major"]) * 10 + int(m["minor"]), m["var"].lower()
-    raise PatchError(f"'{text}' is not an arch", fix="write archs like sm_90a, sm_120 or 12.0a")
+    """``"sm_120a"`` -> ``(120, "a")``, through kforge's one arch table (every spelling it takes)."""
+    try:
+        arch = _parse_arch(text)
+    except KforgeError as exc:
+        raise PatchError(f"'{text.strip()}' is not an arch: {exc.what}", fix=exc.fix or "write archs like sm_90a, sm_120 or 12.0a") from None
+    return arch.major * 10 + arch.minor, arch.variant
 
 
 @dataclass(frozen=True)
