@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "fmha_params.h"
@@ -170,8 +172,33 @@ kforge_fmha_status check_common(const Shapes& s, const void* q, const void* k, c
   return KFORGE_FMHA_SUCCESS;
 }
 
+// The sm_90a wgmma path (head dim 128) is the default on compute capability 9.0 when the build
+// holds 90a code; KFORGE_FMHA_SM90=0 forces the mma.sync kernel, =1 asks for the wgmma path
+// (still only where it can run). The compile-time default is KFORGE_FMHA_SM90_DEFAULT.
+#ifndef KFORGE_FMHA_SM90_DEFAULT
+#define KFORGE_FMHA_SM90_DEFAULT 1
+#endif
+bool sm90_wanted() {
+  static const bool wanted = [] {
+    const char* e = std::getenv("KFORGE_FMHA_SM90");
+    if (e == nullptr || *e == '\0') return KFORGE_FMHA_SM90_DEFAULT != 0;
+    return std::strcmp(e, "0") != 0;
+  }();
+  return wanted;
+}
+bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr; }
+
 template <typename T, int HDIM>
-cudaError_t dispatch_causal(const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream) {
+cudaError_t dispatch_causal(const kforge_fmha::FwdParams& p, bool causal, int major, int minor,
+                            cudaStream_t stream) {
+  if constexpr (HDIM == 128) {
+    if (major == 9 && minor == 0 && built_with_90a() && sm90_wanted()) {
+      if (causal ? kforge_fmha::sm90_available<T, true>() : kforge_fmha::sm90_available<T, false>()) {
+        return causal ? kforge_fmha::launch_fwd_sm90<T, true>(p, stream)
+                      : kforge_fmha::launch_fwd_sm90<T, false>(p, stream);
+      }
+    }
+  }
   return causal ? kforge_fmha::launch_fwd<T, HDIM, true>(p, stream)
                 : kforge_fmha::launch_fwd<T, HDIM, false>(p, stream);
 }
@@ -214,11 +241,11 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
 
   cudaError_t err;
   if (s.dtype == KFORGE_FMHA_FP16) {
-    err = s.head_dim == 64 ? dispatch_causal<__half, 64>(p, causal, stream)
-                           : dispatch_causal<__half, 128>(p, causal, stream);
+    err = s.head_dim == 64 ? dispatch_causal<__half, 64>(p, causal, major, minor, stream)
+                           : dispatch_causal<__half, 128>(p, causal, major, minor, stream);
   } else {
-    err = s.head_dim == 64 ? dispatch_causal<__nv_bfloat16, 64>(p, causal, stream)
-                           : dispatch_causal<__nv_bfloat16, 128>(p, causal, stream);
+    err = s.head_dim == 64 ? dispatch_causal<__nv_bfloat16, 64>(p, causal, major, minor, stream)
+                           : dispatch_causal<__nv_bfloat16, 128>(p, causal, major, minor, stream);
   }
   if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
       err == cudaErrorUnsupportedPtxVersion) {

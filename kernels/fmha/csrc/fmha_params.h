@@ -42,4 +42,11 @@ struct FwdParams {
 template <typename T, int HDIM, bool CAUSAL>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream);
 
+// The sm_90a (wgmma) kernel for head dim 128, fmha_fwd_sm90.cuh. sm90_available() says whether
+// the current device runs its sm_90a body; defined in fmha_fwd_{fp16,bf16}_hdim128.cu.
+template <typename T, bool CAUSAL>
+bool sm90_available();
+template <typename T, bool CAUSAL>
+cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
+
 }  // namespace kforge_fmha

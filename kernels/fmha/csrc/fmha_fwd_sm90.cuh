@@ -1,0 +1,461 @@
+// Hopper (sm_90a) forward attention for head dim 128: wgmma for both products.
+//
+// Selected at run time (fmha_api.cpp) when the GPU is compute capability 9.0, the library holds
+// sm_90a code and KFORGE_FMHA_SM90 is not 0; every other case runs fmha_fwd_kernel.cuh. The
+// kernel body exists only in the sm_90a compile pass (__CUDA_ARCH_FEAT_SM90_ALL); the other
+// passes compile an empty stub that is never launched.
+//
+// One CTA = 2 warpgroups = 128 query rows (64 per warpgroup) of one (head, batch) pair.
+// Q, K and V tiles live in shared memory in the wgmma 128-byte-swizzle layout: a [rows][128]
+// tile is stored as two [rows][64] halves, each row 128 bytes, 16-byte chunk c of row r at
+// chunk c ^ (r % 8). K and V tiles of 128 keys are double-buffered and loaded with cp.async by
+// all 256 threads one step ahead. S = Q K^T is wgmma m64n128k16 with both operands in shared
+// memory (K-major); O += P V is wgmma m64n64k16 with P taken straight from the S accumulators
+// as the register A operand and V read MN-major (transposed) from shared memory. The softmax
+// (stale max, exp2 domain), the masking rules, GQA and varlen follow fmha_fwd_kernel.cuh.
+#pragma once
+
+#include "fmha_fwd_kernel.cuh"
+
+namespace kforge_fmha {
+namespace sm90 {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 128;
+constexpr int kHdim = 128;
+constexpr int kThreads = 256;
+constexpr int kTileBytes = 128 * 128 * 2;       // one [128][128] 16-bit tile
+constexpr int kHalfBytes = kTileBytes / 2;      // one [128][64] swizzled half
+constexpr int kSmemBytes = 5 * kTileBytes + 1024;  // Q, 2 x K, 2 x V, 1024-byte alignment slack
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KFORGE_FMHA_HAS_SM90_BODY 1
+
+// Shared-memory matrix descriptor: start address, LBO and SBO (both 1024 bytes: the stride of
+// 8-row groups; LBO is unused by the K-major operands and by the one-atom-wide V operand), and
+// the 128-byte swizzle mode. Offsets are added later in 16-byte units to the low field.
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr) {
+  uint64_t d = static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4);
+  d |= static_cast<uint64_t>(1024 >> 4) << 16;
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void keep(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void keep(uint32_t (&r)[8][4]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
+}
+
+__device__ __forceinline__ void wgmma_ss_bf16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,"
+      "%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,"
+      "%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,"
+      "%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,"
+      "%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_rs_bf16(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,"
+      "%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,"
+      "%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_ss_f16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,"
+      "%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,"
+      "%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,"
+      "%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,"
+      "%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_rs_f16(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,"
+      "%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,"
+      "%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+template <typename T>
+struct Wgmma;
+template <>
+struct Wgmma<__nv_bfloat16> {
+  static __device__ __forceinline__ void ss(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+    wgmma_ss_bf16(d, da, db, acc);
+  }
+  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    wgmma_rs_bf16(d, a, db);
+  }
+};
+template <>
+struct Wgmma<__half> {
+  static __device__ __forceinline__ void ss(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+    wgmma_ss_f16(d, da, db, acc);
+  }
+  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    wgmma_rs_f16(d, a, db);
+  }
+};
+
+// cp.async of a [128][128] tile into the swizzled layout; rows >= valid_rows are zero-filled.
+// Thread t copies chunk t % 16 of rows t / 16 + 16 i, so row % 8 is the same for every i.
+template <typename T>
+__device__ __forceinline__ void load_tile(uint32_t sbase, const T* g, int64_t stride,
+                                          int valid_rows, int tid) {
+  const int c = tid & 15;
+  const int r = tid >> 4;
+  const uint32_t dst = sbase + (c >> 3) * kHalfBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+  const T* src = g + static_cast<int64_t>(r) * stride + c * 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const bool valid = r + 16 * i < valid_rows;
+    detail::cp_async16(dst + i * 16 * 128, valid ? src + i * 16 * stride : g, valid);
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <typename T, bool CAUSAL>
+__global__ void __launch_bounds__(kThreads, 1) fmha_fwd_sm90_kernel(const FwdParams p) {
+#if defined(KFORGE_FMHA_HAS_SM90_BODY)
+  using namespace detail;
+  constexpr float kNegInf = -__builtin_huge_valf();
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  unsigned char* base = smem_raw + pad;
+  const uint32_t sQ = raw_addr + pad;
+  const uint32_t sK = sQ + kTileBytes;      // 2 buffers
+  const uint32_t sV = sQ + 3 * kTileBytes;  // 2 buffers
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int warp = (tid % 128) / 32;
+  const int lane = tid % 32;
+
+  int sq = p.seqlen_q, sk = p.seqlen_k;
+  int64_t q_off, o_off, lse_off, k_off, v_off;
+  if (p.cu_seqlens_q != nullptr) {
+    const int start = p.cu_seqlens_q[b];
+    sq = p.cu_seqlens_q[b + 1] - start;
+    q_off = start * p.q_row_stride;
+    o_off = start * p.o_row_stride;
+    lse_off = start;
+  } else {
+    q_off = b * p.q_batch_stride;
+    o_off = b * p.o_batch_stride;
+    lse_off = b * p.lse_batch_stride;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    const int start = p.cu_seqlens_k[b];
+    sk = p.cu_seqlens_k[b + 1] - start;
+    k_off = start * p.k_row_stride;
+    v_off = start * p.v_row_stride;
+  } else {
+    k_off = b * p.k_batch_stride;
+    v_off = b * p.v_batch_stride;
+  }
+  const int row0 = m_block * kBlockM;
+  if (row0 >= sq) return;
+  const int kv_head = head / p.head_ratio;
+
+  const T* gQ = static_cast<const T*>(p.q) + q_off + head * p.q_head_stride + row0 * p.q_row_stride;
+  const T* gK = static_cast<const T*>(p.k) + k_off + kv_head * p.k_head_stride;
+  const T* gV = static_cast<const T*>(p.v) + v_off + kv_head * p.v_head_stride;
+  T* gO = static_cast<T*>(p.o) + o_off + head * p.o_head_stride + row0 * p.o_row_stride;
+
+  int n_blocks = (sk + kBlockN - 1) / kBlockN;
+  if (CAUSAL) {
+    const int last_row = min(sq, row0 + kBlockM) - 1;
+    const int last_key = last_row + sk - sq;
+    n_blocks = min(n_blocks, last_key < 0 ? 0 : (last_key + kBlockN) / kBlockN);
+  }
+
+  auto load_kv = [&](int n, int buf) {
+    const int64_t koff = static_cast<int64_t>(n) * kBlockN;
+    load_tile<T>(sK + buf * kTileBytes, gK + koff * p.k_row_stride, p.k_row_stride,
+                 sk - n * kBlockN, tid);
+    load_tile<T>(sV + buf * kTileBytes, gV + koff * p.v_row_stride, p.v_row_stride,
+                 sk - n * kBlockN, tid);
+  };
+
+  load_tile<T>(sQ, gQ, p.q_row_stride, sq - row0, tid);
+  if (n_blocks > 0) load_kv(n_blocks - 1, (n_blocks - 1) & 1);
+  cp_async_commit();
+
+  float o[2][32];
+#pragma unroll
+  for (int d = 0; d < 2; ++d) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[d][i] = 0.f;
+  }
+  float row_max[2] = {kNegInf, kNegInf};
+  float row_sum[2] = {0.f, 0.f};
+  const float scale_log2 = p.scale_log2;
+
+  // Descriptors: this warpgroup's 64 rows of Q; K and V buffer 0 (buffer 1 is +kTileBytes).
+  const uint64_t q_desc = make_desc(sQ + wg * 64 * 128);
+  const uint64_t k_desc = make_desc(sK);
+  const uint64_t v_desc = make_desc(sV);
+  constexpr uint64_t kTileUnits = kTileBytes >> 4;
+  constexpr uint64_t kHalfUnits = kHalfBytes >> 4;
+
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int wrow = wg * 64 + warp * 16 + g;  // this thread's first row inside the block (+8)
+
+  auto needs_mask = [&](int n) {
+    return (n + 1) * kBlockN > sk || (CAUSAL && n * kBlockN + kBlockN - 1 > row0 + sk - sq);
+  };
+
+  auto step = [&](int n, auto masked) {
+    const int buf = n & 1;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if (n > 0) load_kv(n - 1, buf ^ 1);
+    cp_async_commit();
+
+    float s[64];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint64_t koff = (kk / 4) * kHalfUnits + (kk % 4) * 2;  // 32 bytes per k16
+      Wgmma<T>::ss(s, q_desc + koff, k_desc + buf * kTileUnits + koff, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait0();
+    keep(s);
+
+    if constexpr (decltype(masked)::value) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + wrow + 8 * r;
+        const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = n * kBlockN + 8 * j + 2 * t + e;
+            if (col >= limit) s[4 * j + 2 * r + e] = kNegInf;
+          }
+        }
+      }
+    }
+
+    // Online softmax with a stale reference max (see fmha_fwd_kernel.cuh).
+    float mx[2];
+    bool grow = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = row_max[r];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      mx[r] = m;
+      grow |= (m - row_max[r]) * scale_log2 > 8.f;
+    }
+    if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_scaled = (mx[r] == kNegInf) ? 0.f : mx[r] * scale_log2;
+        const float alpha = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+        row_max[r] = mx[r];
+        row_sum[r] *= alpha;
+#pragma unroll
+        for (int d = 0; d < 2; ++d) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            o[d][4 * j + 2 * r] *= alpha;
+            o[d][4 * j + 2 * r + 1] *= alpha;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_scaled = (row_max[r] == kNegInf) ? 0.f : row_max[r] * scale_log2;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = fast_exp2(fmaf(s[4 * j + 2 * r + e], scale_log2, -m_scaled));
+          s[4 * j + 2 * r + e] = x;
+          sum += x;
+        }
+      }
+      row_sum[r] += sum;
+    }
+
+    // P as the register A operand: k-step kk covers keys 16 kk .. 16 kk + 15, i.e. the
+    // accumulator n-tiles 2 kk and 2 kk + 1 (the mma.m16n8k16 A-fragment order).
+    uint32_t pa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int d = 0; d < 2; ++d) {
+        Wgmma<T>::rs(o[d], pa[kk], v_desc + buf * kTileUnits + d * kHalfUnits + kk * (16 * 128 >> 4));
+      }
+    }
+    wgmma_commit();
+    wgmma_wait0();
+    keep(o[0]);
+    keep(o[1]);
+    keep(pa);
+  };
+
+  int n = n_blocks - 1;
+  for (; n >= 0 && needs_mask(n); --n) step(n, std::true_type{});
+  for (; n >= 0; --n) step(n, std::false_type{});
+
+  // Epilogue: normalise, write the LSE, stage O through this warp's own rows of sQ.
+  cp_async_wait<0>();
+  __syncthreads();
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const bool empty = !(sum > 0.f);
+    const float inv = empty ? 0.f : 1.f / sum;
+    const int lrow = wrow + 8 * r;
+    const int row = row0 + lrow;
+    if (p.lse != nullptr && t == 0 && row < sq) {
+      const float lse = empty ? kNegInf : (row_max[r] * scale_log2 + __log2f(sum)) * kLn2;
+      p.lse[lse_off + head * p.lse_head_stride + row] = lse;
+    }
+#pragma unroll
+    for (int d = 0; d < 2; ++d) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t v = Mma<T>::pack(o[d][4 * j + 2 * r] * inv, o[d][4 * j + 2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(base + d * kHalfBytes + lrow * 128 + ((j ^ (lrow & 7)) << 4) +
+                                     t * 4) = v;
+      }
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int idx = i * 32 + lane;
+    const int lrow = wg * 64 + warp * 16 + idx / 16;
+    const int c = idx % 16;
+    if (row0 + lrow < sq) {
+      *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(base + (c >> 3) * kHalfBytes + lrow * 128 +
+                                          (((c & 7) ^ (lrow & 7)) << 4));
+    }
+  }
+#endif  // KFORGE_FMHA_HAS_SM90_BODY
+}
+
+}  // namespace sm90
+
+// True when this library's code for the current device holds the sm_90a kernel body (checked
+// once per device: the build's arch list names 90a and the kernel's binary is sm_90).
+template <typename T, bool CAUSAL>
+bool sm90_available() {
+  static int state[64] = {};  // 0: unknown, 1: yes, 2: no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev < 64) {
+    const int s = __atomic_load_n(&state[dev], __ATOMIC_ACQUIRE);
+    if (s != 0) return s == 1;
+  }
+  cudaFuncAttributes attr;
+  const bool yes = cudaFuncGetAttributes(&attr, sm90::fmha_fwd_sm90_kernel<T, CAUSAL>) == cudaSuccess &&
+                   attr.binaryVersion == 90;
+  if (dev < 64) __atomic_store_n(&state[dev], yes ? 1 : 2, __ATOMIC_RELEASE);
+  return yes;
+}
+
+template <typename T, bool CAUSAL>
+cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
+  auto kernel = sm90::fmha_fwd_sm90_kernel<T, CAUSAL>;
+  static int configured[64] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= 64 || !__atomic_load_n(&configured[dev], __ATOMIC_ACQUIRE)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, sm90::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
+  }
+  const dim3 grid((params.seqlen_q + sm90::kBlockM - 1) / sm90::kBlockM, params.num_heads,
+                  params.batch);
+  kernel<<<grid, sm90::kThreads, sm90::kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace kforge_fmha
+
+#define KFORGE_FMHA_INSTANTIATE_SM90(T)                                                        \
+  template bool kforge_fmha::sm90_available<T, false>();                                     \
+  template bool kforge_fmha::sm90_available<T, true>();                                      \
+  template cudaError_t kforge_fmha::launch_fwd_sm90<T, false>(const kforge_fmha::FwdParams&, \
+                                                              cudaStream_t);                 \
+  template cudaError_t kforge_fmha::launch_fwd_sm90<T, true>(const kforge_fmha::FwdParams&,  \
+                                                             cudaStream_t);
