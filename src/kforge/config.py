@@ -313,6 +313,9 @@ def parse_forge(data: dict[str, Any], *, root: Path, path: Path) -> Forge:
         platforms[name] = Platform(
             name=name, alias=t.get("alias", str, ""), os=os_name, machine=t.get("machine", str, ""), env=t.env("env")
         )
+    if not toolchains.cuda or not toolchains.python:
+        raise top.error("toolchains.cuda" if not toolchains.cuda else "toolchains.python", "is empty",
+                        fix="list at least one version, e.g. cuda = [\"13.0\"], python = [\"3.11\"]")
     seen_names: dict[str, str] = {}
     for plat in platforms.values():
         for n in plat.suffix_names:
@@ -439,6 +442,13 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
         elif "env" not in k.data:
             raise k.error(k.path, f"needs env = \"VARIABLE\" for format '{fmt}'")
         only = k.get("only", list, None)
+        for j, num in enumerate(only or ()):
+            if not isinstance(num, int) or isinstance(num, bool):
+                raise k.error(f"{k.key('only')}[{j}]", f"must be an arch number such as 120, not {num!r}")
+        if "families" in k.data and fmt != "disable-flags":
+            raise k.error(k.key("families"), f"only means something for format 'disable-flags', not '{fmt}'")
+        if isinstance(k.data.get("value"), bool):
+            raise k.error(k.key("value"), "must be a string such as \"1\" or \"TRUE\", not a boolean")
         knobs.append(ArchKnob(
             format=fmt,
             env=k.get("env", str, None),

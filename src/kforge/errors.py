@@ -33,7 +33,14 @@ class KforgeError(Exception):
 def _sentence(text: str) -> str:
     """Capitalise a plain first word ("install" -> "Install"), never a name ("sm_103a", "forge.toml")."""
     first = text.split(" ", 1)[0]
-    return text[:1].upper() + text[1:] if first.isalpha() and first.islower() else text
+    if not (first.isalpha() and first.islower()) or first in _NAMES:
+        return text
+    return text[:1].upper() + text[1:]
+
+
+#: Words that stay as written at the start of a sentence: commands and project names.
+_NAMES = frozenset({"kforge", "nox", "pip", "git", "invoke", "nvcc", "cmake", "auditwheel", "delvewheel", "ccache",
+                    "fmha", "flashmla", "flashinfer"})
 
 
 class ConfigError(KforgeError):
@@ -103,6 +110,13 @@ class GPUError(KforgeError):
 
     exit_code = 10
     kind = "gpu"
+
+
+class GpuTestError(KforgeError):
+    """A target's GPU tests ran and failed (or could not be installed to run)."""
+
+    exit_code = 12
+    kind = "gpu test"
 
 
 class PublishError(KforgeError):

@@ -1,7 +1,8 @@
 """``test-<target>``: install the target's wheel from the wheelhouse index and run its GPU tests.
 
 The wheel comes from the generated PEP 503 index through real pip, into the interpreter that runs
-kforge (the nox session's fresh venv, which sees the machine's torch). Without a GPU, or when the
+kforge (the nox session's fresh venv, which sees the machine's torch). Run outside nox, it installs
+into whatever interpreter runs kforge: that is why the README sends users through ``nox -s test-<target>``. Without a GPU, or when the
 GPU's arch is not in the wheel (judged by the doctor on the wheel itself), the tests are skipped with
 the reason, or fail instead when ``KFORGE_REQUIRE_GPU=1``.
 """
@@ -18,7 +19,7 @@ from packaging.utils import parse_wheel_filename
 
 from kforge import doctor, sources, wheelhouse
 from kforge.config import Forge
-from kforge.errors import BuildError, GPUError, PublishError
+from kforge.errors import ConfigError, GPUError, GpuTestError, PublishError
 from kforge.host import HostFacts
 from kforge.log import StepLog
 from kforge.plan import Plan
@@ -33,7 +34,8 @@ class GpuTestOutcome:
 
 def latest_wheel(wheelhouse_root: Path, plan: Plan) -> wheelhouse.PublishedWheel:
     """The newest complete wheel published for this target."""
-    mine = [w for w in wheelhouse.list_wheels(wheelhouse_root, plan.project.name) if w.record.target == plan.id]
+    mine = [w for w in wheelhouse.list_wheels(wheelhouse_root, plan.project.name)
+            if w.record.target == plan.id and w.record.host.get("platform", plan.target.platform) == plan.target.platform]
     if not mine:
         raise PublishError(
             f"no wheel for {plan.id} in {wheelhouse_root}",
@@ -45,6 +47,8 @@ def latest_wheel(wheelhouse_root: Path, plan: Plan) -> wheelhouse.PublishedWheel
 def gpu_problem(host: HostFacts, wheel: Path) -> str | None:
     """Why this machine's GPU can't run the wheel, or None when it can."""
     if host.gpu_arch is None:
+        if host.gpu_name:
+            return f"this machine's GPU, {host.gpu_name}, is not one the wheel can target"
         return "no NVIDIA GPU on this machine (nvidia-smi found none)"
     want = host.gpu_arch.base.sm
     findings = doctor.check(doctor.inspect_wheel(wheel), expect_archs=[want])
@@ -66,7 +70,7 @@ def run_gpu_tests(
 ) -> GpuTestOutcome:
     log = log or StepLog(total=3, title=f"test-{plan.id}")
     if plan.gpu_tests is None:
-        raise GPUError(f"{plan.project.name} declares no GPU tests", fix=f"add gpu_tests = {{ paths = [...] }} to projects.{plan.project.name}")
+        raise ConfigError(f"{plan.project.name} declares no GPU tests", fix=f"add gpu_tests = {{ paths = [...] }} to projects.{plan.project.name}")
     published = latest_wheel(wheelhouse_root, plan)
     problem = gpu_problem(host, published.wheel)
     if problem:
@@ -93,7 +97,7 @@ def run_gpu_tests(
         code = subprocess.call([python, "-m", "pytest", *paths, *plan.gpu_tests.args, "-p", "no:cacheprovider"],
                                cwd=work, env=dict(environ))
         if code != 0:
-            raise BuildError(f"the GPU tests of {plan.id} failed (pytest exit code {code})",
+            raise GpuTestError(f"the GPU tests of {plan.id} failed (pytest exit code {code})",
                              why="pytest exits 5 when it collected no tests" if code == 5 else None,
                              fix="read the pytest output above")
     return GpuTestOutcome("passed", "", published.wheel)
@@ -109,5 +113,5 @@ def _run(cmd: list[str], environ: Mapping[str, str], what: str) -> None:
     proc = subprocess.run(cmd, env=dict(environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-15:])
-        raise PublishError(f"{what} failed: {' '.join(cmd)} exited {proc.returncode}", why=tail,
+        raise GpuTestError(f"{what} failed: {' '.join(cmd)} exited {proc.returncode}", why=tail,
                            fix="check that the wheelhouse index lists the wheel (kforge wheelhouse index)")

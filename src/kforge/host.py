@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from packaging.version import Version
 
 from kforge.arch import Arch, host_arch
+from kforge.errors import KforgeError
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,10 @@ def detect_gpu(which=shutil.which) -> tuple[Arch | None, str | None]:
         cap, _, name = line.partition(",")
         major, _, minor = cap.strip().partition(".")
         if major.isdigit() and minor.isdigit():
-            return host_arch((int(major), int(minor))), name.strip()
+            try:
+                return host_arch((int(major), int(minor))), name.strip()
+            except KforgeError:  # a V100, or a GPU newer than the table: no arch to build for, but say which
+                return None, f"{name.strip()} (compute capability {major}.{minor}, not in kforge's arch table)"
     return None, None
 
 

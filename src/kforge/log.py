@@ -18,7 +18,7 @@ class StepLog:
 
     total: int
     title: str = ""
-    console: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    console: Console = field(default_factory=lambda: Console(stderr=True, highlight=False, soft_wrap=True))
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     timings: dict[str, float] = field(default_factory=dict)
     _n: int = 0

@@ -76,6 +76,16 @@ def _isolate_git(env: dict[str, str], work: Path) -> None:
     env["GIT_CEILING_DIRECTORIES"] = ceiling + (os.pathsep + env["GIT_CEILING_DIRECTORIES"] if env.get("GIT_CEILING_DIRECTORIES") else "")
 
 
+def check_buildable_here(plan: Plan, host: HostFacts) -> None:
+    """The native and cmake backends build for the machine they run on."""
+    if plan.target.platform != host.platform and plan.backend != "cibuildwheel":
+        raise BuildError(
+            f"{plan.id} is a {plan.target.platform} build and this host is {host.platform}",
+            why="the native and cmake backends build for the machine they run on",
+            fix=f"run `nox -s build-{plan.id}` on a {plan.target.platform} machine (or CI runner)",
+        )
+
+
 def run_build(
     forge: Forge,
     plan: Plan,
@@ -92,13 +102,7 @@ def run_build(
 ) -> BuildOutcome:
     log = log or StepLog(total=len(STEPS), title=plan.id)
     started = time.monotonic()
-    if plan.target.platform != host.platform and plan.backend != "cibuildwheel":
-        raise BuildError(
-            f"{plan.id} is a {plan.target.platform} build and this host is {host.platform}",
-            why="the native and cmake backends build for the machine they run on",
-            fix=f"run `nox -s build-{plan.id}` on a {plan.target.platform} machine (or CI runner)",
-        )
-
+    check_buildable_here(plan, host)
     work = work_dir_for(forge.root, plan)
     work.parent.mkdir(parents=True, exist_ok=True)
     # Two builds of the same target take turns; different targets build side by side.
@@ -168,7 +172,9 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
         report_json, timeline = report.write_report(build_report, work / "report")
         log.info(f"{len(build_report.units)} compile units; timeline {timeline}")
 
-    policy = repair.default_policy(project.name, torch=project.torch_abi, extra=project.repair_exclude)
+    # torch extensions link the CUDA runtime shared (torch's own): never bundle it; ours link it statically.
+    policy = repair.default_policy(project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
+                                   extra=project.repair_exclude)
     expect = [a.sm for a in plan.archs]
     if result.kind != "wheel":  # the cmake backend: a standalone C library, verified but not a wheel to index
         with log.step("doctor", "expects " + " ".join(expect)):

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from kforge.arch import (
     Arch,
+    as_cuda_version,
     default_variant,
     render_cmake_architectures,
     render_disable_flags,
@@ -29,7 +30,7 @@ from kforge.arch import (
     require_supported,
 )
 from kforge.config import BACKENDS, ArchKnob, Forge, GpuTests, Project, normalise_env_value
-from kforge.errors import ConfigError, TargetError, ToolchainError, did_you_mean
+from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.host import HostFacts
 from kforge.jobs import HostFacts as Resources
 from kforge.jobs import JobChoice, JobProfile, choose_jobs
@@ -74,6 +75,8 @@ class PlanOptions:
             values["build_isolation"] = isolation in ("1", "true", "yes")
         for key, value in cli.items():
             if value is not None and key != "env":
+                if isinstance(value, str) and not value.strip():
+                    raise ConfigError(f"--{key.replace('_', '-')} is empty", fix=f"give --{key.replace('_', '-')} a value, or leave it out")
                 values[key] = value
         env = dict(cli.get("env") or {})
         return cls(**values, env=MappingProxyType(env))
@@ -202,14 +205,14 @@ def local_version_label(cuda: Version, torch: Version | None) -> str:
 
 
 def _select_cuda(forge: Forge, host: HostFacts, options: PlanOptions, environ_cuda: bool) -> tuple[Version, str]:
-    if options.cuda:
+    if options.cuda is not None:
+        source = "KFORGE_CUDA" if environ_cuda else "--cuda"
         try:
-            version = Version(options.cuda)
-        except InvalidVersion:
-            raise ToolchainError(f"--cuda {options.cuda!r} is not a version", fix="write it as MAJOR.MINOR, e.g. --cuda 12.8") from None
-        return Version(f"{version.major}.{version.minor}"), ("KFORGE_CUDA" if environ_cuda else "--cuda")
+            return as_cuda_version(options.cuda), source
+        except ToolchainError as exc:
+            raise ToolchainError(f"{source}={options.cuda!r}: {exc.what}", fix=exc.fix) from None
     if host.cuda_version is not None:
-        return Version(f"{host.cuda_version.major}.{host.cuda_version.minor}"), "nvcc"
+        return as_cuda_version(host.cuda_version), "nvcc"
     return forge.toolchains.cuda[0], "forge.toml"
 
 
@@ -249,15 +252,14 @@ def make_plan(
         raise TargetError(
             f"{project.name} has no build profile '{profile_name}'{did_you_mean(profile_name, project.profiles)}",
             why=f"its profiles are: {known}",
-            fix="pick one of those, or drop --profile",
+            fix="pick one of those, or drop --profile (and unset KFORGE_PROFILE, which applies to every target)",
         )
 
     # --- toolchain: which CUDA, and can it compile these archs?
     cuda, cuda_from = _select_cuda(forge, host, options, cuda_from_env)
     archs = effective_archs(project, target.arch, cuda)
     native = target.platform == host.platform  # a Windows target planned on Linux uses that host's toolkit
-    same_as_installed = (native and host.cuda_version is not None
-                         and cuda == Version(f"{host.cuda_version.major}.{host.cuda_version.minor}"))
+    same_as_installed = native and host.cuda_version is not None and cuda == as_cuda_version(host.cuda_version)
     require_supported(archs, cuda, nvcc_archs=host.nvcc_archs if same_as_installed else None,
                       source="installed nvcc" if same_as_installed else f"toolkit (from {cuda_from})")
     min_cuda = max(a.min_cuda for a in archs)
@@ -274,6 +276,8 @@ def make_plan(
         action = f"use the installed nvcc ({host.nvcc_path})"
     elif cuda >= PROVISIONABLE_FROM:
         action = f"provision nvidia-cuda-nvcc=={cuda}.* from PyPI into the kforge cache"
+        if cuda not in forge.toolchains.cuda:
+            action += f" (CUDA {cuda} is not in forge.toml's toolchains.cuda: is it released?)"
     else:
         action = (
             f"missing: CUDA {cuda} is not installed here and CUDA 12.x has no nvcc on PyPI; "
@@ -301,6 +305,13 @@ def make_plan(
     if profile_name is not None:
         env.update(project.profiles[profile_name].env)
     for knob in project.arch_knobs:
+        if knob.format == "numbers" and any(a.variant for a in archs if knob.only is None or a.major * 10 + a.minor in knob.only):
+            raise ArchError(
+                f"{project.name} cannot build {' '.join(a.sm for a in archs if a.variant)}: its {knob.env} takes plain "
+                "arch numbers, so the variant would be dropped and the wheel would lack it",
+                fix=f"ask for the plain arch (e.g. {project.name}-sm{archs[0].major * 10 + archs[0].minor}), "
+                "or give the project a knob that carries variants",
+            )
         env.update(render_knob(knob, archs, cuda))
     env["MAX_JOBS"] = str(jobs.max_jobs)
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs.max_jobs)

@@ -79,7 +79,7 @@ def resolve_arch(project: Project, requested: Arch) -> tuple[Arch, bool]:
     """Map a requested arch onto the project's declared one; returns (arch, explicit_variant)."""
     for declared in project.archs:
         if declared.base == requested.base:
-            if requested.variant and requested.variant != declared.variant:
+            if requested.variant and requested.variant != declared.variant:  # another variant: its own build and id
                 if project.variant_rule == "declared" and declared.variant:
                     raise ArchError(
                         f"{project.name} builds {requested.base.sm} as {declared.sm}, not {requested.sm}",
@@ -87,7 +87,7 @@ def resolve_arch(project: Project, requested: Arch) -> tuple[Arch, bool]:
                         fix=f"ask for {project.name}-sm{declared.number.rstrip('af')} (or change projects.{project.name}.archs)",
                     )
                 return requested, True
-            return declared, bool(requested.variant)
+            return declared, False  # the declared variant, however it was spelled: one id per build
     supported = ", ".join(a.sm for a in project.archs)
     raise ArchError(
         f"{project.name} does not support {requested.base.sm}",

@@ -112,6 +112,8 @@ class PublishedWheel:
 
 
 def _lock(root: Path, timeout: float) -> FileLock:
+    if root.exists() and not root.is_dir():
+        raise PublishError(f"the wheelhouse {root} is a file, not a directory", fix="point --wheelhouse / KFORGE_WHEELHOUSE at a directory")
     root.mkdir(parents=True, exist_ok=True)
     return FileLock(str(root / LOCK_NAME), timeout=timeout)
 

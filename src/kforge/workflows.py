@@ -72,6 +72,7 @@ def render_workflow(forge: Forge) -> str:
         "  gpu-test:",
         "    name: test-${{ matrix.target }}",
         "    needs: build",
+        "    if: ${{ !cancelled() }}  # one failed build leg must not skip every other target's GPU tests",
         "    runs-on: [self-hosted, gpu, \"${{ matrix.arch }}\"]",
         "    strategy:",
         "      fail-fast: false",

@@ -85,13 +85,26 @@ def test_fixture_upstream_through_the_whole_chain(mono) -> None:
 def test_missing_arch_fails_the_build_and_publishes_nothing(mono) -> None:
     root, env = mono
     with (root / "forge.toml").open("a") as fh:
-        fh.write(KNOBS.format(fmt="numbers"))  # renders sm_90a as "90": plain sm_90 SASS, not what the target needs
+        fh.write(KNOBS.format(fmt="cmake"))
     wheelhouse = root / "wheelhouse"
-    out = kforge("build", "tiny-sm90", "--wheelhouse", str(wheelhouse), "--no-progress", cwd=root, env=env)
+    # The build ends up with other archs than the target's (an override, or an upstream that ignores its knob):
+    # plain sm_80 SASS, which an H100 cannot run.
+    out = kforge("build", "tiny-sm90", "--env", "TINY_CUDA_ARCHS=80", "--wheelhouse", str(wheelhouse), "--no-progress",
+                 cwd=root, env=env)
     assert out.returncode == DoctorError.exit_code, out.stdout + out.stderr
     assert "sm_90a" in out.stderr and "no kernel image is available" in out.stderr and "_tiny" in out.stderr
     assert "Traceback" not in out.stderr
     assert not list(wheelhouse.glob("**/*.whl"))
+
+
+def test_variant_the_knob_cannot_carry_is_refused_at_plan_time(mono) -> None:
+    root, env = mono
+    with (root / "forge.toml").open("a") as fh:
+        fh.write(KNOBS.format(fmt="numbers"))  # "90a" would be rendered as "90": the wheel would lack sm_90a
+    out = kforge("build", "tiny-sm90", "--wheelhouse", str(root / "wh"), cwd=root, env=env)
+    assert out.returncode == 3, out.stderr
+    assert "takes plain arch numbers" in out.stderr and "Traceback" not in out.stderr
+    assert not (root / ".kforge" / "work" / "tiny-sm90").exists()  # refused before any work
 
 
 def test_dirty_submodule_is_refused_before_building(mono) -> None:
@@ -116,7 +129,7 @@ def fmha_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_fmha_main_job_wheel(fmha_wheelhouse: Path, tmp_path: Path) -> None:
     (wheel,) = (fmha_wheelhouse / "fmha").glob("kforge_fmha-*.whl")
-    assert wheel.name.endswith("-py3-none-manylinux_2_34_x86_64.whl") or "-py3-none-manylinux" in wheel.name
+    assert wheel.name.startswith("kforge_fmha-0.1.0-py3-none-manylinux_") and wheel.name.endswith("_x86_64.whl")
     manifest = json.loads(Path(str(wheel) + ".manifest.json").read_text())
     assert manifest["target"] == "fmha-sm90" and manifest["source_kind"] == "local"
     binaries = manifest["doctor"]["binaries"]

@@ -76,7 +76,8 @@ def test_exit_codes_are_distinct() -> None:
     from kforge import errors
 
     classes = [getattr(errors, n) for n in ("ConfigError", "TargetError", "ToolchainError", "SourceError", "PatchError",
-                                             "BuildError", "RepairError", "DoctorError", "GPUError", "PublishError")]
+                                             "BuildError", "RepairError", "DoctorError", "GPUError", "PublishError",
+                                             "GpuTestError")]
     codes = [c.exit_code for c in classes]
     assert len(set(codes)) == len(codes) and 0 not in codes and 1 not in codes
 
@@ -90,3 +91,34 @@ def test_nox_lists_the_sessions() -> None:
                  "patch-flashmla", "tests", "lint", "build-fmha"):
         assert name in listed, name
     assert "needs a windows-amd64 host" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (["plan", "fmha-sm90", "--cuda", "abc"], ToolchainError.exit_code, "--cuda='abc'"),
+        (["plan", "fmha-sm90", "--max-jobs", "0"], 2, "not a positive whole number"),
+        (["targets", "--project", "flashmal"], ConfigError.exit_code, "did you mean 'flashmla'"),
+        (["plan", "flash-attn-sm90a"], ArchError.exit_code, "takes plain arch numbers"),
+    ],
+)
+def test_more_error_paths(args, code, needle) -> None:
+    out = kforge(*args)
+    assert out.returncode == code, out.stderr
+    assert needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_closed_pipe_is_quiet(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kforge targets | head -1`: the reader is gone before kforge writes."""
+    import os
+
+    from kforge import cli
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    broken = open(write_end, "w", buffering=1)  # line-buffered, as a terminal-less stdout flushes at exit anyway
+    monkeypatch.setattr(sys, "stdout", broken)
+    code = cli.main(["-C", str(ROOT), "targets"])
+    monkeypatch.undo()
+    assert code == 141
+    assert "Traceback" not in capsys.readouterr().err

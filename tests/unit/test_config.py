@@ -63,6 +63,8 @@ def test_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
         (MINIMAL.replace('{ local = "kernels/demo" }', '{ git = { path = "x", url = "u", commit = "abc" } }'),
          "projects.demo.source.git.commit", "40-hex"),
         ("[platforms.linux-x86_64]\nos='linux'\n[projects]\n", "projects", "is empty"),
+        (MINIMAL.replace('format = "numbers" }', 'format = "numbers", only = ["120"] }'), "projects.demo.arch_knobs[0].only[0]", "arch number"),
+        ("[toolchains]\ncuda = []\n" + MINIMAL, "toolchains.cuda", "is empty"),
     ],
 )
 def test_malformed_files_name_the_key(tmp_path: Path, text: str, key_path: str, hint: str) -> None:

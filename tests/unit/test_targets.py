@@ -24,7 +24,8 @@ def forge():
     ("text", "project", "arch", "platform", "canonical"),
     [
         ("flashmla-sm120", "flashmla", "sm_120a", "linux-x86_64", "flashmla-sm120"),
-        ("flashmla-sm_120a", "flashmla", "sm_120a", "linux-x86_64", "flashmla-sm120a"),
+        ("flashmla-sm_120a", "flashmla", "sm_120a", "linux-x86_64", "flashmla-sm120"),  # the declared variant: one id
+        ("fmha-compute_90a", "fmha", "sm_90a", "linux-x86_64", "fmha-sm90"),
         ("flash-attn-sm120-windows", "flash-attn", "sm_120", "windows-amd64", "flash-attn-sm120-windows"),
         ("flash-attn-sm120-windows-amd64", "flash-attn", "sm_120", "windows-amd64", "flash-attn-sm120-windows"),
         ("flash-attn3-sm90", "flash-attn3", "sm_90a", "linux-x86_64", "flash-attn3-sm90"),

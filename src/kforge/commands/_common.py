@@ -32,11 +32,17 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda", help="CUDA version to build with, e.g. 12.8 (default: the installed nvcc)")
     parser.add_argument("--profile", help="a build profile from forge.toml, e.g. minimal")
     parser.add_argument("--backend", choices=("native", "cibuildwheel", "cmake"), help="override the project's backend")
-    parser.add_argument("--max-jobs", type=int, help="parallel compile units (default: chosen from free memory)")
-    parser.add_argument("--nvcc-threads", type=int, help="nvcc --threads per unit (default: chosen with --max-jobs)")
+    parser.add_argument("--max-jobs", type=_positive, help="parallel compile units (default: chosen from free memory)")
+    parser.add_argument("--nvcc-threads", type=_positive, help="nvcc --threads per unit (default: chosen with --max-jobs)")
     parser.add_argument("--no-build-isolation", dest="build_isolation", action="store_const", const=False,
                         help="build with this interpreter's packages, not an isolated env (offline hosts)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra build environment, applied last")
+
+
+def _positive(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
 
 
 def parse_env_pairs(pairs: list[str]) -> dict[str, str]:

@@ -32,11 +32,12 @@ def wheelhouse_from(args: argparse.Namespace, root: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kforge.pipeline import STEPS, run_build  # the heavy chain, only when building
+    from kforge.pipeline import STEPS, check_buildable_here, run_build  # the heavy chain, only when building
 
     environ = dict(os.environ)
     host = detect_host(environ)
     forge, plan = plan_from_args(args, args.target, environ=environ, host=host)
+    check_buildable_here(plan, host)
     log = StepLog(total=len(STEPS) + 1, title=plan.id)
     with log.step("plan", plan.id):
         for line in render(plan).splitlines()[1:]:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kforge import patches, sources
+from kforge.arch import parse_arch
 from kforge.commands._common import cache_dir, forge_from_args
 from kforge.commands.sources import console
 from kforge.config import Forge, Project
@@ -58,7 +59,9 @@ def _context(args: argparse.Namespace, forge: Forge, project: Project) -> PatchC
         from kforge.host import platform_name
 
         platform = platform_name()
-    archs = tuple(args.arch) or tuple(a.sm for a in project.archs)
+    elif platform not in ("linux", "windows"):  # an OS, or a platform forge.toml declares (did-you-mean otherwise)
+        platform = forge.platform(platform).name
+    archs = tuple(parse_arch(a).sm for a in args.arch) or tuple(a.sm for a in project.archs)
     return PatchContext(platform, archs, args.upstream_version or project.upstream_version)
 
 
@@ -142,6 +145,8 @@ def run_status(args: argparse.Namespace) -> int:
     project = forge.project(args.project)
     series, ctx = _series(project), _context(args, forge, project)
     if args.tree:
+        if not Path(args.tree).is_dir():
+            raise PatchError(f"{args.tree} is not a directory", fix="pass --tree with an unpacked source tree")
         where, statuses = args.tree, patches.status(Path(args.tree), series, ctx)
     else:
         where, statuses = _pinned_statuses(forge, project, series, ctx)

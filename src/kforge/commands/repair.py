@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dest-dir", type=Path, required=True, help="where the repaired wheel goes")
     p.add_argument("--target", default="", help="the target id (names the policy in the log)")
     p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="another library never to bundle")
-    p.add_argument("--torch-abi", action="store_true", help="the wheel links torch: never bundle torch's libraries")
+    p.add_argument("--torch-abi", action="store_true",
+                   help="the wheel links torch: never bundle torch's libraries nor the shared CUDA runtime")
     p.add_argument("--plat", help="auditwheel --plat (default: the best tag the binaries allow)")
     p.set_defaults(func=run)
 
@@ -28,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
     if not wheel.is_file() or wheel.suffix != ".whl":
         raise RepairError(f"{wheel} is not a wheel file", fix="pass the path of a built .whl with --wheel")
     platform = "windows" if repair.platform_tag(wheel.name).startswith("win") else "linux"
-    project = args.target.split("-sm", 1)[0] if args.target else "default"
-    policy = repair.default_policy(project, torch=args.torch_abi, extra=args.exclude)
+    policy = repair.default_policy(args.target or "default", torch=args.torch_abi, cudart_shared=args.torch_abi,
+                                   extra=args.exclude)
     result = repair.repair_wheel(wheel, args.dest_dir, platform=platform, policy=policy, plat=args.plat)
     print(f"{result.wheel} ({result.tag}); excluded: {', '.join(result.excluded) or 'none'}; "
           f"grafted: {', '.join(result.grafted) or 'none'}")

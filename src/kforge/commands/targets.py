@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     forge = forge_from_args(args)
+    for name in args.project or ():
+        forge.project(name)  # an unknown name is an error with a did-you-mean, not an empty list
     targets = [t for t in expand_matrix(forge, platform_name()) if not args.project or t.project in args.project]
     if args.json:
         print(json.dumps([{"id": t.id, "project": t.project, "arch": t.arch.sm, "platform": t.platform} for t in targets], indent=2))
