@@ -13,7 +13,7 @@ What it does, in order:
    compile commands below are exactly torch's, flags and include dirs included.
 3. Compiles the same sample of compile units twice with real ninja and nvcc:
    (a) upstream's default: MAX_JOBS = max(1, min(cpu // 2, int(available_GiB / 9))), NVCC_THREADS=4;
-   (b) kforge: ``choose_jobs(detect_host(), load_profile(..., "flash-attn", 1))``, with the
+   (b) kforge: ``choose_jobs(detect_resources(), load_profile(..., "flash-attn", 1))``, with the
    compiler cache from ``compiler_cache()`` (so (b) pays ccache's cold-miss overhead).
    Every compile runs under ``python -m kforge.jobs measure`` (time and peak RSS per unit);
    the system's used memory is sampled every 0.5 s.
@@ -253,7 +253,7 @@ def main() -> int:
         with tarfile.open(args.sdist) as tar:
             tar.extractall(args.work, filter="data")
         src = next(args.work.glob("flash_attn-*"))
-    host = jobs.detect_host()
+    host = jobs.detect_resources()
     nvcc = toolchain.find_nvcc(os.environ)
     torch_info = toolchain.detect_torch(sys.executable)
     cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()

@@ -77,7 +77,7 @@ def detect_host(environ: Mapping[str, str], *, python: str | None = None, probe_
     from kforge import jobs, toolchain
     from kforge.errors import ToolchainError
 
-    res = jobs.detect_host()
+    res = jobs.detect_resources()
     facts = HostFacts(
         platform=platform_name(),
         python=f"{sys.version_info.major}.{sys.version_info.minor}",

@@ -29,8 +29,9 @@ threads than archs buy nothing.
   the host pass is not parallelised by ``--threads``); when memory is what binds, the
   spare cores go to nvcc threads instead.
 
-The result can never exceed the memory available, except through an explicit user
-override, which is honoured and flagged in :attr:`JobChoice.reason`.
+The result never plans more memory than is available, with two exceptions, both flagged in
+:attr:`JobChoice.reason`: an explicit user override (honoured), and a machine on which not even
+one unit at one thread fits (then 1 x 1, which may still be OOM-killed: the reason says so).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ HISTORY = 8
 
 
 @dataclass(frozen=True)
-class HostFacts:
+class Resources:
     """What the build machine offers right now."""
 
     cpus: int
@@ -142,12 +143,12 @@ def _cgroup_room(proc: Path, sys_fs_cgroup: Path) -> tuple[int | None, int | Non
     return None, None
 
 
-def detect_host(
+def detect_resources(
     *,
     proc: Path = Path("/proc"),
     sys_fs_cgroup: Path = Path("/sys/fs/cgroup"),
     affinity: Callable[[int], set[int]] | None = None,
-) -> HostFacts:
+) -> Resources:
     """Read cpus (scheduler affinity) and memory (MemAvailable, lowered to the cgroup's room)."""
     aff = affinity or getattr(os, "sched_getaffinity", None)
     cpus = len(aff(0)) if aff else (os.cpu_count() or 1)
@@ -160,7 +161,7 @@ def detect_host(
         available, source = room, "cgroup memory limit"
     if limit is not None and limit < total:
         total = limit
-    return HostFacts(cpus=max(1, cpus), mem_available=available, mem_total=total, source=source)
+    return Resources(cpus=max(1, cpus), mem_available=available, mem_total=total, source=source)
 
 
 # ---------------------------------------------------------------------------- profiles
@@ -352,12 +353,12 @@ def unit_seconds(profile: JobProfile, threads: int) -> float:
     return profile.unit_seconds * (s + (1 - s) * a / p) / (s + (1 - s) * a)
 
 
-def headroom(host: HostFacts) -> int:
+def headroom(host: Resources) -> int:
     return max(2 * GiB, host.mem_available // 10)
 
 
 def choose_jobs(
-    host: HostFacts,
+    host: Resources,
     profile: JobProfile,
     *,
     override_max_jobs: int | None = None,
@@ -394,7 +395,7 @@ def choose_jobs(
                      jobs * unit_memory(profile, t), unit_seconds(profile, t))
 
 
-def _fit(host: HostFacts, profile: JobProfile, budget: int, threads: int) -> int:
+def _fit(host: Resources, profile: JobProfile, budget: int, threads: int) -> int:
     p = max(1, min(threads, profile.arch_count))
     by_mem = budget // max(1, unit_memory(profile, threads))
     by_cpu = max(1, host.cpus // p)
@@ -430,12 +431,12 @@ __all__ = [
     "Attempt",
     "BuildRun",
     "Command",
-    "HostFacts",
+    "Resources",
     "JobChoice",
     "JobProfile",
     "UnitMeasure",
     "choose_jobs",
-    "detect_host",
+    "detect_resources",
     "headroom",
     "load_profile",
     "looks_oom",

@@ -32,8 +32,7 @@ from kforge.arch import (
 from kforge.config import BACKENDS, ArchKnob, Forge, GpuTests, Project, normalise_env_value
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.host import HostFacts
-from kforge.jobs import HostFacts as Resources
-from kforge.jobs import JobChoice, JobProfile, choose_jobs
+from kforge.jobs import JobChoice, JobProfile, Resources, choose_jobs
 from kforge.series import PatchContext, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource
 from kforge.targets import Target

@@ -11,9 +11,9 @@ import pytest
 
 from kforge import jobs
 from kforge.errors import BuildError
-from kforge.jobs import GB, GiB, HostFacts, JobChoice, JobProfile, UnitMeasure
+from kforge.jobs import GB, GiB, JobChoice, JobProfile, Resources, UnitMeasure
 
-# ---------------------------------------------------------------------------- detect_host
+# ---------------------------------------------------------------------------- detect_resources
 
 
 def _fake_proc(tmp: Path, *, total_kb: int, avail_kb: int, cgroup: str) -> Path:
@@ -26,28 +26,28 @@ def _fake_proc(tmp: Path, *, total_kb: int, avail_kb: int, cgroup: str) -> Path:
     return proc
 
 
-def test_detect_host_reads_meminfo_and_affinity(tmp_path: Path) -> None:
+def test_detect_resources_reads_meminfo_and_affinity(tmp_path: Path) -> None:
     proc = _fake_proc(tmp_path, total_kb=64 * 1024**2, avail_kb=48 * 1024**2, cgroup="0::/\n")
-    host = jobs.detect_host(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1, 2, 5})
+    host = jobs.detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1, 2, 5})
     assert host.cpus == 4
     assert host.mem_total == 64 * GiB
     assert host.mem_available == 48 * GiB
     assert "MemAvailable" in host.source
 
 
-def test_detect_host_lowers_to_cgroup_v2_room(tmp_path: Path) -> None:
+def test_detect_resources_lowers_to_cgroup_v2_room(tmp_path: Path) -> None:
     proc = _fake_proc(tmp_path, total_kb=64 * 1024**2, avail_kb=48 * 1024**2, cgroup="0::/build.slice\n")
     cg = tmp_path / "cg" / "build.slice"
     cg.mkdir(parents=True)
     (cg / "memory.max").write_text(str(16 * GiB))
     (cg / "memory.current").write_text(str(4 * GiB))
-    host = jobs.detect_host(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0})
+    host = jobs.detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0})
     assert host.mem_available == 12 * GiB
     assert host.mem_total == 16 * GiB
     assert host.source == "cgroup memory limit"
 
 
-def test_detect_host_ignores_unlimited_cgroups(tmp_path: Path) -> None:
+def test_detect_resources_ignores_unlimited_cgroups(tmp_path: Path) -> None:
     proc = _fake_proc(tmp_path, total_kb=8 * 1024**2, avail_kb=6 * 1024**2,
                       cgroup="4:memory:/job\n0::/job\n")
     v1 = tmp_path / "cg" / "memory" / "job"
@@ -56,23 +56,23 @@ def test_detect_host_ignores_unlimited_cgroups(tmp_path: Path) -> None:
     v2 = tmp_path / "cg" / "job"
     v2.mkdir(parents=True)
     (v2 / "memory.max").write_text("max\n")
-    host = jobs.detect_host(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
+    host = jobs.detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
     assert host.mem_available == 6 * GiB
     assert host.mem_total == 8 * GiB
 
 
-def test_detect_host_cgroup_v1_limit(tmp_path: Path) -> None:
+def test_detect_resources_cgroup_v1_limit(tmp_path: Path) -> None:
     proc = _fake_proc(tmp_path, total_kb=8 * 1024**2, avail_kb=6 * 1024**2, cgroup="4:memory:/job\n")
     v1 = tmp_path / "cg" / "memory" / "job"
     v1.mkdir(parents=True)
     (v1 / "memory.limit_in_bytes").write_text(str(3 * GiB))
     (v1 / "memory.usage_in_bytes").write_text(str(1 * GiB))
-    host = jobs.detect_host(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
+    host = jobs.detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
     assert host.mem_available == 2 * GiB
 
 
-def test_detect_host_on_this_machine_is_sane() -> None:
-    host = jobs.detect_host()
+def test_detect_resources_on_this_machine_is_sane() -> None:
+    host = jobs.detect_resources()
     assert host.cpus >= 1
     assert 0 < host.mem_available <= host.mem_total
 
@@ -82,8 +82,8 @@ def test_detect_host_on_this_machine_is_sane() -> None:
 FA = jobs.SEEDS["flash-attn"]
 
 
-def _host(cpus: int, avail_gb: float) -> HostFacts:
-    return HostFacts(cpus=cpus, mem_available=int(avail_gb * GB), mem_total=int(avail_gb * GB) + GB)
+def _host(cpus: int, avail_gb: float) -> Resources:
+    return Resources(cpus=cpus, mem_available=int(avail_gb * GB), mem_total=int(avail_gb * GB) + GB)
 
 
 def test_plenty_of_memory_gives_one_job_per_core_and_one_thread() -> None:

@@ -24,6 +24,19 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "kforge"
 
 
+def wheelhouse_root(args: argparse.Namespace) -> Path:
+    """--wheelhouse, else $KFORGE_WHEELHOUSE, else <root>/wheelhouse (root from -C or the nearest forge.toml)."""
+    if getattr(args, "wheelhouse", None):
+        return Path(args.wheelhouse).resolve()
+    if os.environ.get("KFORGE_WHEELHOUSE"):
+        return Path(os.environ["KFORGE_WHEELHOUSE"]).resolve()
+    if getattr(args, "root", None):
+        return Path(args.root).resolve() / "wheelhouse"
+    from kforge.config import find_root
+
+    return find_root() / "wheelhouse"
+
+
 def forge_from_args(args: argparse.Namespace) -> Forge:
     return load_forge(Path(args.root) if getattr(args, "root", None) else None)
 

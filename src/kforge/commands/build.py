@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from kforge.commands._common import add_plan_options, cache_dir, plan_from_args
+from kforge.commands._common import add_plan_options, cache_dir, plan_from_args, wheelhouse_root
 from kforge.commands.plan import render
 from kforge.host import detect_host
 from kforge.log import StepLog
@@ -23,14 +23,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def wheelhouse_from(args: argparse.Namespace, root: Path) -> Path:
-    if getattr(args, "wheelhouse", None):
-        return Path(args.wheelhouse).resolve()
-    if os.environ.get("KFORGE_WHEELHOUSE"):
-        return Path(os.environ["KFORGE_WHEELHOUSE"]).resolve()
-    return root / "wheelhouse"
-
-
 def run(args: argparse.Namespace) -> int:
     from kforge.pipeline import STEPS, check_buildable_here, run_build  # the heavy chain, only when building
 
@@ -44,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
             log.info(line.strip() if not line.startswith("    ") else "  " + line.strip())
     outcome = run_build(
         forge, plan, host,
-        wheelhouse_root=wheelhouse_from(args, forge.root),
+        wheelhouse_root=wheelhouse_root(args),
         cache_dir=cache_dir(environ),
         environ=environ,
         allow_dirty=args.allow_dirty,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from kforge.commands._common import add_plan_options, plan_from_args
-from kforge.commands.build import wheelhouse_from
+from kforge.commands._common import add_plan_options, plan_from_args, wheelhouse_root
 from kforge.host import detect_host
 
 
@@ -24,6 +23,6 @@ def run(args: argparse.Namespace) -> int:
     environ = dict(os.environ)
     host = detect_host(environ)
     forge, plan = plan_from_args(args, args.target, environ=environ, host=host)
-    outcome = run_gpu_tests(forge, plan, host, wheelhouse_root=wheelhouse_from(args, forge.root), environ=environ)
+    outcome = run_gpu_tests(forge, plan, host, wheelhouse_root=wheelhouse_root(args), environ=environ)
     print(f"test-{plan.id}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
     return 0

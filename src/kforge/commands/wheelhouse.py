@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from kforge import wheelhouse
+from kforge.commands._common import forge_from_args, wheelhouse_root
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,18 +25,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     cl.set_defaults(func=run_clean)
 
 
-def wheelhouse_root(args: argparse.Namespace) -> Path:
-    if getattr(args, "wheelhouse", None):
-        return Path(args.wheelhouse).resolve()
-    if os.environ.get("KFORGE_WHEELHOUSE"):
-        return Path(os.environ["KFORGE_WHEELHOUSE"]).resolve()
-    if getattr(args, "root", None):
-        return Path(args.root).resolve() / "wheelhouse"
-    from kforge.config import find_root
-
-    return find_root() / "wheelhouse"
-
-
 def run_index(args: argparse.Namespace) -> int:
     root = wheelhouse_root(args)
     index = wheelhouse.rebuild_index(root)
@@ -46,6 +34,8 @@ def run_index(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
+    if args.project:
+        forge_from_args(args).project(args.project)  # an unknown name gets a did-you-mean, not "no wheels"
     wheels = wheelhouse.list_wheels(wheelhouse_root(args), args.project)
     if args.json:
         print(json.dumps([json.loads(w.record.to_json()) for w in wheels], indent=2))
