@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -259,27 +259,3 @@ class NinjaProgress:
         eta = elapsed / done * (total - done) if done else None
         self.state = ProgressState(done, total, elapsed, eta, m.group(3)[:120])
         return self.state
-
-
-def follow(lines: Iterable[str], *, console=None, description: str = "compiling") -> ProgressState:
-    """Show a rich progress bar for a stream of ninja output lines; return the final state."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    tracker = NinjaProgress()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"))
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(description, total=None, eta="?")
-        for line in lines:
-            state = tracker.feed(line)
-            if state is None:
-                continue
-            eta = "?" if state.eta is None else f"{int(state.eta) // 60}:{int(state.eta) % 60:02d}"
-            progress.update(task, completed=state.done, total=state.total, eta=eta)
-    return tracker.state

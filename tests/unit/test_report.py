@@ -102,10 +102,3 @@ def test_progress_parser_counts_elapsed_and_eta() -> None:
     assert report.NinjaProgress(clock=lambda: 0.0).feed("[0/9] starting").eta is None
 
 
-def test_follow_renders_with_rich() -> None:
-    from rich.console import Console
-
-    console = Console(record=True, width=100, force_terminal=False)
-    final = report.follow(["[1/2] a", "noise", "[2/2] b"], console=console, description="fmha")
-    assert (final.done, final.total) == (2, 2)
-    assert "2/2" in console.export_text()
