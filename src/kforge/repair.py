@@ -31,6 +31,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import RepairError, ToolchainError
 
 #: Never bundled, torch provides them (Linux sonames, Windows DLL names).
@@ -62,7 +63,7 @@ WINDOWS_SYSTEM = (
 
 #: auditwheel and delvewheel rename what they graft: libfoo-1a2b3c4d.so.1, foo-1a2b3c4d.dll.
 _GRAFT_HASH = re.compile(r"^(?P<stem>.+?)-[0-9a-f]{8,}(?P<rest>\.so(?:\.[0-9]+)*|\.dll)$", re.IGNORECASE)
-_ELF_OR_PE = re.compile(r"\.(so(\.[0-9]+)*|pyd|dll)$", re.IGNORECASE)
+_ELF_OR_PE = BINARY_NAME  # the doctor's rule for "a binary in a wheel"
 
 
 def unmangle(filename: str) -> str:

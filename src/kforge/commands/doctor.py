@@ -8,8 +8,6 @@ from pathlib import Path
 
 from kforge.errors import DoctorError
 
-BINARY_SUFFIXES = (".so", ".pyd", ".dll")
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
@@ -51,6 +49,7 @@ def handler(args: argparse.Namespace) -> int:
         to_json,
     )
     from kforge.doctor.checks import expected
+    from kforge.doctor.wheel import BINARY_NAME
     from kforge.repair import default_policy
 
     expect = [a.strip() for item in args.expect_arch for a in item.split(",") if a.strip()]
@@ -59,7 +58,7 @@ def handler(args: argparse.Namespace) -> int:
     if not path.exists():
         raise DoctorError(f"no such file or directory: {path}", why="kforge doctor needs something to inspect", fix="pass a .whl, a directory of wheels, or a .so/.pyd/.dll")
     reports: list[WheelReport | BinaryReport]
-    if path.is_file() and (path.suffix.lower() in BINARY_SUFFIXES or ".so." in path.name):
+    if path.is_file() and BINARY_NAME.search(path.name):
         reports = [inspect_binary(path)]
     else:
         if path.is_file() and path.suffix.lower() != ".whl":
