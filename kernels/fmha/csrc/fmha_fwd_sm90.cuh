@@ -11,8 +11,11 @@
 // chunk c ^ (r % 8). K and V tiles of 128 keys are double-buffered and loaded with cp.async by
 // all 256 threads one step ahead. S = Q K^T is wgmma m64n128k16 with both operands in shared
 // memory (K-major); O += P V is wgmma m64n64k16 with P taken straight from the S accumulators
-// as the register A operand and V read MN-major (transposed) from shared memory. The softmax
+// as the register A operand and V read MN-major (transposed) from shared memory. Each step
+// issues Q K^T first, then the cp.async loads of the next tile, then waits. The softmax
 // (stale max, exp2 domain), the masking rules, GQA and varlen follow fmha_fwd_kernel.cuh.
+// The compile-time options below (ping-pong, n128 P V, load order) were measured on an H200;
+// docs/benchmarks.md has the numbers.
 #pragma once
 
 #include "fmha_fwd_kernel.cuh"
@@ -26,7 +29,27 @@ constexpr int kHdim = 128;
 constexpr int kThreads = 256;
 constexpr int kTileBytes = 128 * 128 * 2;       // one [128][128] 16-bit tile
 constexpr int kHalfBytes = kTileBytes / 2;      // one [128][64] swizzled half
-constexpr int kSmemBytes = 5 * kTileBytes + 1024;  // Q, 2 x K, 2 x V, 1024-byte alignment slack
+// Ping-pong: warpgroup 1 runs half a step behind warpgroup 0 (softmax and P V of the previous
+// key tile, then Q K^T of this one), so one warpgroup's softmax overlaps the other's products.
+// V then needs a third buffer, since warpgroup 1 still reads the previous tile's V.
+#ifndef KFORGE_FMHA_SM90_PINGPONG
+#define KFORGE_FMHA_SM90_PINGPONG 0
+#endif
+constexpr bool kPingPong = KFORGE_FMHA_SM90_PINGPONG != 0;
+// P V as one m64n128k16 per 16 keys (V's two 64-column halves through the descriptor's LBO)
+// instead of two m64n64k16.
+#ifndef KFORGE_FMHA_SM90_PV_N128
+#define KFORGE_FMHA_SM90_PV_N128 0
+#endif
+constexpr bool kPvN128 = KFORGE_FMHA_SM90_PV_N128 != 0;
+// Issue Q K^T before the next tile's cp.async loads instead of after them.
+#ifndef KFORGE_FMHA_SM90_LOAD_AFTER_QK
+#define KFORGE_FMHA_SM90_LOAD_AFTER_QK 1
+#endif
+constexpr bool kLoadAfterQk = KFORGE_FMHA_SM90_LOAD_AFTER_QK != 0;
+constexpr int kVStages = kPingPong ? 3 : 2;
+// Q, 2 x K, kVStages x V, 1024-byte alignment slack.
+constexpr int kSmemBytes = (3 + kVStages) * kTileBytes + 1024;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KFORGE_FMHA_HAS_SM90_BODY 1
@@ -125,6 +148,41 @@ __device__ __forceinline__ void wgmma_rs_f16(float (&d)[32], const uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
+
+__device__ __forceinline__ void wgmma_rs128_bf16(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,"
+      "%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,"
+      "%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,"
+      "%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,"
+      "%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs128_f16(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,"
+      "%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,"
+      "%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,"
+      "%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,"
+      "%56,%57,%58,%59,%60,%61,%62,%63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
 template <typename T>
 struct Wgmma;
 template <>
@@ -135,6 +193,9 @@ struct Wgmma<__nv_bfloat16> {
   static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     wgmma_rs_bf16(d, a, db);
   }
+  static __device__ __forceinline__ void rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    wgmma_rs128_bf16(d, a, db);
+  }
 };
 template <>
 struct Wgmma<__half> {
@@ -143,6 +204,9 @@ struct Wgmma<__half> {
   }
   static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     wgmma_rs_f16(d, a, db);
+  }
+  static __device__ __forceinline__ void rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    wgmma_rs128_f16(d, a, db);
   }
 };
 
@@ -175,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_fwd_sm90_kernel(const FwdPar
   unsigned char* base = smem_raw + pad;
   const uint32_t sQ = raw_addr + pad;
   const uint32_t sK = sQ + kTileBytes;      // 2 buffers
-  const uint32_t sV = sQ + 3 * kTileBytes;  // 2 buffers
+  const uint32_t sV = sQ + 3 * kTileBytes;  // kVStages buffers
 
   const int m_block = gridDim.x - 1 - blockIdx.x;
   const int head = blockIdx.y;
@@ -223,16 +287,16 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_fwd_sm90_kernel(const FwdPar
     n_blocks = min(n_blocks, last_key < 0 ? 0 : (last_key + kBlockN) / kBlockN);
   }
 
-  auto load_kv = [&](int n, int buf) {
+  auto load_kv = [&](int n, int kbuf, int vbuf) {
     const int64_t koff = static_cast<int64_t>(n) * kBlockN;
-    load_tile<T>(sK + buf * kTileBytes, gK + koff * p.k_row_stride, p.k_row_stride,
+    load_tile<T>(sK + kbuf * kTileBytes, gK + koff * p.k_row_stride, p.k_row_stride,
                  sk - n * kBlockN, tid);
-    load_tile<T>(sV + buf * kTileBytes, gV + koff * p.v_row_stride, p.v_row_stride,
+    load_tile<T>(sV + vbuf * kTileBytes, gV + koff * p.v_row_stride, p.v_row_stride,
                  sk - n * kBlockN, tid);
   };
 
   load_tile<T>(sQ, gQ, p.q_row_stride, sq - row0, tid);
-  if (n_blocks > 0) load_kv(n_blocks - 1, (n_blocks - 1) & 1);
+  if (n_blocks > 0) load_kv(n_blocks - 1, 0, 0);  // step i = 0 uses buffers 0
   cp_async_commit();
 
   float o[2][32];
@@ -249,6 +313,9 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_fwd_sm90_kernel(const FwdPar
   const uint64_t q_desc = make_desc(sQ + wg * 64 * 128);
   const uint64_t k_desc = make_desc(sK);
   const uint64_t v_desc = make_desc(sV);
+  // n128 variant of P V: the two 64-column halves of V are one operand, LBO = their distance.
+  const uint64_t v_desc128 = (v_desc & ~(static_cast<uint64_t>(0x3FFF) << 16)) |
+                             (static_cast<uint64_t>(kHalfBytes >> 4) << 16);
   constexpr uint64_t kTileUnits = kTileBytes >> 4;
   constexpr uint64_t kHalfUnits = kHalfBytes >> 4;
 
@@ -260,41 +327,47 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_fwd_sm90_kernel(const FwdPar
     return (n + 1) * kBlockN > sk || (CAUSAL && n * kBlockN + kBlockN - 1 > row0 + sk - sq);
   };
 
-  auto step = [&](int n, auto masked) {
-    const int buf = n & 1;
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
-    if (n > 0) load_kv(n - 1, buf ^ 1);
-    cp_async_commit();
+  // The scores of one key tile; in ping-pong mode warpgroup 1 keeps them across the barrier.
+  float s[64];
 
-    float s[64];
+  // S = Q K^T for the key tile in K buffer kbuf.
+  auto qk_issue = [&](int kbuf) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       const uint64_t koff = (kk / 4) * kHalfUnits + (kk % 4) * 2;  // 32 bytes per k16
-      Wgmma<T>::ss(s, q_desc + koff, k_desc + buf * kTileUnits + koff, kk > 0);
+      Wgmma<T>::ss(s, q_desc + koff, k_desc + kbuf * kTileUnits + koff, kk > 0);
     }
     wgmma_commit();
+  };
+  auto qk_wait = [&]() {
     wgmma_wait0();
     keep(s);
+  };
+  auto qk = [&](int kbuf) {
+    qk_issue(kbuf);
+    qk_wait();
+  };
 
-    if constexpr (decltype(masked)::value) {
+  // Masks S for key tile n (end of the keys, causal diagonal).
+  auto mask = [&](int n) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = row0 + wrow + 8 * r;
-        const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + wrow + 8 * r;
+      const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < 16; ++j) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = n * kBlockN + 8 * j + 2 * t + e;
-            if (col >= limit) s[4 * j + 2 * r + e] = kNegInf;
-          }
+        for (int e = 0; e < 2; ++e) {
+          const int col = n * kBlockN + 8 * j + 2 * t + e;
+          if (col >= limit) s[4 * j + 2 * r + e] = kNegInf;
         }
       }
     }
+  };
 
+  // Softmax of S, then O += P V with V buffer vbuf.
+  auto softmax_pv = [&](int vbuf) {
     // Online softmax with a stale reference max (see fmha_fwd_kernel.cuh).
     float mx[2];
     bool grow = false;
@@ -354,9 +427,14 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_fwd_sm90_kernel(const FwdPar
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
+      if constexpr (kPvN128) {
+        Wgmma<T>::rs128(reinterpret_cast<float(&)[64]>(o), pa[kk],
+                        v_desc128 + vbuf * kTileUnits + kk * (16 * 128 >> 4));
+      } else {
 #pragma unroll
-      for (int d = 0; d < 2; ++d) {
-        Wgmma<T>::rs(o[d], pa[kk], v_desc + buf * kTileUnits + d * kHalfUnits + kk * (16 * 128 >> 4));
+        for (int d = 0; d < 2; ++d) {
+          Wgmma<T>::rs(o[d], pa[kk], v_desc + vbuf * kTileUnits + d * kHalfUnits + kk * (16 * 128 >> 4));
+        }
       }
     }
     wgmma_commit();
@@ -366,9 +444,40 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_fwd_sm90_kernel(const FwdPar
     keep(pa);
   };
 
+  // Step i handles key tile n = n_blocks - 1 - i: K in buffer i % 2, V in buffer i % kVStages.
+  auto step = [&](int i, int n, auto masked) {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if (kLoadAfterQk && (!kPingPong || wg == 0)) {
+      qk_issue(i & 1);  // the next tile's cp.async is issued while the tensor cores work
+      if (n > 0) load_kv(n - 1, (i + 1) & 1, (i + 1) % kVStages);
+      cp_async_commit();
+      qk_wait();
+      if constexpr (decltype(masked)::value) mask(n);
+      softmax_pv(i % kVStages);
+      return;
+    }
+    if (n > 0) load_kv(n - 1, (i + 1) & 1, (i + 1) % kVStages);
+    cp_async_commit();
+    if (!kPingPong || wg == 0) {
+      qk(i & 1);
+      if constexpr (decltype(masked)::value) mask(n);
+      softmax_pv(i % kVStages);
+    } else {
+      if (i > 0) softmax_pv((i - 1) % kVStages);
+      qk(i & 1);
+      if constexpr (decltype(masked)::value) mask(n);
+    }
+  };
+
+  int i = 0;
   int n = n_blocks - 1;
-  for (; n >= 0 && needs_mask(n); --n) step(n, std::true_type{});
-  for (; n >= 0; --n) step(n, std::false_type{});
+  for (; n >= 0 && needs_mask(n); --n, ++i) step(i, n, std::true_type{});
+  for (; n >= 0; --n, ++i) step(i, n, std::false_type{});
+  // Warpgroup 1 is half a step behind: the last tile's softmax and P V (no loads are pending,
+  // so its V buffer is intact).
+  if (kPingPong && wg == 1 && n_blocks > 0) softmax_pv((n_blocks - 1) % kVStages);
 
   // Epilogue: normalise, write the LSE, stage O through this warp's own rows of sQ.
   cp_async_wait<0>();
