@@ -6,11 +6,13 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))  # kforge_gitfixtures, kforge_doctor_builders
 
 
 @functools.cache
@@ -37,3 +39,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def nvcc() -> str:
+    """The nvcc the real-build tests compile with (CUDA_HOME, PATH or /usr/local/cuda*)."""
+    import kforge_doctor_builders
+
+    found = kforge_doctor_builders.find_nvcc()
+    if not found:
+        pytest.skip("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the doctor/repair fixtures' real builds, shared by the whole session (they are cached)."""
+    return tmp_path_factory.getbasetemp() / "kforge-doctor-fixtures"

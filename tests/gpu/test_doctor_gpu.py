@@ -44,14 +44,6 @@ def capability() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-@pytest.fixture(scope="module")
-def nvcc() -> str:
-    found = B.find_nvcc()
-    if not found:
-        pytest.skip("nvcc not found")
-    return found
-
-
 def _cases(cap: tuple[int, int]) -> dict[str, list[str]]:
     """Arch sets relative to the device: one that matches, PTX the driver can JIT, and two without an image."""
     major, minor = cap

@@ -31,19 +31,6 @@ import kforge_doctor_builders as B  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def nvcc() -> str:
-    found = B.find_nvcc()
-    if not found:
-        pytest.skip("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
-    return found
-
-
-@pytest.fixture(scope="session")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp() / "kforge-doctor-fixtures"
-
-
-@pytest.fixture(scope="session")
 def multi_so(nvcc: str, work: Path) -> Path:
     return B.nvcc_shared(nvcc, work / "libmulti.so", B.MULTI_GENCODES)
 

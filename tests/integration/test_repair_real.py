@@ -30,19 +30,6 @@ TAG = "cp311-cp311-linux_x86_64"
 
 
 @pytest.fixture(scope="session")
-def nvcc() -> str:
-    found = B.find_nvcc()
-    if not found:
-        pytest.skip("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
-    return found
-
-
-@pytest.fixture(scope="session")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp() / "kforge-doctor-fixtures"
-
-
-@pytest.fixture(scope="session")
 def linux_ext(nvcc: str, work: Path):  # type: ignore[no-untyped-def]
     return B.linux_extension(nvcc, work / "linux-ext")
 
