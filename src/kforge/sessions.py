@@ -95,7 +95,7 @@ def register(nox: Any, root: Path) -> None:
 
             add(f"patch-{project.name}", patch,
                 f"{project.name}: does our patch series apply to the pinned upstream? (per-patch status)",
-                [project.name, "patch"], python=False)
+                [project.name, "patch"], venv_params=venv_params)
 
     def tests(session: Any) -> None:
         install_kforge(session, root, "test")
