@@ -56,3 +56,17 @@ def nvcc() -> str:
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One folder for the doctor/repair fixtures' real builds, shared by the whole session (they are cached)."""
     return tmp_path_factory.getbasetemp() / "kforge-doctor-fixtures"
+
+
+@pytest.fixture(scope="session")
+def nvcc_env_and_host():
+    """The environment and host facts a real build sees; skips where no nvcc is found."""
+    from kforge.host import detect_host
+
+    environ = dict(os.environ)
+    if not environ.get("CUDA_HOME") and Path("/usr/local/cuda-13.0/bin/nvcc").is_file():
+        environ["CUDA_HOME"] = "/usr/local/cuda-13.0"
+    host = detect_host(environ, probe_torch=False)
+    if host.nvcc_path is None:
+        pytest.skip("no nvcc found (set CUDA_HOME): these tests compile real CUDA")
+    return environ, host

@@ -6,7 +6,6 @@ then the failing-build path with the kernel compiled out.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
@@ -19,7 +18,6 @@ from kforge.backends import BuildRequest, BuildResult, get_backend
 from kforge.config import load_forge
 from kforge.doctor.elf import read_elf
 from kforge.errors import BuildError
-from kforge.host import detect_host
 from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
 from kforge.report import parse_ninja_log
@@ -47,13 +45,8 @@ arch_knobs = [{ env = "CMAKE_CUDA_ARCHITECTURES", format = "cmake" }]
 
 
 @pytest.fixture(scope="module")
-def env_and_host():
-    environ = dict(os.environ)
-    if not environ.get("CUDA_HOME") and Path("/usr/local/cuda-13.0/bin/nvcc").is_file():
-        environ["CUDA_HOME"] = "/usr/local/cuda-13.0"
-    host = detect_host(environ, probe_torch=False)
-    if host.nvcc_path is None:
-        pytest.skip("no nvcc found (set CUDA_HOME): the cmake backend tests compile real CUDA")
+def env_and_host(nvcc_env_and_host):
+    environ, host = nvcc_env_and_host
     for tool in ("cmake", "ninja"):
         if shutil.which(tool, path=environ.get("PATH")) is None:
             pytest.skip(f"{tool} is not installed (.ci/run installs ninja-build; CMake comes with the image)")

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
@@ -22,7 +21,6 @@ from kforge.backends import BuildRequest, BuildResult, get_backend
 from kforge.config import load_forge
 from kforge.doctor.elf import read_elf
 from kforge.errors import BuildError
-from kforge.host import detect_host
 from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
 from kforge.report import parse_ninja_log
@@ -65,13 +63,8 @@ arch_knobs = [{ env = "NINJA_TINY_ARCHS", format = "numbers" }]
 
 
 @pytest.fixture(scope="module")
-def env_and_host():
-    environ = dict(os.environ)
-    if not environ.get("CUDA_HOME") and Path("/usr/local/cuda-13.0/bin/nvcc").is_file():
-        environ["CUDA_HOME"] = "/usr/local/cuda-13.0"
-    host = detect_host(environ, probe_torch=False)
-    if host.nvcc_path is None:
-        pytest.skip("no nvcc found (set CUDA_HOME): the native backend tests compile real CUDA")
+def env_and_host(nvcc_env_and_host):
+    environ, host = nvcc_env_and_host
     if host.platform != "linux-x86_64":
         pytest.skip(f"these tests build linux-x86_64 wheels; this host is {host.platform}")
     return environ, host
