@@ -47,7 +47,7 @@ def test_fresh_clone_reports_missing_with_fix_and_sync_initialises(world, tmp_pa
     assert st.state is SourceState.MISSING
     assert not st.ok
     assert "kforge sources sync tiny" in (st.fix or "")
-    assert f"git submodule update --init -- {SUB}" in (st.fix or "")
+    assert f"git submodule update --init --recursive -- {SUB}" in (st.fix or "")
 
     after = sources.sync(clone, spec, name="tiny")
     assert after.state is SourceState.PINNED
