@@ -177,10 +177,13 @@ def test_cli_status_on_fresh_clone_reports_missing_without_traceback(world, tmp_
     cmd = [sys.executable, "-m", "kforge.cli", "-C", str(clone), "sources", "status"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(tmp_path))
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out  # a report: a fresh clone is a normal state
+    assert proc.returncode == 1, out  # not ready: `kforge sources status && build` must stop here
     assert "Traceback" not in out
     assert "missing" in out
     assert "kforge sources sync tiny" in out
+    quiet = subprocess.run(cmd + ["--quiet"], capture_output=True, text=True, env=_env(tmp_path))
+    assert quiet.returncode == 1 and "Traceback" not in quiet.stderr
+    assert quiet.stdout.strip().startswith("tiny (externals/tiny) is missing") and "┃" not in quiet.stdout
     strict = subprocess.run(cmd + ["--strict"], capture_output=True, text=True, env=_env(tmp_path))
     assert strict.returncode == 1 and "Traceback" not in strict.stderr
 
@@ -190,6 +193,8 @@ def test_cli_status_on_fresh_clone_reports_missing_without_traceback(world, tmp_
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pinned" in proc.stdout
+    quiet = subprocess.run(cmd + ["--quiet"], capture_output=True, text=True, env=_env(tmp_path))
+    assert quiet.returncode == 0 and quiet.stdout == ""
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
