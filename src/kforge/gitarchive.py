@@ -1,7 +1,7 @@
 """Pinned git trees as compressed archives (nested submodules included) in kforge's cache.
 
 An offline host has no ``externals/`` checkout and no mirror, so the kit carries each
-pinned tree as ``<cache>/git/<owner>+<name>-<commit>.tar.gz``: ``git archive`` of the
+pinned tree as ``<cache>/git/<owner>+<name>-<commit>.tar.xz``: ``git archive`` of the
 commit and, recursively, of every nested submodule at the commit its parent records,
 read from git objects (a checkout's or a mirror's), without a working tree. A sidecar
 ``<file>.json`` records the sha256 and what is inside; :func:`find` verifies the bytes
@@ -78,9 +78,15 @@ class ArchivedTree:
                    int(data["size"]), nested, tuple(data.get("trimmed", ())))  # type: ignore[arg-type]
 
 
-def file_name(url: str, commit: str) -> str:
+#: Compressions ``write`` offers, by file suffix; ``find`` looks for each. xz is about 30% smaller
+#: than gzip on these trees (flashinfer v0.6.17 with cccl/cutlass/nixl: 16.4 MiB against 23.6 MiB).
+COMPRESSIONS = {"xz": ".tar.xz", "gz": ".tar.gz"}
+
+
+def file_name(url: str, commit: str, compression: str = "xz") -> str:
     owner, name = url_owner_name(url)
-    return f"{owner}+{name}-{commit}.tar.gz" if owner else f"{name}-{commit}.tar.gz"
+    stem = f"{owner}+{name}-{commit}" if owner else f"{name}-{commit}"
+    return stem + COMPRESSIONS[compression]
 
 
 def cache_folder(cache_dir: Path) -> Path:
@@ -91,17 +97,18 @@ def find(cache_dir: Path | None, url: str, commit: str) -> ArchivedTree | None:
     """The cached archive of ``url`` at ``commit`` if present *and* its bytes match its record."""
     if cache_dir is None:
         return None
-    path = cache_folder(cache_dir) / file_name(url, commit)
-    meta = path.with_name(path.name + ".json")
-    if not path.is_file() or not meta.is_file():
-        return None
-    try:
-        record = ArchivedTree.from_json(path, json.loads(meta.read_text()))
-    except (ValueError, KeyError, TypeError):
-        return None
-    if record.commit != commit or sha256_file(path) != record.sha256:
-        return None
-    return record
+    for compression in COMPRESSIONS:
+        path = cache_folder(cache_dir) / file_name(url, commit, compression)
+        meta = path.with_name(path.name + ".json")
+        if not path.is_file() or not meta.is_file():
+            continue
+        try:
+            record = ArchivedTree.from_json(path, json.loads(meta.read_text()))
+        except (ValueError, KeyError, TypeError):
+            continue
+        if record.commit == commit and sha256_file(path) == record.sha256:
+            return record
+    return None
 
 
 # --------------------------------------------------------------------------- writing
@@ -126,7 +133,7 @@ def git_archive(repo: Path, commit: str, prefix: str, excludes: Sequence[str]) -
 
 def write(dest_dir: Path, *, url: str, commit: str, top: str, repo: Path, mirrors: Mirrors,
           checkout: Path | None = None, skip_nested: Sequence[str] = (), trim: bool = True,
-          reader: Reader = git_archive) -> ArchivedTree:
+          compression: str = "xz", reader: Reader = git_archive) -> ArchivedTree:
     """Archive ``repo`` at ``commit`` with its nested submodules into ``dest_dir`` (atomically).
 
     Each nested submodule's objects come from the matching folder of ``checkout`` if it has
@@ -163,11 +170,14 @@ def write(dest_dir: Path, *, url: str, commit: str, top: str, repo: Path, mirror
             fix="add a mirror holding those commits (--mirror DIR or $KFORGE_GIT_MIRROR; see docs/patches.md), "
                 "or leave them out with --skip-nested PATH if the build does not need them",
         )
-    target = dest_dir / file_name(url, commit)
-    fd, tmp = tempfile.mkstemp(prefix=".archive-", suffix=".tar.gz", dir=dest_dir)
+    if compression not in COMPRESSIONS:
+        raise SourceError(f"unknown compression {compression!r}", fix=f"use one of {', '.join(COMPRESSIONS)}")
+    target = dest_dir / file_name(url, commit, compression)
+    fd, tmp = tempfile.mkstemp(prefix=".archive-", suffix=COMPRESSIONS[compression], dir=dest_dir)
     os.close(fd)
+    options = {"preset": 6} if compression == "xz" else {"compresslevel": 9}
     try:
-        with tarfile.open(tmp, "w:gz", compresslevel=9, format=tarfile.PAX_FORMAT) as out:
+        with tarfile.open(tmp, f"w:{compression}", format=tarfile.PAX_FORMAT, **options) as out:
             for part_repo, part_commit, prefix, excludes in parts:
                 data = reader(part_repo, part_commit, prefix, excludes)
                 _copy_members(data, out)

@@ -5,7 +5,7 @@
     OUT/kit.json                                        the manifest: every file, its sha256 and size
     OUT/wheels/*.whl                                    kforge and its dependencies, for the host's Python/platform
     OUT/cache/sdists/<name>-<version>-<sha16>/<file>    pinned sdists, in the layout kforge's cache uses
-    OUT/cache/git/<owner>+<name>-<commit>.tar.gz(.json) pinned git trees with nested submodules (gitarchive)
+    OUT/cache/git/<owner>+<name>-<commit>.tar.xz(.json) pinned git trees with nested submodules (gitarchive)
 
 ``OUT/cache`` *is* a kforge cache, so ``KFORGE_CACHE=OUT/cache`` uses the kit in place;
 ``kforge sources kit install OUT`` pip-installs the wheels offline and copies the cache part
@@ -133,6 +133,7 @@ def pip_runner(argv: Sequence[str]) -> None:
 def build(out: Path, *, root: Path, sources: Sequence[tuple[str, Source]], projects: Sequence[str],
           cache_dir: Path, mirrors: Mirrors, target: WheelTarget | None = None, wheels: bool = True,
           extra_requirements: Sequence[str] = (), trim: bool = True, skip_nested: Sequence[str] = (),
+          compression: str = "xz",
           runner: Runner = pip_runner, opener: _sdist.Opener | None = None,
           log: Callable[[str], None] = lambda _: None) -> KitManifest:
     """Write the kit for ``sources`` (``(label, spec)`` pairs, deduplicated by the caller) into ``out``.
@@ -173,7 +174,7 @@ def build(out: Path, *, root: Path, sources: Sequence[tuple[str, Source]], proje
                 rec = gitarchive.write(part / "cache" / gitarchive.SUBDIR, url=spec.url, commit=spec.commit,
                                        top=Path(spec.path).name, repo=repo, mirrors=mirrors,
                                        checkout=checkout if repo == checkout else None,
-                                       skip_nested=skip_nested, trim=trim)
+                                       skip_nested=skip_nested, trim=trim, compression=compression)
                 rel = Path("cache") / gitarchive.SUBDIR / rec.path.name
                 entries.append(KitEntry("git", rel.as_posix(), rec.sha256, rec.size, f"{spec.url}@{spec.commit}"))
                 meta = rec.path.with_name(rec.path.name + ".json")

@@ -42,6 +42,7 @@ def test_build_from_mirrors_trims_nested_docs_and_records_everything(world, tmp_
     git_entries = [e for e in manifest.entries if e.kind == "git"]
     assert len(git_entries) == 1 and git_entries[0].what == f"{UPSTREAM_URL}@{world['pin']}"
     archive = out / git_entries[0].path
+    assert archive.name.endswith(".tar.xz")
     names = _names(archive)
     assert "tiny/csrc/tiny.cu" in names and "tiny/setup.py" in names
     assert "tiny/csrc/cutlass/include/cutlass/cutlass.h" in names  # the nested submodule's files
@@ -52,8 +53,14 @@ def test_build_from_mirrors_trims_nested_docs_and_records_everything(world, tmp_
     assert kit.verify(out).entries == manifest.entries
     # --keep-all keeps them
     full = kit.build(tmp_path / "kit-full", root=world["clone"], sources=[("tiny", world["spec"])], projects=["tiny"],
-                     cache_dir=tmp_path / "cache", mirrors=Mirrors((world["mirrors"],)), wheels=False, trim=False)
+                     cache_dir=tmp_path / "cache", mirrors=Mirrors((world["mirrors"],)), wheels=False, trim=False,
+                     compression="gz")
+    assert full.entries[0].path.endswith(".tar.gz")
     assert "tiny/csrc/cutlass/docs/big.md" in _names(tmp_path / "kit-full" / full.entries[0].path)
+    st = sources.status(world["root"], "tiny", world["spec"], cache_dir=tmp_path / "kit-full" / "cache")
+    # a checkout, even an incomplete one (its nested submodule is not initialised), is what status
+    # judges: the kit only stands in where there is no checkout at all
+    assert st.state is SourceState.MISSING and "csrc/cutlass" in st.detail
 
 
 def test_missing_nested_commit_fails_whole_unless_skipped(world, tmp_path: Path) -> None:

@@ -67,6 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="also download this requirement's wheels (repeatable), e.g. ninja")
     kb.add_argument("--keep-all", dest="trim", action="store_false",
                     help=f"keep nested submodules' {', '.join(kit.gitarchive.NESTED_TRIM)} folders")
+    kb.add_argument("--compression", choices=("xz", "gz"), default="xz",
+                    help="for the git trees: xz (default, ~30%% smaller) or gz (faster)")
     kb.add_argument("--skip-nested", action="append", default=[], metavar="PATH",
                     help="leave this nested submodule out (e.g. csrc/composable_kernel, ROCm only); recorded")
     kb.set_defaults(func=run_kit_build)
@@ -216,6 +218,7 @@ def run_kit_build(args: argparse.Namespace) -> int:
                          cache_dir=cache_dir(), mirrors=_mirrors(args),
                          target=kit.WheelTarget(args.python, args.platform), wheels=args.wheels,
                          extra_requirements=args.extra, trim=args.trim, skip_nested=args.skip_nested,
+                         compression=args.compression,
                          log=lambda line: out.print(line, highlight=False))
     for note in manifest.notes:
         out.print(f"[yellow]note[/] {note}", highlight=False)
