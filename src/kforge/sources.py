@@ -275,9 +275,14 @@ def _submodule_update(repo: Path, paths: Sequence[str], redirect: Sequence[str],
     try:
         run_git([*redirect, "submodule", "update", "--init", "--", *paths], cwd=repo)
     except SourceError as exc:
-        raise SourceError(f"{what} failed", why=exc.render(),
-                          fix="offline? give a mirror directory with --mirror DIR or $KFORGE_GIT_MIRROR "
-                              "(docs/patches.md, 'Mirrors')") from exc
+        text = exc.render()
+        if redirect and ("unable to read" in text or "repository corruption" in text):
+            fix = ("the mirror lacks some objects of that commit (a partial snapshot), so git cannot clone from "
+                   "it: complete the mirror (`git fetch` into it where upstream is reachable), or build from an "
+                   "offline kit, whose trimmed archive may not need the missing files (`kforge sources kit build`)")
+        else:
+            fix = "offline? give a mirror directory with --mirror DIR or $KFORGE_GIT_MIRROR (docs/patches.md, 'Mirrors')"
+        raise SourceError(f"{what} failed", why=text, fix=fix) from exc
 
 
 def _sync_nested(checkout: Path, commit: str, mirrors: Mirrors, *, chain: str) -> None:
