@@ -119,3 +119,12 @@ def test_cli_verify_in_a_synced_checkout(tmp_path: Path, monkeypatch: pytest.Mon
     proc = _verify(clone)  # no mirror now: the checkout's remote-tracking branches answer
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "checkout" in proc.stdout and "branch main" in proc.stdout
+
+
+def test_a_mirror_directory_that_does_not_exist_is_an_error(refs_world, tmp_path: Path) -> None:
+    root = tmp_path / "mono"
+    root.mkdir()
+    write_forge(root, refs_world["up"], refs_world["a"])
+    proc = _verify(root, "--mirror", str(tmp_path / "no-such-dir"))
+    assert proc.returncode == 5 and "Traceback" not in proc.stderr
+    assert "does not exist" in proc.stderr

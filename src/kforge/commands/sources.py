@@ -143,7 +143,13 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def _mirrors(args: argparse.Namespace) -> Mirrors:
-    return Mirrors.from_cascade(getattr(args, "mirror", []), os.environ)
+    mirrors = Mirrors.from_cascade(getattr(args, "mirror", []), os.environ)
+    absent = [str(d) for d in mirrors.dirs if not d.is_dir()]
+    if absent:
+        raise SourceError(f"mirror directory {', '.join(absent)} does not exist",
+                          why=f"it was given with --mirror or ${MIRROR_ENV}; without it git would go to the network",
+                          fix="fix the path, or leave it out")
+    return mirrors
 
 
 def run_sync(args: argparse.Namespace) -> int:
