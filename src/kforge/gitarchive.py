@@ -16,7 +16,7 @@ import os
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +44,7 @@ class NestedEntry:
     commit: str
     read_from: str = ""  # the git directory its objects came from
     skipped: str = ""  # why it is not in the archive ("" = it is)
+    substitute: str = ""  # a folder whose files stand in for it (not the pinned commit's), "" = none
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,22 @@ class ArchivedTree:
     def skipped(self) -> tuple[NestedEntry, ...]:
         return tuple(n for n in self.nested if n.skipped)
 
+    @property
+    def substituted(self) -> tuple[NestedEntry, ...]:
+        return tuple(n for n in self.nested if n.substitute)
+
     def to_json(self) -> dict[str, object]:
         return {
             "file": self.path.name, "url": self.url, "commit": self.commit, "top": self.top,
             "sha256": self.sha256, "size": self.size, "trimmed": list(self.trimmed),
-            "nested": [{"path": n.path, "url": n.url, "commit": n.commit, "skipped": n.skipped} for n in self.nested],
+            "nested": [{"path": n.path, "url": n.url, "commit": n.commit, "skipped": n.skipped,
+                        **({"substitute": n.substitute} if n.substitute else {})} for n in self.nested],
         }
 
     @classmethod
     def from_json(cls, path: Path, data: dict[str, object]) -> ArchivedTree:
-        nested = tuple(NestedEntry(str(n["path"]), str(n["url"]), str(n["commit"]), skipped=str(n.get("skipped", "")))
+        nested = tuple(NestedEntry(str(n["path"]), str(n["url"]), str(n["commit"]), skipped=str(n.get("skipped", "")),
+                                   substitute=str(n.get("substitute", "")))
                        for n in data.get("nested", []))  # type: ignore[union-attr]
         return cls(path, str(data["url"]), str(data["commit"]), str(data["top"]), str(data["sha256"]),
                    int(data["size"]), nested, tuple(data.get("trimmed", ())))  # type: ignore[arg-type]
@@ -133,13 +140,18 @@ def git_archive(repo: Path, commit: str, prefix: str, excludes: Sequence[str]) -
 
 def write(dest_dir: Path, *, url: str, commit: str, top: str, repo: Path, mirrors: Mirrors,
           checkout: Path | None = None, skip_nested: Sequence[str] = (), trim: bool = True,
-          compression: str = "xz", reader: Reader = git_archive) -> ArchivedTree:
+          compression: str = "xz", substitutes: Mapping[str, Path] | None = None,
+          reader: Reader = git_archive) -> ArchivedTree:
     """Archive ``repo`` at ``commit`` with its nested submodules into ``dest_dir`` (atomically).
 
     Each nested submodule's objects come from the matching folder of ``checkout`` if it has
     the commit, else from its mirror. A nested submodule found nowhere is an error naming
-    all of them, unless its path is in ``skip_nested`` (then it is recorded as skipped).
+    all of them, unless its path is in ``skip_nested`` (then it is recorded as skipped) or in
+    ``substitutes`` (then that folder's files are archived in its place, and recorded as such:
+    they are not the pinned commit's, and ``kforge sources status`` says so on the host).
     """
+    substitutes = dict(substitutes or {})
+    folders: list[tuple[Path, str]] = []
     dest_dir.mkdir(parents=True, exist_ok=True)
     parts: list[tuple[Path, str, str, tuple[str, ...]]] = [(repo, commit, f"{top}/", TOP_TRIM if trim else ())]
     nested: list[NestedEntry] = []
@@ -151,6 +163,14 @@ def write(dest_dir: Path, *, url: str, commit: str, top: str, repo: Path, mirror
             rel = f"{at_prefix}{sub.path}"
             if rel in skip_nested or sub.path in skip_nested:
                 nested.append(NestedEntry(rel, sub.url, sub.commit, skipped="--skip-nested"))
+                continue
+            folder = substitutes.get(rel) or substitutes.get(sub.path)
+            if folder is not None:
+                if not Path(folder).is_dir():
+                    raise SourceError(f"the stand-in folder for {rel} does not exist: {folder}",
+                                      fix="give an existing folder with --nested-from PATH=DIR")
+                nested.append(NestedEntry(rel, sub.url, sub.commit, substitute=str(Path(folder).resolve())))
+                folders.append((Path(folder), f"{top}/{rel}/"))
                 continue
             sub_checkout = at_checkout / sub.path if at_checkout is not None else None
             found = _locate(sub.url, sub.commit, sub_checkout, mirrors)
@@ -181,6 +201,10 @@ def write(dest_dir: Path, *, url: str, commit: str, top: str, repo: Path, mirror
             for part_repo, part_commit, prefix, excludes in parts:
                 data = reader(part_repo, part_commit, prefix, excludes)
                 _copy_members(data, out)
+            for folder, prefix in folders:
+                for path in sorted(folder.rglob("*")):
+                    if path.is_file() or path.is_symlink():
+                        out.add(path, arcname=prefix + path.relative_to(folder).as_posix(), recursive=False)
         os.chmod(tmp, PUBLIC_FILE_MODE)
         os.replace(tmp, target)
     finally:

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,7 +133,7 @@ def pip_runner(argv: Sequence[str]) -> None:
 def build(out: Path, *, root: Path, sources: Sequence[tuple[str, Source]], projects: Sequence[str],
           cache_dir: Path, mirrors: Mirrors, target: WheelTarget | None = None, wheels: bool = True,
           extra_requirements: Sequence[str] = (), trim: bool = True, skip_nested: Sequence[str] = (),
-          compression: str = "xz",
+          compression: str = "xz", substitutes: Mapping[str, Path] | None = None,
           runner: Runner = pip_runner, opener: _sdist.Opener | None = None,
           log: Callable[[str], None] = lambda _: None) -> KitManifest:
     """Write the kit for ``sources`` (``(label, spec)`` pairs, deduplicated by the caller) into ``out``.
@@ -151,6 +151,7 @@ def build(out: Path, *, root: Path, sources: Sequence[tuple[str, Source]], proje
     try:
         entries: list[KitEntry] = []
         notes: list[str] = []
+        nested_seen: set[str] = set()
         for label, spec in sources:
             if isinstance(spec, SdistSource):
                 got = _sdist.fetch(spec.name, spec.version, spec.sha256, cache_dir=cache_dir,
@@ -174,16 +175,27 @@ def build(out: Path, *, root: Path, sources: Sequence[tuple[str, Source]], proje
                 rec = gitarchive.write(part / "cache" / gitarchive.SUBDIR, url=spec.url, commit=spec.commit,
                                        top=Path(spec.path).name, repo=repo, mirrors=mirrors,
                                        checkout=checkout if repo == checkout else None,
-                                       skip_nested=skip_nested, trim=trim, compression=compression)
+                                       skip_nested=skip_nested, trim=trim, compression=compression,
+                                       substitutes=substitutes)
                 rel = Path("cache") / gitarchive.SUBDIR / rec.path.name
                 entries.append(KitEntry("git", rel.as_posix(), rec.sha256, rec.size, f"{spec.url}@{spec.commit}"))
                 meta = rec.path.with_name(rec.path.name + ".json")
                 entries.append(KitEntry("git-meta", (rel.parent / meta.name).as_posix(), sha256_file(meta),
                                         meta.stat().st_size, f"{spec.url}@{spec.commit}"))
+                nested_seen.update(n.path for n in rec.nested)
                 for n in rec.skipped:
                     notes.append(f"{label}: nested submodule {n.path} @ {n.commit[:12]} left out ({n.skipped})")
+                for n in rec.substituted:
+                    notes.append(f"{label}: nested submodule {n.path} @ {n.commit[:12]} replaced by the files of "
+                                 f"{n.substitute} (--nested-from; not the pinned commit)")
                 inside = ", ".join(n.path for n in rec.nested if not n.skipped) or "no nested submodules"
                 log(f"{label}: git {spec.commit[:12]} with {inside} ({_mib(rec.size)})")
+        unused = [p for p in [*skip_nested, *(substitutes or {})] if p not in nested_seen]
+        if unused:
+            raise SourceError(f"--skip-nested / --nested-from name no nested submodule of the kit's sources: "
+                              f"{', '.join(unused)}",
+                              why=f"their nested submodules are: {', '.join(sorted(nested_seen)) or 'none'}",
+                              fix="use the submodule's path inside its upstream, e.g. 3rdparty/spdlog")
         if wheels:
             entries += _wheels(part / "wheels", root, target, extra_requirements, runner, log)
         manifest = KitManifest(tuple(projects), target, tuple(entries),

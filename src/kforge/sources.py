@@ -176,6 +176,8 @@ def _git_status(root: Path, name: str, spec: GitSource, *, cache_dir: Path | Non
         kit = gitarchive.find(cache_dir, spec.url, spec.commit)
         if kit is not None:
             skipped = f"; left out: {', '.join(n.path for n in kit.skipped)}" if kit.skipped else ""
+            skipped += (f"; stand-ins (not the pinned commit): {', '.join(n.path for n in kit.substituted)}"
+                        if kit.substituted else "")
             return SourceStatus(name, "git", SourceState.IN_KIT, spec.commit, spec.commit,
                                 f"no checkout; the kit's {kit.path.name} (sha256 verified) is used{skipped}")
         return SourceStatus(name, "git", SourceState.MISSING, spec.commit, None,

@@ -160,3 +160,29 @@ def test_existing_non_empty_out_is_refused(tmp_path: Path) -> None:
         kit.build(tmp_path / "kit", root=tmp_path, sources=[], projects=[], cache_dir=tmp_path / "c",
                   mirrors=Mirrors(), wheels=False)
     assert (tmp_path / "kit" / "x").read_text() == "keep me"
+
+
+def test_nested_from_stands_in_for_an_unmirrored_submodule_and_says_so(world, tmp_path: Path) -> None:
+    only_top = tmp_path / "only-top"
+    only_top.mkdir()
+    os.symlink(Path(world["mirrors"]) / "acme+tiny.git", only_top / "acme+tiny.git")
+    stand_in = tmp_path / "cutlass-headers"
+    (stand_in / "include" / "cutlass").mkdir(parents=True)
+    (stand_in / "include" / "cutlass" / "cutlass.h").write_text("#pragma once // from a wheel\n")
+    out = tmp_path / "kit"
+    m = kit.build(out, root=world["clone"], sources=[("tiny", world["spec"])], projects=["tiny"],
+                  cache_dir=tmp_path / "cache", mirrors=Mirrors((only_top,)), wheels=False,
+                  substitutes={"csrc/cutlass": stand_in})
+    assert any("replaced by the files of" in n and "not the pinned commit" in n for n in m.notes)
+    archive = out / next(e.path for e in m.entries if e.kind == "git")
+    assert "tiny/csrc/cutlass/include/cutlass/cutlass.h" in _names(archive)
+    host = tmp_path / "host"
+    host.mkdir()
+    st = sources.status(host, "tiny", world["spec"], cache_dir=out / "cache")
+    assert st.state is SourceState.IN_KIT and "stand-ins (not the pinned commit): csrc/cutlass" in st.detail
+    # a name that matches no nested submodule is refused, and nothing is written
+    with pytest.raises(SourceError, match="name no nested submodule"):
+        kit.build(tmp_path / "kit2", root=world["clone"], sources=[("tiny", world["spec"])], projects=["tiny"],
+                  cache_dir=tmp_path / "cache", mirrors=Mirrors((world["mirrors"],)), wheels=False,
+                  skip_nested=["3rdparty/typo"])
+    assert not (tmp_path / "kit2").exists()

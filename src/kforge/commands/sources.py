@@ -71,6 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="for the git trees: xz (default, ~30%% smaller) or gz (faster)")
     kb.add_argument("--skip-nested", action="append", default=[], metavar="PATH",
                     help="leave this nested submodule out (e.g. csrc/composable_kernel, ROCm only); recorded")
+    kb.add_argument("--nested-from", action="append", default=[], metavar="PATH=DIR",
+                    help="archive DIR's files in place of nested submodule PATH when no mirror holds its commit "
+                         "(recorded as a stand-in, not the pinned commit)")
     kb.set_defaults(func=run_kit_build)
     kin = kv.add_parser("install", help="verify KIT, pip-install its wheels offline, put its sources in the cache")
     kin.add_argument("kit", type=Path)
@@ -224,7 +227,7 @@ def run_kit_build(args: argparse.Namespace) -> int:
                          cache_dir=cache_dir(), mirrors=_mirrors(args),
                          target=kit.WheelTarget(args.python, args.platform), wheels=args.wheels,
                          extra_requirements=args.extra, trim=args.trim, skip_nested=args.skip_nested,
-                         compression=args.compression,
+                         compression=args.compression, substitutes=_pairs(args.nested_from),
                          log=lambda line: out.print(line, highlight=False))
     for note in manifest.notes:
         out.print(f"[yellow]note[/] {note}", highlight=False)
@@ -232,6 +235,17 @@ def run_kit_build(args: argparse.Namespace) -> int:
               f"({', '.join(manifest.projects)}). On the host: `python -m pip install --no-index --find-links "
               f"{args.out}/wheels kforge && kforge sources kit install {args.out}`", highlight=False)
     return 0
+
+
+def _pairs(items: list[str]) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for item in items:
+        path, sep, folder = item.partition("=")
+        if not sep or not path.strip() or not folder.strip():
+            raise SourceError(f"--nested-from {item!r} is not PATH=DIR",
+                              fix="write it as --nested-from 3rdparty/spdlog=/path/to/spdlog")
+        out[path.strip().strip("/")] = Path(folder).expanduser()
+    return out
 
 
 def run_kit_install(args: argparse.Namespace) -> int:
