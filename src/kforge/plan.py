@@ -32,7 +32,7 @@ from kforge.arch import (
 from kforge.config import BACKENDS, ArchKnob, Forge, GpuTests, Project, normalise_env_value
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.host import HostFacts
-from kforge.jobs import JobChoice, JobProfile, Resources, choose_jobs
+from kforge.jobs import JobChoice, JobProfile, choose_jobs
 from kforge.series import PatchContext, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource
 from kforge.targets import Target
@@ -289,7 +289,7 @@ def make_plan(
     local_version = local_version_label(cuda, torch) if project.torch_abi else None
 
     # --- jobs
-    resources = Resources(cpus=host.cpus, mem_available=host.mem_available, mem_total=host.mem_total)
+    resources = host.resources
     jobs = choose_jobs(
         resources,
         job_profile,

@@ -23,7 +23,7 @@ from kforge.backends.cibuildwheel import (
 )
 from kforge.config import load_forge
 from kforge.errors import BuildError
-from kforge.host import HostFacts
+from kforge.host import HostFacts, Resources
 from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
 from kforge.targets import parse_target
@@ -81,8 +81,8 @@ arch_knobs = [{ env = "CMAKE_CUDA_ARCHITECTURES", format = "cmake" }]
 def plan_for(tmp_path: Path, target: str, **options):
     (tmp_path / "forge.toml").write_text(FORGE_TOML)
     forge = load_forge(tmp_path)
-    host = HostFacts(platform="linux-x86_64", python="3.11", cpus=16, mem_available=100 * 2**30,
-                     mem_total=128 * 2**30, cuda_version=Version("13.0"), nvcc_path="/host/cuda/bin/nvcc",
+    host = HostFacts(platform="linux-x86_64", python="3.11", resources=Resources(16, 100 * 2**30, 128 * 2**30),
+                     cuda_version=Version("13.0"), nvcc_path="/host/cuda/bin/nvcc",
                      cuda_home="/host/cuda")
     t = parse_target(forge, target, host.platform)
     return make_plan(forge, t, host, PlanOptions(**options), job_profile=load_profile(tmp_path / "c", t.project, 1))

@@ -9,7 +9,7 @@ from packaging.version import Version
 
 from kforge.config import load_forge
 from kforge.errors import ConfigError, TargetError, ToolchainError
-from kforge.host import HostFacts
+from kforge.host import HostFacts, Resources
 from kforge.jobs import JobProfile, load_profile
 from kforge.plan import PlanOptions, make_plan
 from kforge.targets import parse_target
@@ -25,7 +25,7 @@ def forge():
 
 
 def host(**kw) -> HostFacts:
-    base = dict(platform="linux-x86_64", python="3.11", cpus=16, mem_available=100 * GiB, mem_total=128 * GiB,
+    base = dict(platform="linux-x86_64", python="3.11", resources=Resources(16, 100 * GiB, 128 * GiB),
                 cuda_version=Version("13.0.88"), nvcc_path="/usr/local/cuda-13.0/bin/nvcc",
                 cuda_home="/usr/local/cuda-13.0", nvcc_archs=NVCC_13_ARCHS, torch_version=Version("2.11.0"))
     base.update(kw)
@@ -141,7 +141,7 @@ def test_cascade_cli_over_env_over_forge(forge) -> None:
 def test_jobs_never_exceed_memory(forge) -> None:
     profile = JobProfile(project="flash-attn", arch_count=1, peak_rss_per_unit=6 * GiB, unit_seconds=120.0,
                          unit_seconds_max=250.0, samples=10, source="test")
-    h = host(cpus=64, mem_available=20 * GiB)
+    h = host(resources=Resources(64, 20 * GiB, 128 * GiB))
     plan = make_plan(forge, parse_target(forge, "flash-attn-sm90", h.platform), h, job_profile=profile)
     assert plan.jobs.max_jobs * 6 * GiB <= 20 * GiB
     assert plan.env["MAX_JOBS"] == str(plan.jobs.max_jobs)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from kforge.errors import BuildError, did_you_mean
 
 if TYPE_CHECKING:
-    from kforge.jobs import UnitMeasure
+    from kforge.measure import UnitMeasure
     from kforge.plan import Plan
 
 __all__ = ["BACKENDS", "Backend", "BuildRequest", "BuildResult", "get_backend"]

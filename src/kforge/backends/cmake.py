@@ -33,7 +33,8 @@ from kforge.backends._runner import (
     which,
 )
 from kforge.errors import BuildError, ToolchainError
-from kforge.jobs import Command, JobChoice
+from kforge.buildrun import Command
+from kforge.jobs import JobChoice
 
 
 class CmakeBackend:
