@@ -45,7 +45,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kforge import buildrun, host, jobs, measure, report, toolchain
+from kforge import buildrun, jobs, measure, report, toolchain
+from kforge.host import detect_resources
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -253,7 +254,7 @@ def main() -> int:
         with tarfile.open(args.sdist) as tar:
             tar.extractall(args.work, filter="data")
         src = next(args.work.glob("flash_attn-*"))
-    host = host.detect_resources()
+    host = detect_resources()
     nvcc = toolchain.find_nvcc(os.environ)
     torch_info = toolchain.detect_torch(sys.executable)
     cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()

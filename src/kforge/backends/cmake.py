@@ -32,8 +32,8 @@ from kforge.backends._runner import (
     run_step,
     which,
 )
-from kforge.errors import BuildError, ToolchainError
 from kforge.buildrun import Command
+from kforge.errors import BuildError, ToolchainError
 from kforge.jobs import JobChoice
 
 
