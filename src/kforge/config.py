@@ -17,6 +17,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from kforge.arch import RENDERERS, Arch, parse_arch
+from kforge.backends import BACKENDS
 from kforge.errors import ArchError, ConfigError, did_you_mean
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 
@@ -26,7 +27,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 FORGE_FILE = "forge.toml"
-BACKENDS = ("native", "cibuildwheel", "cmake")
 VARIANT_RULES = ("declared", "flashinfer")
 
 

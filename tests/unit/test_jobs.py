@@ -274,3 +274,22 @@ def test_damaged_profile_file_counts_as_not_measured(tmp_path) -> None:
     path.write_text('{"arch_counts": {"1": {}, "x": {"peak_rss_per_unit": 1}, "2": {"unit_seconds": "soon"}}}')
     profile = load_profile(tmp_path, "fmha", 1)
     assert profile.source.startswith("default guess")
+
+
+def test_oom_retry_lowers_the_projects_own_thread_variable(tmp_path: Path) -> None:
+    """After an OOM kill the retry halves the nvcc threads in *every* thread variable (flashinfer reads its own)."""
+    seen = tmp_path / "seen.txt"
+    script = tmp_path / "build.py"
+    script.write_text(
+        "import os, sys\n"
+        f"with open({str(seen)!r}, 'a') as fh:\n"
+        "    fh.write(os.environ['MAX_JOBS'] + ' ' + os.environ['NVCC_THREADS'] + ' '"
+        " + os.environ['FLASHINFER_NVCC_THREADS'] + '\\n')\n"
+        f"if len(open({str(seen)!r}).read().splitlines()) == 1:\n"
+        "    print('nvcc error   : \\'cicc\\' died due to signal 9 (Kill signal)'); sys.exit(1)\n"
+    )
+    choice = JobChoice(1, 4, "test", thread_vars=("NVCC_THREADS", "FLASHINFER_NVCC_THREADS"))
+    run = buildrun.run_with_oom_retry([sys.executable, str(script)], {"FLASHINFER_NVCC_THREADS": "4"}, choice,
+                                      log=lambda m: None)
+    assert run.retried and run.attempts[0].oom
+    assert seen.read_text().splitlines() == ["1 4 4", "1 2 2"]  # one job: the threads were halved, in both names

@@ -165,3 +165,37 @@ def test_build_isolation_can_be_turned_off(forge) -> None:
     assert plan_for(forge, "flash-attn-sm90", build_isolation=True).build_isolation is False  # its setup.py needs torch
     with pytest.raises(ConfigError, match="KFORGE_BUILD_ISOLATION"):
         PlanOptions.from_cascade({"KFORGE_BUILD_ISOLATION": "maybe"})
+
+
+def test_env_nvcc_threads_reaches_the_projects_own_thread_variable(forge) -> None:
+    """--env NVCC_THREADS=1 is read back into the job choice, so flashinfer's FLASHINFER_NVCC_THREADS follows it."""
+    default = plan_for(forge, "flashinfer-sm90")
+    assert default.jobs.thread_vars == ("NVCC_THREADS", "FLASHINFER_NVCC_THREADS")
+    assert default.env["FLASHINFER_NVCC_THREADS"] == default.env["NVCC_THREADS"] == str(default.jobs.nvcc_threads)
+    plan = plan_for(forge, "flashinfer-sm90", nvcc_threads=4, env={"NVCC_THREADS": "1", "MAX_JOBS": "3"})
+    assert plan.jobs.nvcc_threads == 1 and plan.jobs.max_jobs == 3
+    assert plan.env["NVCC_THREADS"] == plan.env["FLASHINFER_NVCC_THREADS"] == "1"
+    assert plan.env["MAX_JOBS"] == plan.env["CMAKE_BUILD_PARALLEL_LEVEL"] == "3"
+    assert plan.jobs.env()["FLASHINFER_NVCC_THREADS"] == "1"  # what the build command's environment gets
+    own = plan_for(forge, "flashinfer-sm90", env={"FLASHINFER_NVCC_THREADS": "2"})  # the project's own name works too
+    assert own.jobs.nvcc_threads == 2 and own.env["NVCC_THREADS"] == "2"
+    with pytest.raises(ConfigError, match="--env NVCC_THREADS"):
+        plan_for(forge, "flashinfer-sm90", env={"NVCC_THREADS": "lots"})
+
+
+def test_plan_is_complete_and_json_shows_it(forge) -> None:
+    import json
+
+    plan = plan_for(forge, "flashmla-sm120")
+    assert plan.root == ROOT and plan.work_dir == ROOT / ".kforge" / "work" / "flashmla-sm120"
+    assert plan.series.entries and plan.patches == tuple(e.name for e in plan.series.entries)
+    assert plan.repair_policy.name == "flashmla" and plan.pythons == forge.toolchains.python
+    data = json.loads(plan.to_json())
+    assert data["work_dir"] == str(plan.work_dir) and data["root"] == str(ROOT)
+    assert data["patches"]["hash"] == plan.series_hash and data["patches"]["series"] == list(plan.patches)
+    assert data["jobs"]["thread_vars"] == ["NVCC_THREADS"]
+    assert data["repair"]["exclude"] == list(plan.repair_policy.exclude) and "libcuda.so*" in data["repair"]["exclude"]
+    assert data["pythons"] == list(forge.toolchains.python) and data["makes_wheel"] is True
+    fi = json.loads(plan_for(forge, "flashinfer-sm90").to_json())
+    assert fi["jobs"]["thread_vars"] == ["NVCC_THREADS", "FLASHINFER_NVCC_THREADS"]
+    assert "FLASHINFER_NVCC_THREADS=" in plan_for(forge, "flashinfer-sm90").render()
