@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from kforge import __version__
 from kforge.backends import BuildRequest, BuildResult
-from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, run_step, which
+from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, place, run_step, which
 from kforge.errors import BuildError, ToolchainError
 
 #: NVIDIA's CUDA repository for RHEL 8 (manylinux_2_28 is AlmaLinux 8), per machine.
@@ -296,8 +296,6 @@ class CibuildwheelBackend:
                 why="found: " + (", ".join(w.name for w in wheels) or "nothing"),
                 fix=f"read the build log {log_path}",
             )
-        from kforge.backends._runner import place
-
         placed = tuple(place(w, Path(request.out_dir)) for w in wheels)
         return BuildResult(
             artifact=placed[0],

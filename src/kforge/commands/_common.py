@@ -9,6 +9,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from rich.console import Console
+
 from kforge import options
 from kforge.config import Forge, find_root, load_forge
 from kforge.fsutil import cache_dir
@@ -17,7 +19,13 @@ from kforge.jobs import load_profile
 from kforge.plan import Plan, PlanOptions, make_plan
 from kforge.targets import parse_target
 
-__all__ = ["add_plan_options", "cache_dir", "forge_from_args", "plan_from_args", "wheelhouse_root"]
+__all__ = ["add_plan_options", "cache_dir", "console", "forge_from_args", "plan_from_args", "wheelhouse_root"]
+
+
+def console() -> Console:
+    """A console as wide as the terminal, or 120 columns in logs (CI), so tables stay readable."""
+    wide = sys.stdout.isatty() or os.environ.get("COLUMNS")
+    return Console(width=None if wide else 120, soft_wrap=False)
 
 
 def wheelhouse_root(args: argparse.Namespace) -> Path:
