@@ -146,3 +146,24 @@ def markdown_table() -> str:
     rows.append("| `env` | | `--env KEY=VALUE` | repeated | extra build environment, applied last; "
                 "`MAX_JOBS`, `NVCC_THREADS` and the project's `threads_env` are read back into the job choice |")
     return "\n".join(rows) + "\n"
+
+
+def options_page() -> str:
+    """docs/options.md, whole."""
+    return f"""# Build options
+
+Every option of a build comes from one table, `kforge.options.OPTIONS`: it makes the CLI flags of
+`kforge plan`, `kforge build` and `kforge test`, and the `KFORGE_*` cascade. This page is generated from
+it (`python -m kforge.options > docs/options.md`; a test fails when the two differ).
+
+The cascade, lowest first: forge.toml (platform env, project env, profile env, rendered arch knobs)
+→ `KFORGE_*` variables → CLI flags → `--env KEY=VALUE`. `--env MAX_JOBS=..`, `--env NVCC_THREADS=..`
+and `--env <threads_env>=..` (a project's own name for the nvcc thread count, such as flashinfer's
+`FLASHINFER_NVCC_THREADS`) are read back into the plan's job choice, so every thread variable agrees, and
+an out-of-memory retry lowers all of them. `kforge plan TARGET --json` shows the result.
+
+{markdown_table()}"""
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m kforge.options > docs/options.md`
+    print(options_page(), end="")
