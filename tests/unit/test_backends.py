@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from kforge_testkit import forge_toml
 from packaging.version import Version
 
 from kforge import measure
@@ -36,17 +37,7 @@ from kforge.jobs import JobChoice, load_profile
 from kforge.plan import PlanOptions, make_plan
 from kforge.targets import parse_target
 
-FORGE_TOML = """
-[toolchains]
-cuda = ["13.0"]
-torch = ["2.11.0"]
-python = ["3.10", "3.11", "3.12", "3.13"]
-
-[platforms.linux-x86_64]
-alias = "linux"
-os = "linux"
-machine = "x86_64"
-
+FORGE_TOML = forge_toml("""
 [projects.tiny]
 source = { local = "tiny" }
 archs = ["sm_90"]
@@ -64,7 +55,7 @@ source = { local = "cm" }
 archs = ["sm_90", "sm_120a"]
 backend = "cmake"
 arch_knobs = [{ env = "CMAKE_CUDA_ARCHITECTURES", format = "cmake" }]
-"""
+""")
 
 
 def make_test_plan(tmp_path: Path, target: str, **options):

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kforge_testkit import forge_toml
 from packaging.version import Version
 
 from kforge.backends import BuildRequest
@@ -31,28 +32,7 @@ from kforge.targets import parse_target
 cibw_environment = pytest.importorskip("cibuildwheel.environment", reason="cibuildwheel is a test dependency")
 
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
-FORGE_TOML = """
-[toolchains]
-cuda = ["13.0", "12.8"]
-torch = ["2.11.0"]
-python = ["3.10", "3.11", "3.12", "3.13"]
-
-[platforms.linux-x86_64]
-alias = "linux"
-os = "linux"
-machine = "x86_64"
-
-[platforms.linux-aarch64]
-alias = "linux-arm"
-os = "linux"
-machine = "aarch64"
-
-[platforms.windows-amd64]
-alias = "windows"
-os = "windows"
-machine = "AMD64"
-env = { DISTUTILS_USE_SDK = "1" }
-
+FORGE_TOML = forge_toml("""
 [projects.fa]
 source = { local = "fa" }
 archs = ["sm_90", "sm_120"]
@@ -75,7 +55,7 @@ source = { local = "fmha" }
 archs = ["sm_90a"]
 torch_abi = false
 arch_knobs = [{ env = "CMAKE_CUDA_ARCHITECTURES", format = "cmake" }]
-"""
+""", cuda=("13.0", "12.8"), arm=True, windows=True)
 
 
 def plan_for(tmp_path: Path, target: str, **options):
