@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
+from kforge.buildrun import run_with_oom_retry
 from kforge.config import load_forge
 from kforge.errors import ConfigError, TargetError, ToolchainError
 from kforge.host import HostFacts, Resources
@@ -199,3 +201,15 @@ def test_plan_is_complete_and_json_shows_it(forge) -> None:
     fi = json.loads(plan_for(forge, "flashinfer-sm90").to_json())
     assert fi["jobs"]["thread_vars"] == ["NVCC_THREADS", "FLASHINFER_NVCC_THREADS"]
     assert "FLASHINFER_NVCC_THREADS=" in plan_for(forge, "flashinfer-sm90").render()
+
+
+def test_oom_retry_of_a_flashinfer_plan_lowers_flashinfer_nvcc_threads(forge, tmp_path: Path) -> None:
+    """The plan's job choice carries FLASHINFER_NVCC_THREADS, so the OOM retry halves it (it used to stay put)."""
+    plan = plan_for(forge, "flashinfer-sm90", max_jobs=1, env={"NVCC_THREADS": "4"})
+    assert plan.env["FLASHINFER_NVCC_THREADS"] == "4"
+    seen = tmp_path / "seen"
+    build = ("import os, sys\n"
+             f"open({str(seen)!r}, 'a').write(os.environ['FLASHINFER_NVCC_THREADS'] + '\\n')\n"
+             f"sys.exit(137 if len(open({str(seen)!r}).read().split()) == 1 else 0)\n")
+    run = run_with_oom_retry([sys.executable, "-c", build], dict(plan.env), plan.jobs, log=lambda m: None)
+    assert run.retried and seen.read_text().split() == ["4", "2"]
