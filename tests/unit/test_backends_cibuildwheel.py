@@ -287,3 +287,8 @@ def test_pass_jobs_lets_the_oom_retry_reach_the_container(tmp_path, package):
     inside = bo.environment.as_dictionary(prev_environment={"PATH": "/usr/bin"})
     assert inside["MAX_JOBS"] == "1" and inside["NVCC_THREADS"] == "1"
     assert inside["FLASH_ATTN_CUDA_ARCHS"] == "120"  # the rest of the plan still fixed in CIBW_ENVIRONMENT
+    # a project's own thread variable (flashinfer's) is passed too, so the retry's halving reaches it
+    own = dataclasses.replace(plan, jobs=dataclasses.replace(plan.jobs, thread_vars=("NVCC_THREADS", "FI_THREADS")),
+                              env={**plan.env, "FI_THREADS": plan.env["NVCC_THREADS"]})
+    cibw = cibuildwheel_env(own, PYTHONS, "linux", pass_jobs=True)
+    assert "FI_THREADS" in cibw["CIBW_ENVIRONMENT_PASS_LINUX"].split() and "FI_THREADS" not in cibw["CIBW_ENVIRONMENT"]

@@ -173,7 +173,8 @@ def cibuildwheel_env(
     ids = build_identifiers(project.torch_abi, forge_pythons, platform_os, mach)
     # Host paths never travel: the Linux container gets its own CUDA, and on Windows cibuildwheel
     # passes the host's environment (CUDA_PATH, PATH) through to the build as it is.
-    env = {k: v for k, v in plan.env.items() if k not in HOST_ONLY and not (pass_jobs and k in JOB_KNOBS)}
+    knobs = tuple(dict.fromkeys((*JOB_KNOBS, *plan.jobs.thread_vars)))  # + the project's own (FLASHINFER_NVCC_THREADS)
+    env = {k: v for k, v in plan.env.items() if k not in HOST_ONLY and not (pass_jobs and k in knobs)}
     out = {
         "CIBW_BUILD": " ".join(ids),
         "CIBW_ARCHS": cibw_arch(platform_os, mach),
@@ -196,7 +197,7 @@ def cibuildwheel_env(
         out["CIBW_ENVIRONMENT"] = environment_string(
             {**env, "CUDA_HOME": home, "CUDACXX": f"{home}/bin/nvcc"}, raw={"PATH": f"{home}/bin:$PATH"})
         if pass_jobs:
-            out["CIBW_ENVIRONMENT_PASS_LINUX"] = " ".join(JOB_KNOBS)
+            out["CIBW_ENVIRONMENT_PASS_LINUX"] = " ".join(knobs)
         out[f"CIBW_MANYLINUX_{mach.upper()}_IMAGE"] = MANYLINUX
         out["CIBW_BEFORE_ALL_LINUX"] = cuda_install_command(cuda, mach, project.torch_abi)
         out["CIBW_REPAIR_WHEEL_COMMAND_LINUX"] = repair_command(
