@@ -224,18 +224,16 @@ def make_plan(
     options: PlanOptions | None = None,
     *,
     job_profile: JobProfile,
-    cuda_from_env: bool = False,
 ) -> Plan:
     """Resolve everything a build of ``target`` will do. Raises before anything runs.
 
     ``job_profile`` is the project's measured compile-unit profile (``kforge.jobs.load_profile``).
-    ``cuda_from_env`` says ``options.cuda`` came from KFORGE_CUDA (when ``options.cuda_from`` doesn't).
     """
     options = options or PlanOptions()
     project = forge.project(target.project)
     platform = forge.platforms[target.platform]
     profile = _profile_name(project, options.profile)
-    toolchain, archs = _toolchain(forge, project, target, host, options, cuda_from_env)
+    toolchain, archs = _toolchain(forge, project, target, host, options)
     jobs = _jobs(project, host, options, job_profile)
     local_version = local_version_label(toolchain.cuda, toolchain.torch) if project.torch_abi else None
     env = _env(project, platform, profile, archs, toolchain, jobs, host, local_version, options.env)
@@ -276,9 +274,9 @@ def _profile_name(project: Project, asked: str | None) -> str | None:
     return name
 
 
-def _select_cuda(forge: Forge, host: HostFacts, options: PlanOptions, environ_cuda: bool) -> tuple[Version, str]:
+def _select_cuda(forge: Forge, host: HostFacts, options: PlanOptions) -> tuple[Version, str]:
     if options.cuda is not None:
-        source = options.cuda_from or ("KFORGE_CUDA" if environ_cuda else "--cuda")
+        source = options.cuda_from or "--cuda"
         try:
             return as_cuda_version(options.cuda), source
         except ToolchainError as exc:
@@ -288,10 +286,10 @@ def _select_cuda(forge: Forge, host: HostFacts, options: PlanOptions, environ_cu
     return forge.toolchains.cuda[0], "forge.toml"
 
 
-def _toolchain(forge: Forge, project: Project, target: Target, host: HostFacts, options: PlanOptions,
-               cuda_from_env: bool) -> tuple[Toolchain, tuple[Arch, ...]]:
+def _toolchain(forge: Forge, project: Project, target: Target, host: HostFacts,
+               options: PlanOptions) -> tuple[Toolchain, tuple[Arch, ...]]:
     """Which CUDA (and torch), and can it compile these archs?"""
-    cuda, cuda_from = _select_cuda(forge, host, options, cuda_from_env)
+    cuda, cuda_from = _select_cuda(forge, host, options)
     archs = effective_archs(project, target.arch, cuda)
     native = target.platform == host.platform  # a Windows target planned on Linux uses that host's toolkit
     same_as_installed = native and host.cuda_version is not None and cuda == as_cuda_version(host.cuda_version)

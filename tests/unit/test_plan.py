@@ -130,8 +130,7 @@ def test_cascade_cli_over_env_over_forge(forge) -> None:
     opts = PlanOptions.from_cascade(env, cuda=None, max_jobs=5, env={"NVCC_THREADS": " 7 ", "EXTRA": "a  b"})
     assert (opts.cuda, opts.max_jobs, opts.nvcc_threads) == ("12.9", 5, 2)
     h = host()
-    plan = make_plan(forge, parse_target(forge, "fmha-sm90", h.platform), h, opts, job_profile=profile("fmha"),
-                     cuda_from_env=True)
+    plan = make_plan(forge, parse_target(forge, "fmha-sm90", h.platform), h, opts, job_profile=profile("fmha"))
     assert plan.toolchain.cuda == Version("12.9") and plan.toolchain.cuda_from == "KFORGE_CUDA"
     assert plan.env["MAX_JOBS"] == "5"
     assert plan.env["NVCC_THREADS"] == "7"  # --env is applied last, and normalised
