@@ -13,7 +13,7 @@ from rich.table import Table
 
 from kforge import kit, pinrefs, sources
 from kforge import sdist as _sdist
-from kforge.commands._common import cache_dir, forge_from_args
+from kforge.commands._common import cache_dir, console, forge_from_args
 from kforge.config import Forge, Project
 from kforge.errors import SourceError
 from kforge.mirrors import ENV as MIRROR_ENV
@@ -104,12 +104,6 @@ def collect(forge: Forge, names: list[str], cache: Path) -> list[tuple[sources.S
         for label, spec, primary in _specs(project):
             rows.append((sources.status(forge.root, label, spec, cache_dir=cache), spec, primary))
     return rows
-
-
-def console() -> Console:
-    """A console as wide as the terminal, or 120 columns in logs (CI), so tables stay readable."""
-    wide = sys.stdout.isatty() or os.environ.get("COLUMNS")
-    return Console(width=None if wide else 120, soft_wrap=False)
 
 
 def render_status(rows: list[tuple[sources.SourceStatus, sources.Source, bool]], out: Console) -> None:
