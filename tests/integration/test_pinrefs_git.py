@@ -21,6 +21,7 @@ from kforge_gitfixtures import (  # noqa: E402
     use_test_git_config,
     write_forge,
 )
+from kforge_testkit import kforge  # noqa: E402
 
 from kforge import pinrefs  # noqa: E402
 
@@ -71,8 +72,7 @@ def test_remote_tips_only(refs_world) -> None:
 
 def _verify(root: Path, *args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="250", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "kforge.cli", "-C", str(root), "sources", "verify", *args],
-                          capture_output=True, text=True, env=env)
+    return kforge("-C", str(root), "sources", "verify", *args, env=env)
 
 
 def test_cli_verify_exit_codes_and_names_the_refs(refs_world, tmp_path: Path) -> None:
@@ -113,8 +113,7 @@ def test_cli_verify_in_a_synced_checkout(tmp_path: Path, monkeypatch: pytest.Mon
     toml = (clone / "forge.toml").read_text().replace(Path(w["upstream"]).resolve().as_uri(), UPSTREAM_URL)
     (clone / "forge.toml").write_text(toml)
     env = {"KFORGE_GIT_MIRROR": str(w["mirrors"])}
-    sync = subprocess.run([sys.executable, "-m", "kforge.cli", "-C", str(clone), "sources", "sync"],
-                          capture_output=True, text=True, env=dict(os.environ, **env))
+    sync = kforge("-C", str(clone), "sources", "sync", env=dict(os.environ, **env))
     assert sync.returncode == 0, sync.stdout + sync.stderr
     proc = _verify(clone)  # no mirror now: the checkout's remote-tracking branches answer
     assert proc.returncode == 0, proc.stdout + proc.stderr

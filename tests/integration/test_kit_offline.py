@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import UPSTREAM_URL, make_mirrored_world, use_test_git_config, write_forge  # noqa: E402
+from kforge_testkit import kforge  # noqa: E402
 
 from kforge import kit, sources  # noqa: E402
 from kforge.errors import SourceError  # noqa: E402
@@ -91,12 +91,12 @@ def test_host_without_checkouts_builds_from_the_installed_kit(world, tmp_path: P
     host_cache = tmp_path / "host-cache"
     env = dict(os.environ, KFORGE_CACHE=str(host_cache), COLUMNS="200")
     env.pop("KFORGE_GIT_MIRROR", None)
-    cli = [sys.executable, "-m", "kforge.cli", "-C", str(host), "sources"]
-    before = subprocess.run([*cli, "status"], capture_output=True, text=True, env=env)
+    cli = ["-C", str(host), "sources"]
+    before = kforge(*cli, "status", env=env)
     assert before.returncode == 1 and "missing" in before.stdout
-    inst = subprocess.run([*cli, "kit", "install", str(out), "--no-pip"], capture_output=True, text=True, env=env)
+    inst = kforge(*cli, "kit", "install", str(out), "--no-pip", env=env)
     assert inst.returncode == 0, inst.stdout + inst.stderr
-    after = subprocess.run([*cli, "status"], capture_output=True, text=True, env=env)
+    after = kforge(*cli, "status", env=env)
     assert after.returncode == 0, after.stdout + after.stderr
     assert "in-kit" in after.stdout
     st = sources.status(host, "tiny", world["spec"], cache_dir=host_cache)
