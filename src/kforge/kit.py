@@ -89,6 +89,11 @@ class KitManifest:
     kforge_version: str = __version__
     created: str = ""
     notes: tuple[str, ...] = field(default=())
+    extras: tuple[str, ...] = ("dev",)  # kforge's extras whose wheels are in the kit (dev: nox, invoke)
+
+    @property
+    def requirement(self) -> str:
+        return "kforge" + (f"[{','.join(self.extras)}]" if self.extras else "")
 
     @property
     def size(self) -> int:
@@ -98,6 +103,7 @@ class KitManifest:
         return json.dumps({
             "format": FORMAT, "kforge": self.kforge_version, "created": self.created, "projects": list(self.projects),
             "python": self.target.python, "platform": self.target.platform, "notes": list(self.notes),
+            "extras": list(self.extras),
             "files": [{"kind": e.kind, "path": e.path, "sha256": e.sha256, "size": e.size, "what": e.what}
                       for e in self.entries],
         }, indent=2) + "\n"
@@ -110,7 +116,8 @@ class KitManifest:
             entries = tuple(KitEntry(f["kind"], f["path"], f["sha256"], int(f["size"]), f.get("what", ""))
                             for f in data["files"])
             return cls(tuple(data["projects"]), WheelTarget(data["python"], data["platform"]), entries,
-                       data.get("kforge", ""), data.get("created", ""), tuple(data.get("notes", ())))
+                       data.get("kforge", ""), data.get("created", ""), tuple(data.get("notes", ())),
+                       tuple(data.get("extras", ())))
         except FileNotFoundError as exc:
             raise SourceError(f"{kit} is not a kforge kit: it has no {MANIFEST}",
                               fix="give the folder `kforge sources kit build` wrote") from exc
@@ -132,7 +139,8 @@ def pip_runner(argv: Sequence[str]) -> None:
 
 def build(out: Path, *, root: Path, sources: Sequence[tuple[str, Source]], projects: Sequence[str],
           cache_dir: Path, mirrors: Mirrors, target: WheelTarget | None = None, wheels: bool = True,
-          extra_requirements: Sequence[str] = (), trim: bool = True, skip_nested: Sequence[str] = (),
+          extra_requirements: Sequence[str] = (), extras: Sequence[str] = ("dev",), trim: bool = True,
+          skip_nested: Sequence[str] = (),
           compression: str = "xz", substitutes: Mapping[str, Path] | None = None,
           runner: Runner = pip_runner, opener: _sdist.Opener | None = None,
           log: Callable[[str], None] = lambda _: None) -> KitManifest:
@@ -197,10 +205,10 @@ def build(out: Path, *, root: Path, sources: Sequence[tuple[str, Source]], proje
                               why=f"their nested submodules are: {', '.join(sorted(nested_seen)) or 'none'}",
                               fix="use the submodule's path inside its upstream, e.g. 3rdparty/spdlog")
         if wheels:
-            entries += _wheels(part / "wheels", root, target, extra_requirements, runner, log)
+            entries += _wheels(part / "wheels", root, target, tuple(extras), extra_requirements, runner, log)
         manifest = KitManifest(tuple(projects), target, tuple(entries),
                                created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                               notes=tuple(notes))
+                               notes=tuple(notes), extras=tuple(extras) if wheels else ())
         atomic_write_text(part / MANIFEST, manifest.to_json())
         if out.exists():
             out.rmdir()
@@ -217,9 +225,9 @@ def _mirror_with(mirrors: Mirrors, spec: GitSource) -> Path | None:
     return mirror if mirror is not None and has_commit(mirror, spec.commit) else None
 
 
-def _wheels(dest: Path, root: Path, target: WheelTarget, extra: Sequence[str], runner: Runner,
-            log: Callable[[str], None]) -> list[KitEntry]:
-    """kforge's own wheel (built from ``root``) and every dependency, for ``target``."""
+def _wheels(dest: Path, root: Path, target: WheelTarget, extras: tuple[str, ...], extra: Sequence[str],
+            runner: Runner, log: Callable[[str], None]) -> list[KitEntry]:
+    """kforge's own wheel (built from ``root``) and every dependency (with ``extras``), for ``target``."""
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kforge-wheel-") as tmp:
         src = Path(tmp) / "src"
@@ -234,7 +242,7 @@ def _wheels(dest: Path, root: Path, target: WheelTarget, extra: Sequence[str], r
     if not own:
         raise SourceError("building kforge's wheel produced no kforge-*.whl", fix="run `pip wheel .` to see why")
     runner([sys.executable, "-m", "pip", "download", "-q", "--dest", str(dest), *target.pip_args(),
-            str(own[-1]), *extra])
+            str(own[-1]) + (f"[{','.join(extras)}]" if extras else ""), *extra])
     entries = [KitEntry("wheel", f"wheels/{w.name}", sha256_file(w), w.stat().st_size, w.name)
                for w in sorted(dest.glob("*.whl"))]
     log(f"wheels: {len(entries)} for cp{target.python.replace('.', '')} {target.platform} "
@@ -276,7 +284,8 @@ def install(kit: Path, *, cache_dir: Path, pip: bool = True, runner: Runner = pi
     manifest = verify(kit)
     wheels = [e for e in manifest.entries if e.kind == "wheel"]
     if pip and wheels:
-        runner([python, "-m", "pip", "install", "--no-index", "--find-links", str(kit / "wheels"), "kforge"])
+        runner([python, "-m", "pip", "install", "--no-index", "--find-links", str(kit / "wheels"),
+                manifest.requirement])
     for e in manifest.entries:
         if not e.path.startswith("cache/"):
             continue

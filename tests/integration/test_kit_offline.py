@@ -144,13 +144,13 @@ def test_wheels_step_builds_kforge_then_downloads_for_the_target(tmp_path: Path)
     assert download[download.index("--python-version") + 1] == "3.12" and "cp312" in download
     plats = [download[i + 1] for i, a in enumerate(download) if a == "--platform"]
     assert plats[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in plats and "manylinux1_x86_64" in plats
-    assert download[-2].endswith("kforge-0.1.0-py3-none-any.whl") and download[-1] == "ninja"
+    assert download[-2].endswith("kforge-0.1.0-py3-none-any.whl[dev]") and download[-1] == "ninja"
     assert sorted(e.path for e in m.entries) == ["wheels/kforge-0.1.0-py3-none-any.whl",
                                                  "wheels/rich-15.0.0-py3-none-any.whl"]
     installed: list[list[str]] = []
     kit.install(tmp_path / "kit", cache_dir=tmp_path / "hc", runner=installed.append, python="py")
     assert installed == [["py", "-m", "pip", "install", "--no-index", "--find-links",
-                          str((tmp_path / "kit" / "wheels").resolve()), "kforge"]]
+                          str((tmp_path / "kit" / "wheels").resolve()), "kforge[dev]"]]
 
 
 def test_existing_non_empty_out_is_refused(tmp_path: Path) -> None:

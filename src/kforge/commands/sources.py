@@ -63,6 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     kb.add_argument("--platform", default="manylinux_2_28_x86_64",
                     help="the host's newest wheel platform tag (default manylinux_2_28_x86_64; older ones follow)")
     kb.add_argument("--no-wheels", dest="wheels", action="store_false", help="leave kforge's wheels out")
+    kb.add_argument("--extras", default="dev",
+                    help="kforge's extras to include, comma-separated (default dev: nox and invoke, which the "
+                         "build sessions use); '' for none")
     kb.add_argument("--with", dest="extra", action="append", default=[], metavar="REQ",
                     help="also download this requirement's wheels (repeatable), e.g. ninja")
     kb.add_argument("--keep-all", dest="trim", action="store_false",
@@ -220,14 +223,16 @@ def run_kit_build(args: argparse.Namespace) -> int:
     manifest = kit.build(args.out, root=forge.root, sources=chosen, projects=[p.name for p in projects],
                          cache_dir=cache_dir(), mirrors=_mirrors(args),
                          target=kit.WheelTarget(args.python, args.platform), wheels=args.wheels,
-                         extra_requirements=args.extra, trim=args.trim, skip_nested=args.skip_nested,
+                         extra_requirements=args.extra, trim=args.trim,
+                         extras=[e.strip() for e in args.extras.split(",") if e.strip()], skip_nested=args.skip_nested,
                          compression=args.compression, substitutes=_pairs(args.nested_from),
                          log=lambda line: out.print(line, highlight=False))
     for note in manifest.notes:
         out.print(f"[yellow]note[/] {note}", highlight=False)
     out.print(f"kit {args.out}: {len(manifest.entries)} files, {manifest.size / 1048576:.1f} MiB "
               f"({', '.join(manifest.projects)}). On the host: `python -m pip install --no-index --find-links "
-              f"{args.out}/wheels kforge && kforge sources kit install {args.out}`", highlight=False)
+              f"{args.out}/wheels '{manifest.requirement}' && kforge sources kit install {args.out}`", highlight=False,
+              markup=False)
     return 0
 
 
