@@ -127,3 +127,14 @@ def test_a_mirror_directory_that_does_not_exist_is_an_error(refs_world, tmp_path
     proc = _verify(root, "--mirror", str(tmp_path / "no-such-dir"))
     assert proc.returncode == 5 and "Traceback" not in proc.stderr
     assert "does not exist" in proc.stderr
+
+
+def test_verify_of_a_project_without_a_git_pin_is_an_error(refs_world, tmp_path: Path) -> None:
+    root = tmp_path / "mono"
+    root.mkdir()
+    write_forge(root, refs_world["up"], refs_world["a"])
+    with open(root / "forge.toml", "a") as fh:
+        fh.write('\n[projects.own]\ndescription = "ours"\nsource = { local = "kernels/own" }\narchs = ["sm_90a"]\n'
+                 'platforms = ["linux-x86_64"]\n')
+    proc = _verify(root, "own")
+    assert proc.returncode == 5 and "has a git source" in proc.stderr and "Traceback" not in proc.stderr

@@ -134,7 +134,8 @@ def run_status(args: argparse.Namespace) -> int:
     if args.quiet:
         for st, spec, primary in rows:
             if primary and not st.ok:
-                out.print(f"{st.name} ({_where(spec)}) is {st.state}: {st.detail}. Fix: {st.fix}", highlight=False)
+                out.print(f"{st.name} ({_where(spec)}) is {st.state}: {st.detail}. Fix: {st.fix}", highlight=False,
+                          markup=False)
     else:
         render_status(rows, out)
     # Exit 1 when a source a build uses is not ready (missing, dirty, wrong commit), so
@@ -190,6 +191,8 @@ def run_verify(args: argparse.Namespace) -> int:
         bad += 0 if ok else 1
         verdict = f"[green]release[/] {reach.summary()}" if ok else f"[red]NOT RELEASED[/] {reach.summary()}"
         table.add_row(project.name, spec.commit[:12], f"{reach.via} {reach.repo}", verdict)
+    if not seen:
+        raise SourceError("none of the selected projects has a git source", fix="name a project pinned to a git commit")
     out.print(table)
     if bad:
         out.print(f"[bold]{bad} pin(s) are not reachable from a branch or tag[/]: pin a commit on a release branch "
