@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge import buildrun, jobs, measure
+from kforge import buildrun, jobs
 from kforge.errors import BuildError
 from kforge.host import Resources, detect_resources
 from kforge.jobs import GB, GiB, JobChoice, JobProfile
@@ -238,19 +238,6 @@ def test_corrupt_profile_file_falls_back(tmp_path: Path) -> None:
 ])
 def test_looks_oom(rc: int, out: str, oom: bool) -> None:
     assert buildrun.looks_oom(rc, out) is oom
-
-
-def test_measure_wrapper_logs_time_and_peak(tmp_path: Path) -> None:
-    log = tmp_path / "units.jsonl"
-    code = "x = bytearray(80 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096])"
-    rc = measure.main(["measure", "--log", str(log), "--output", "big.o", "--", sys.executable, "-c", code])
-    assert rc == 0
-    rc = measure.main(["measure", "--log", str(log), "--output", "fail.o", "--", sys.executable, "-c", "raise SystemExit(3)"])
-    assert rc == 3
-    got = {m.output: m for m in measure.read_measures(log)}
-    assert got["big.o"].peak_rss >= 80 * 1024 * 1024
-    assert got["big.o"].returncode == 0 and got["big.o"].seconds > 0
-    assert got["fail.o"].returncode == 3
 
 
 def test_run_with_oom_retry_raises_build_error_for_plain_failures(tmp_path: Path) -> None:
