@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from kforge import buildrun, jobs
+from kforge import jobs
 from kforge.errors import BuildError
 from kforge.host import Resources, detect_resources
 from kforge.jobs import GB, GiB, JobChoice, JobProfile
@@ -221,32 +220,6 @@ def test_corrupt_profile_file_falls_back(tmp_path: Path) -> None:
     assert "seed" in jobs.load_profile(tmp_path, "flash-attn", 1).source
 
 
-# ---------------------------------------------------------------------------- OOM detection, measures
-
-
-@pytest.mark.parametrize("rc,out,oom", [
-    (137, "", True),
-    (-9, "", True),
-    (1, "nvcc error   : 'cicc' died due to signal 9 (Kill signal)", True),
-    (1, "g++: fatal error: Killed signal terminated program cc1plus", True),
-    (1, "nvcc error   : 'ptxas' died due to signal 11 (Invalid memory reference)", False),
-    (1, "terminate called after throwing an instance of 'std::bad_alloc'", True),
-    (1, "cc1plus: out of memory allocating 65536 bytes", True),
-    (1, "virtual memory exhausted: Cannot allocate memory", True),
-    (1, "error: identifier \"foo\" is undefined", False),
-    (2, "ninja: build stopped: subcommand failed.", False),
-])
-def test_looks_oom(rc: int, out: str, oom: bool) -> None:
-    assert buildrun.looks_oom(rc, out) is oom
-
-
-def test_run_with_oom_retry_raises_build_error_for_plain_failures(tmp_path: Path) -> None:
-    with pytest.raises(BuildError) as err:
-        buildrun.run_with_oom_retry([sys.executable, "-c", "print('syntax error here'); raise SystemExit(2)"],
-                                {}, JobChoice(4, 1, "x"), log=lambda m: None)
-    assert "exit code 2" in err.value.render().lower() and "syntax error here" in err.value.render()
-
-
 def test_profile_dataclass_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         FA.peak_rss_per_unit = 1  # type: ignore[misc]
@@ -261,22 +234,3 @@ def test_damaged_profile_file_counts_as_not_measured(tmp_path) -> None:
     path.write_text('{"arch_counts": {"1": {}, "x": {"peak_rss_per_unit": 1}, "2": {"unit_seconds": "soon"}}}')
     profile = load_profile(tmp_path, "fmha", 1)
     assert profile.source.startswith("default guess")
-
-
-def test_oom_retry_lowers_the_projects_own_thread_variable(tmp_path: Path) -> None:
-    """After an OOM kill the retry halves the nvcc threads in *every* thread variable (flashinfer reads its own)."""
-    seen = tmp_path / "seen.txt"
-    script = tmp_path / "build.py"
-    script.write_text(
-        "import os, sys\n"
-        f"with open({str(seen)!r}, 'a') as fh:\n"
-        "    fh.write(os.environ['MAX_JOBS'] + ' ' + os.environ['NVCC_THREADS'] + ' '"
-        " + os.environ['FLASHINFER_NVCC_THREADS'] + '\\n')\n"
-        f"if len(open({str(seen)!r}).read().splitlines()) == 1:\n"
-        "    print('nvcc error   : \\'cicc\\' died due to signal 9 (Kill signal)'); sys.exit(1)\n"
-    )
-    choice = JobChoice(1, 4, "test", thread_vars=("NVCC_THREADS", "FLASHINFER_NVCC_THREADS"))
-    run = buildrun.run_with_oom_retry([sys.executable, str(script)], {"FLASHINFER_NVCC_THREADS": "4"}, choice,
-                                      log=lambda m: None)
-    assert run.retried and run.attempts[0].oom
-    assert seen.read_text().splitlines() == ["1 4 4", "1 2 2"]  # one job: the threads were halved, in both names
