@@ -10,73 +10,9 @@ import pytest
 
 from kforge import jobs
 from kforge.errors import BuildError
-from kforge.host import Resources, detect_resources
-from kforge.jobs import GB, GiB, JobChoice, JobProfile
+from kforge.host import Resources
+from kforge.jobs import GB, JobChoice, JobProfile
 from kforge.measure import UnitMeasure
-
-# ---------------------------------------------------------------------------- detect_resources
-
-
-def _fake_proc(tmp: Path, *, total_kb: int, avail_kb: int, cgroup: str) -> Path:
-    proc = tmp / "proc"
-    (proc / "self").mkdir(parents=True)
-    (proc / "meminfo").write_text(
-        f"MemTotal:       {total_kb} kB\nMemFree:        1000 kB\nMemAvailable:   {avail_kb} kB\nBuffers: 1 kB\n"
-    )
-    (proc / "self" / "cgroup").write_text(cgroup)
-    return proc
-
-
-def test_detect_resources_reads_meminfo_and_affinity(tmp_path: Path) -> None:
-    proc = _fake_proc(tmp_path, total_kb=64 * 1024**2, avail_kb=48 * 1024**2, cgroup="0::/\n")
-    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1, 2, 5})
-    assert host.cpus == 4
-    assert host.mem_total == 64 * GiB
-    assert host.mem_available == 48 * GiB
-    assert "MemAvailable" in host.source
-
-
-def test_detect_resources_lowers_to_cgroup_v2_room(tmp_path: Path) -> None:
-    proc = _fake_proc(tmp_path, total_kb=64 * 1024**2, avail_kb=48 * 1024**2, cgroup="0::/build.slice\n")
-    cg = tmp_path / "cg" / "build.slice"
-    cg.mkdir(parents=True)
-    (cg / "memory.max").write_text(str(16 * GiB))
-    (cg / "memory.current").write_text(str(4 * GiB))
-    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0})
-    assert host.mem_available == 12 * GiB
-    assert host.mem_total == 16 * GiB
-    assert host.source == "cgroup memory limit"
-
-
-def test_detect_resources_ignores_unlimited_cgroups(tmp_path: Path) -> None:
-    proc = _fake_proc(tmp_path, total_kb=8 * 1024**2, avail_kb=6 * 1024**2,
-                      cgroup="4:memory:/job\n0::/job\n")
-    v1 = tmp_path / "cg" / "memory" / "job"
-    v1.mkdir(parents=True)
-    (v1 / "memory.limit_in_bytes").write_text(str(2**63 - 4096))  # v1's "unlimited"
-    v2 = tmp_path / "cg" / "job"
-    v2.mkdir(parents=True)
-    (v2 / "memory.max").write_text("max\n")
-    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
-    assert host.mem_available == 6 * GiB
-    assert host.mem_total == 8 * GiB
-
-
-def test_detect_resources_cgroup_v1_limit(tmp_path: Path) -> None:
-    proc = _fake_proc(tmp_path, total_kb=8 * 1024**2, avail_kb=6 * 1024**2, cgroup="4:memory:/job\n")
-    v1 = tmp_path / "cg" / "memory" / "job"
-    v1.mkdir(parents=True)
-    (v1 / "memory.limit_in_bytes").write_text(str(3 * GiB))
-    (v1 / "memory.usage_in_bytes").write_text(str(1 * GiB))
-    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
-    assert host.mem_available == 2 * GiB
-
-
-def test_detect_resources_on_this_machine_is_sane() -> None:
-    host = detect_resources()
-    assert host.cpus >= 1
-    assert 0 < host.mem_available <= host.mem_total
-
 
 # ---------------------------------------------------------------------------- choose_jobs
 
