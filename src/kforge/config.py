@@ -18,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from kforge.arch import RENDERERS, Arch, parse_arch
 from kforge.errors import ArchError, ConfigError, did_you_mean
+from kforge.platformtag import parse_tag
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 
 if sys.version_info >= (3, 11):
@@ -102,6 +103,7 @@ class Project:
     compile_units: int | None
     profiles: Mapping[str, Profile]
     repair_exclude: tuple[str, ...]
+    platform_tag: str | None = None  # the oldest manylinux tag its Linux wheels must reach (repair enforces it)
 
 
 @dataclass(frozen=True)
@@ -352,7 +354,7 @@ def parse_forge(data: dict[str, Any], *, root: Path, path: Path) -> Forge:
 _PROJECT_KEYS = (
     "description", "source", "upstream_version", "build_dir", "archs", "default_arch", "platforms", "backend",
     "torch_abi", "build_isolation", "min_cuda", "variant_rule", "arch_knobs", "env", "local_version_env",
-    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude",
+    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude", "platform_tag",
 )  # fmt: skip
 
 
@@ -503,7 +505,18 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
         compile_units=units,
         profiles=MappingProxyType(profiles),
         repair_exclude=t.str_list("repair_exclude", ()),
+        platform_tag=_platform_tag(t),
     )
+
+
+def _platform_tag(t: _Table) -> str | None:
+    raw = t.get("platform_tag", str, None)
+    if raw is None:
+        return None
+    try:
+        return parse_tag(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{t.key('platform_tag')}: {exc.what}", why=exc.why, fix=exc.fix) from None
 
 
 def _parse_rules(m: _Table, key: str, projects: Mapping[str, Project], platforms: Mapping[str, Platform]) -> tuple[MatrixRule, ...]:

@@ -202,7 +202,7 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
             if result.repaired:
                 repaired.append((wheel, repair.platform_tag(wheel.name)))
                 continue
-            fixed = repair.repair_wheel(wheel, work / "repaired", platform=plan.platform_os, policy=policy,
+            fixed = repair.repair_wheel(wheel, work / "repaired", platform=plan.platform_os, policy=policy, platform_policy=plan.platform_tag,
                                         lib_paths=[nvcc.home / "lib64", nvcc.home / "lib"], python=python)
             log.info(f"{fixed.wheel.name}: {fixed.tag}" + ("" if fixed.repaired else " (no binaries to repair)"))
             repaired.append((fixed.wheel, fixed.tag))

@@ -32,7 +32,9 @@ from kforge.arch import (
 from kforge.config import BACKENDS, ArchKnob, Forge, GpuTests, Project, normalise_env_value
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.host import HostFacts
+from kforge.image import OFFICIAL_IMAGE, image_platform_tag
 from kforge.jobs import JobChoice, JobProfile, Resources, choose_jobs
+from kforge.platformtag import parse_tag
 from kforge.series import PatchContext, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource
 from kforge.targets import Target
@@ -44,6 +46,8 @@ ENV_OPTIONS = {
     "KFORGE_BACKEND": "backend",
     "KFORGE_MAX_JOBS": "max_jobs",
     "KFORGE_NVCC_THREADS": "nvcc_threads",
+    "KFORGE_IMAGE": "image",
+    "KFORGE_PLATFORM_TAG": "platform_tag",
 }
 #: The lowest CUDA kforge can provision from PyPI (12.x ships ptxas only, no nvcc).
 PROVISIONABLE_FROM = Version("13.0")
@@ -57,6 +61,8 @@ class PlanOptions:
     max_jobs: int | None = None
     nvcc_threads: int | None = None
     build_isolation: bool | None = None  # False: build with the interpreter's packages (offline hosts)
+    image: str | None = None  # cibuildwheel's Linux image: manylinux_2_28 (official), kforge:bullseye (made here), or a ref
+    platform_tag: str | None = None  # the oldest manylinux tag the wheel must reach (overrides the project's)
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # --env KEY=VALUE, applied last
 
     @classmethod
@@ -125,6 +131,8 @@ class Plan:
     local_version: str | None
     platform_os: str
     gpu_tests: GpuTests | None
+    image: str | None = None  # the cibuildwheel backend's Linux image (None: not a cibuildwheel Linux build)
+    platform_tag: str | None = None  # manylinux_2_28: the repair must reach it, or fail naming the symbols
 
     @property
     def id(self) -> str:
@@ -157,6 +165,8 @@ class Plan:
             },
             "local_version": self.local_version,
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
+            "image": self.image,
+            "platform_tag": self.platform_tag,
         }
 
     def to_json(self) -> str:
@@ -362,4 +372,24 @@ def make_plan(
         local_version=local_version,
         platform_os=platform.os,
         gpu_tests=project.gpu_tests,
+        image=_image(backend, platform.os, options),
+        platform_tag=_platform_tag(project, platform.os, options),
     )
+
+
+def _image(backend: str, platform_os: str, options: PlanOptions) -> str | None:
+    if backend != "cibuildwheel" or platform_os != "linux":
+        if options.image:
+            raise ConfigError(f"--image/KFORGE_IMAGE applies to cibuildwheel builds of Linux wheels, and this is a {backend} "
+                              f"build for {platform_os}", fix="add --backend cibuildwheel, or drop the image option")
+        return None
+    return options.image or OFFICIAL_IMAGE
+
+
+def _platform_tag(project: Project, platform_os: str, options: PlanOptions) -> str | None:
+    if platform_os != "linux":
+        return None
+    raw = options.platform_tag or project.platform_tag
+    if raw is None and options.image:
+        raw = image_platform_tag(options.image)  # a kforge image promises its glibc's tag
+    return parse_tag(raw) if raw else None

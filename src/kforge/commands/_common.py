@@ -49,6 +49,10 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nvcc-threads", type=_positive, help="nvcc --threads per unit (default: chosen with --max-jobs)")
     parser.add_argument("--no-build-isolation", dest="build_isolation", action="store_const", const=False,
                         help="build with this interpreter's packages, not an isolated env (offline hosts)")
+    parser.add_argument("--image", help="cibuildwheel's Linux image: manylinux_2_28 (official, default), kforge:bullseye "
+                        "(made here with debootstrap + podman: manylinux_2_31), or an image reference of your own")
+    parser.add_argument("--platform-tag", help="the oldest manylinux tag the wheel must reach, e.g. manylinux_2_28 "
+                        "(default: the project's platform_tag; the repair fails naming too-new symbols)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra build environment, applied last")
 
 
@@ -84,6 +88,8 @@ def plan_from_args(args: argparse.Namespace, target_text: str, *, environ: Mappi
         max_jobs=args.max_jobs,
         nvcc_threads=args.nvcc_threads,
         build_isolation=args.build_isolation,
+        image=getattr(args, "image", None),
+        platform_tag=getattr(args, "platform_tag", None),
         env=parse_env_pairs(args.env),
     )
     from kforge.jobs import load_profile

@@ -35,6 +35,8 @@ def render(plan: Plan) -> str:
         f"  jobs        MAX_JOBS={plan.jobs.max_jobs} NVCC_THREADS={plan.jobs.nvcc_threads}: {plan.jobs.reason}",
         f"  version     +{plan.local_version}" if plan.local_version else "  version     no local label",
         "  nvcc flags  " + " ".join(plan.nvcc_flags),
+        f"  platform    {plan.platform_tag or 'the best tag the binaries allow'}"
+        + (f" (image {plan.image})" if plan.image else ""),
         "  env",
     ]
     lines += [f"    {key}={value}" for key, value in plan.env.items()]
