@@ -31,8 +31,8 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from kforge.doctor.wheel import BINARY_NAME
 from kforge import platformtag
+from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import RepairError, ToolchainError
 
 #: Never bundled, torch provides them (Linux sonames, Windows DLL names).
