@@ -95,13 +95,16 @@ class ImageSpec:
             ] if self.ca_sha256 else []),
             # cibuildwheel's layout: /opt/python/<tag>-<tag>/bin/{python,pip}
             f"python3 -m venv /opt/python/{tag}-{tag}",
-            f"/opt/python/{tag}-{tag}/bin/python -m pip install -q -U pip",
+            f"/opt/python/{tag}-{tag}/bin/python -m pip install -q -U pip build",  # cibuildwheel's default frontend
             # nvcc from PyPI, laid out as a toolkit at /usr/local/cuda-X.Y (lib64 -> lib for nvcc.profile)
             f"/opt/python/{tag}-{tag}/bin/python -m pip install -q --only-binary=:all: --target /opt/cuda-{mm} {reqs}",
             f"ln -s lib /opt/cuda-{mm}/nvidia/cu{major}/lib64",
+            # CMake's FindCUDAToolkit looks for the unversioned libcudart.so; the wheels ship only .so.N
+            f"cd /opt/cuda-{mm}/nvidia/cu{major}/lib && for f in lib*.so.*; do "
+            '[ -e "${f%%.so.*}.so" ] || ln -s "$f" "${f%%.so.*}.so"; done && cd /',
             f"ln -s /opt/cuda-{mm}/nvidia/cu{major} /usr/local/cuda-{mm}",
             f"/usr/local/cuda-{mm}/bin/nvcc --version",
-            "ldd --version | head -n 1",
+            "ldd --version | sed -n 1p",  # sed reads to the end: no SIGPIPE under pipefail
         ]) + "\n"
 
     @property
@@ -218,7 +221,11 @@ def build_image(spec: ImageSpec, cache_dir: Path, environ: Mapping[str, str], *,
     run(["podman", "rm", "-f", name], env=env, capture_output=True, text=True)
     log(f"provisioning {spec.ref}: compilers, /opt/python/cp{spec.python.replace('.', '')}, nvcc {spec.cuda} from PyPI")
     try:
-        mounts = ["--volume", f"{ca_bundle}:/run/kforge-host-ca.crt:ro"] if spec.ca_sha256 and ca_bundle else []
+        pip_cache = Path(cache_dir) / "pip"  # downloads (nvcc is ~100 MB) survive a rebuild of the image
+        pip_cache.mkdir(parents=True, exist_ok=True)
+        mounts = ["--volume", f"{pip_cache}:/root/.cache/pip"]
+        if spec.ca_sha256 and ca_bundle:
+            mounts += ["--volume", f"{ca_bundle}:/run/kforge-host-ca.crt:ro"]
         _check(run(["podman", "run", "--network=host", *mounts, f"--name={name}", spec.base_ref, "bash", "-c",
                     spec.provision_script()], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
                f"provisioning the {spec.suite} image", "read the output above; the image needs Debian's and PyPI's package servers")
