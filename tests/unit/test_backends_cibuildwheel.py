@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kforge_testkit import forge_toml
 from packaging.version import Version
 
 from kforge.backends import BuildRequest
@@ -22,8 +23,8 @@ from kforge.backends.cibuildwheel import (
     quote,
 )
 from kforge.config import load_forge
-from kforge.errors import BuildError
-from kforge.host import HostFacts
+from kforge.errors import BuildError, ConfigError
+from kforge.host import HostFacts, Resources
 from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
 from kforge.targets import parse_target
@@ -31,28 +32,7 @@ from kforge.targets import parse_target
 cibw_environment = pytest.importorskip("cibuildwheel.environment", reason="cibuildwheel is a test dependency")
 
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
-FORGE_TOML = """
-[toolchains]
-cuda = ["13.0", "12.8"]
-torch = ["2.11.0"]
-python = ["3.10", "3.11", "3.12", "3.13"]
-
-[platforms.linux-x86_64]
-alias = "linux"
-os = "linux"
-machine = "x86_64"
-
-[platforms.linux-aarch64]
-alias = "linux-arm"
-os = "linux"
-machine = "aarch64"
-
-[platforms.windows-amd64]
-alias = "windows"
-os = "windows"
-machine = "AMD64"
-env = { DISTUTILS_USE_SDK = "1" }
-
+FORGE_TOML = forge_toml("""
 [projects.fa]
 source = { local = "fa" }
 archs = ["sm_90", "sm_120"]
@@ -75,14 +55,14 @@ source = { local = "fmha" }
 archs = ["sm_90a"]
 torch_abi = false
 arch_knobs = [{ env = "CMAKE_CUDA_ARCHITECTURES", format = "cmake" }]
-"""
+""", cuda=("13.0", "12.8"), arm=True, windows=True)
 
 
 def plan_for(tmp_path: Path, target: str, **options):
     (tmp_path / "forge.toml").write_text(FORGE_TOML)
     forge = load_forge(tmp_path)
-    host = HostFacts(platform="linux-x86_64", python="3.11", cpus=16, mem_available=100 * 2**30,
-                     mem_total=128 * 2**30, cuda_version=Version("13.0"), nvcc_path="/host/cuda/bin/nvcc",
+    host = HostFacts(platform="linux-x86_64", python="3.11", resources=Resources(16, 100 * 2**30, 128 * 2**30),
+                     cuda_version=Version("13.0"), nvcc_path="/host/cuda/bin/nvcc",
                      cuda_home="/host/cuda")
     t = parse_target(forge, target, host.platform)
     return make_plan(forge, t, host, PlanOptions(**options), job_profile=load_profile(tmp_path / "c", t.project, 1))
@@ -307,3 +287,40 @@ def test_pass_jobs_lets_the_oom_retry_reach_the_container(tmp_path, package):
     inside = bo.environment.as_dictionary(prev_environment={"PATH": "/usr/bin"})
     assert inside["MAX_JOBS"] == "1" and inside["NVCC_THREADS"] == "1"
     assert inside["FLASH_ATTN_CUDA_ARCHS"] == "120"  # the rest of the plan still fixed in CIBW_ENVIRONMENT
+    # a project's own thread variable (flashinfer's) is passed too, so the retry's halving reaches it
+    own = dataclasses.replace(plan, jobs=dataclasses.replace(plan.jobs, thread_vars=("NVCC_THREADS", "FI_THREADS")),
+                              env={**plan.env, "FI_THREADS": plan.env["NVCC_THREADS"]})
+    cibw = cibuildwheel_env(own, PYTHONS, "linux", pass_jobs=True)
+    assert "FI_THREADS" in cibw["CIBW_ENVIRONMENT_PASS_LINUX"].split() and "FI_THREADS" not in cibw["CIBW_ENVIRONMENT"]
+
+
+def test_a_kforge_image_bakes_cuda_in_uses_its_python_and_leaves_repair_to_the_host(tmp_path):
+    plan = plan_for(tmp_path, "fmha-sm90", backend="cibuildwheel", image="kforge:bullseye")
+    assert plan.image == "kforge:bullseye" and plan.platform_tag == "manylinux_2_31"  # the image's glibc
+    ref = "localhost/kforge-build:bullseye-cu130-0123456789ab"
+    cibw = cibuildwheel_env(plan, PYTHONS, "linux", image_ref=ref, image_pythons=("3.9",))
+    assert cibw["CIBW_MANYLINUX_X86_64_IMAGE"] == ref and cibw["CIBW_BUILD"] == "cp39-manylinux_x86_64"
+    assert "CIBW_BEFORE_ALL_LINUX" not in cibw  # nvcc is in the image
+    assert cibw["CIBW_REPAIR_WHEEL_COMMAND_LINUX"] == ""  # kforge repairs on the host, against the platform tag
+    assert cibw["CIBW_CONTAINER_ENGINE"] == "podman; create_args: --network=host"
+    assert container_env(cibw)["CUDA_HOME"] == "/usr/local/cuda-13.0"
+
+
+def test_a_torch_project_needs_an_image_with_one_of_its_pythons(tmp_path):
+    plan = plan_for(tmp_path, "fa-sm90", backend="cibuildwheel", image="kforge:bullseye")
+    with pytest.raises(BuildError) as err:
+        cibuildwheel_env(plan, PYTHONS, "linux", image_ref="localhost/x:1", image_pythons=("3.9",))
+    assert "has Python 3.9" in str(err.value) and "manylinux_2_28" in str(err.value)
+
+
+def test_the_platform_tag_reaches_the_repair_inside_official_images(tmp_path):
+    plan = plan_for(tmp_path, "fmha-sm90", backend="cibuildwheel", platform_tag="manylinux_2_28")
+    cibw = cibuildwheel_env(plan, PYTHONS, "linux")
+    assert cibw["CIBW_MANYLINUX_X86_64_IMAGE"] == "manylinux_2_28"
+    assert "--plat manylinux_2_28_x86_64" in cibw["CIBW_REPAIR_WHEEL_COMMAND_LINUX"]
+
+
+def test_an_image_option_on_a_native_build_is_refused_at_plan_time(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        plan_for(tmp_path, "fmha-sm90", image="kforge:bullseye")
+    assert "--backend cibuildwheel" in str(err.value)

@@ -34,9 +34,10 @@ from packaging.version import InvalidVersion, Version
 
 from kforge import __version__
 from kforge.backends import BuildRequest, BuildResult
-from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, run_step, which
+from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, place, run_step, which
 from kforge.errors import BuildError, ToolchainError
 from kforge.image import OFFICIAL_IMAGE, ensure_image, image_pythons, is_kforge_image, podman_env
+from kforge.platformtag import wheel_tag
 
 #: NVIDIA's CUDA repository for RHEL 8 (manylinux_2_28 is AlmaLinux 8), per machine.
 CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/rhel8/{repo_arch}/cuda-rhel8.repo"
@@ -141,8 +142,10 @@ def cuda_install_command(cuda: Version, machine: str, torch_abi: bool) -> str:
 
 
 def repair_command(target_id: str, *, torch_abi: bool, excludes: Sequence[str], install: str | None,
-                   kforge: str = "kforge") -> str:
+                   kforge: str = "kforge", plat: str | None = None) -> str:
     args = ["repair", "--target", target_id, "--wheel", "{wheel}", "--dest-dir", "{dest_dir}"]
+    if plat:  # the plan's platform tag: the repair inside the container must reach it
+        args += ["--plat", plat]
     for pattern in excludes:
         args += ["--exclude", pattern]
     if torch_abi:
@@ -182,7 +185,8 @@ def cibuildwheel_env(
     ids = build_identifiers(project.torch_abi, pythons, platform_os, mach)
     # Host paths never travel: the Linux container gets its own CUDA, and on Windows cibuildwheel
     # passes the host's environment (CUDA_PATH, PATH) through to the build as it is.
-    env = {k: v for k, v in plan.env.items() if k not in HOST_ONLY and not (pass_jobs and k in JOB_KNOBS)}
+    knobs = tuple(dict.fromkeys((*JOB_KNOBS, *plan.jobs.thread_vars)))  # + the project's own (FLASHINFER_NVCC_THREADS)
+    env = {k: v for k, v in plan.env.items() if k not in HOST_ONLY and not (pass_jobs and k in knobs)}
     out = {
         "CIBW_BUILD": " ".join(ids),
         "CIBW_ARCHS": cibw_arch(platform_os, mach),
@@ -205,7 +209,7 @@ def cibuildwheel_env(
         out["CIBW_ENVIRONMENT"] = environment_string(
             {**env, "CUDA_HOME": home, "CUDACXX": f"{home}/bin/nvcc"}, raw={"PATH": f"{home}/bin:$PATH"})
         if pass_jobs:
-            out["CIBW_ENVIRONMENT_PASS_LINUX"] = " ".join(JOB_KNOBS)
+            out["CIBW_ENVIRONMENT_PASS_LINUX"] = " ".join(knobs)
         if image_ref:  # kforge's own image: CUDA inside, repair on the host against the platform tag
             out[f"CIBW_MANYLINUX_{mach.upper()}_IMAGE"] = image_ref
             out["CIBW_CONTAINER_ENGINE"] = "podman; create_args: --network=host"
@@ -217,6 +221,7 @@ def cibuildwheel_env(
             out["CIBW_BEFORE_ALL_LINUX"] = cuda_install_command(cuda, mach, project.torch_abi)
         out["CIBW_REPAIR_WHEEL_COMMAND_LINUX"] = repair_command(
             plan.target.id, torch_abi=project.torch_abi, excludes=excludes,
+            plat=wheel_tag(plan.platform_tag, mach) if getattr(plan, "platform_tag", None) else None,
             install=kforge_requirement or f"kforge[repair]=={__version__}")
     else:
         # Windows wheels build on the Windows host itself: its CUDA toolkit and its kforge.
@@ -343,8 +348,6 @@ class CibuildwheelBackend:
                 why="found: " + (", ".join(w.name for w in wheels) or "nothing"),
                 fix=f"read the build log {log_path}",
             )
-        from kforge.backends._runner import place
-
         placed = tuple(place(w, Path(request.out_dir)) for w in wheels)
         return BuildResult(
             artifact=placed[0],
