@@ -22,6 +22,7 @@ from kforge.arch import RENDERERS, Arch, parse_arch
 from kforge.backends import BACKENDS
 from kforge.errors import ArchError, ConfigError, did_you_mean
 from kforge.platformtag import parse_tag
+from kforge.releasematrix import Release, ReleaseTable, read_release
 from kforge.schema import ArchNumber, EnvValue, Reader, normalise_env_value
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 
@@ -114,6 +115,8 @@ class Project:
     profiles: Mapping[str, Profile]
     repair_exclude: tuple[str, ...]
     platform_tag: str | None = None  # the oldest manylinux tag its Linux wheels must reach (repair enforces it)
+    build_requires: tuple[str, ...] = ()  # what a provisioned variant environment gets besides torch
+    release: Release | None = None  # the release matrix (kforge release): archs x variants, less excludes
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,8 @@ class ProjectTable:
     profiles: Mapping[str, dict] = field(default_factory=_empty)  # each read as a Profile
     repair_exclude: tuple[str, ...] = ()
     platform_tag: str | None = None  # the oldest manylinux tag the project's Linux wheels must reach
+    build_requires: tuple[str, ...] = ()  # packages a provisioned variant environment gets besides torch
+    release: ReleaseTable | None = None  # the release matrix: archs x variants, less excludes
 
 
 @dataclass(frozen=True)
@@ -364,7 +369,9 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         env=t.env, local_version_env=t.local_version_env, threads_env=t.threads_env,
         patches=(root / t.patches).resolve() if t.patches else None, gpu_tests=t.gpu_tests,
         compile_units=t.compile_units, repair_exclude=t.repair_exclude,
-        platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag),
+        platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag), build_requires=t.build_requires,
+        release=read_release(t.release, f"{key}.release", project_archs=archs, torch_abi=t.torch_abi,
+                             error=r.error) if t.release else None,
         profiles=MappingProxyType({p: Profile(name=p, **r.values(Profile, d, f"{key}.profiles.{p}", skip=("name",)))
                                    for p, d in t.profiles.items()}),
     )

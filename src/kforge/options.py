@@ -35,6 +35,16 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("cuda", "KFORGE_CUDA", "--cuda", "str", "CUDA version to build with, e.g. 12.8 (default: the installed nvcc)"),
+    Option("torch", "KFORGE_TORCH", "--torch", "str",
+           "torch version of the variant, e.g. 2.9.1 or 2.11 (default: this interpreter's torch, else forge.toml's "
+           "first); torch-ABI projects only; kforge provisions it with uv when it is not here"),
+    Option("python", "KFORGE_PYTHON", "--python", "str",
+           "Python of the variant, e.g. 3.10 (default: this interpreter's); another one is provisioned with uv"),
+    Option("index_url", "KFORGE_INDEX_URL", "--index-url", "str",
+           "the package index a variant's environment installs torch from (default: uv's, PyPI), "
+           "e.g. https://download.pytorch.org/whl/cu130"),
+    Option("find_links", "KFORGE_FIND_LINKS", "--find-links", "str",
+           "a folder of wheels to provision a variant's environment from, offline (uv --offline --find-links)"),
     Option("profile", "KFORGE_PROFILE", "--profile", "str", "a build profile from forge.toml, e.g. minimal"),
     Option("backend", "KFORGE_BACKEND", "--backend", "str", "override the project's build backend",
            choices=tuple(BACKENDS)),
@@ -57,6 +67,10 @@ BY_NAME: Mapping[str, Option] = MappingProxyType({o.name: o for o in OPTIONS})
 @dataclass(frozen=True)
 class PlanOptions:
     cuda: str | None = None
+    torch: str | None = None  # the variant's torch (torch-ABI projects)
+    python: str | None = None  # the variant's Python (3.N)
+    index_url: str | None = None  # where a variant's environment gets torch (default: uv's index)
+    find_links: str | None = None  # offline: a folder of wheels for the variant's environment
     profile: str | None = None
     backend: str | None = None
     max_jobs: int | None = None
@@ -161,7 +175,7 @@ def options_page() -> str:
     return f"""# Build options
 
 Every option of a build comes from one table, `kforge.options.OPTIONS`: it makes the CLI flags of
-`kforge plan`, `kforge build` and `kforge test`, and the `KFORGE_*` cascade. This page is generated from
+`kforge plan`, `kforge build`, `kforge test` and `kforge release`, and the `KFORGE_*` cascade. This page is generated from
 it (`python -m kforge.options > docs/options.md`; a test fails when the two differ).
 
 The cascade, lowest first: forge.toml (platform env, project env, profile env, rendered arch knobs)

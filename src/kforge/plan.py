@@ -45,6 +45,7 @@ from kforge.repair import RepairPolicy, default_policy
 from kforge.series import PatchContext, Series, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 from kforge.targets import Target
+from kforge.variant import Provisioning, Variant, parse_python, parse_version, provisioning, wheel_label
 
 __all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
 
@@ -99,6 +100,10 @@ class Plan:
     gpu_tests: GpuTests | None
     image: str | None = None  # the cibuildwheel backend's Linux image (None: not a cibuildwheel Linux build)
     platform_tag: str | None = None  # manylinux_2_28: the repair must reach it, or fail naming the symbols
+    variant: Variant | None = None  # (CUDA, torch, Python): what this build is for (kforge.variant)
+    provisioning: Provisioning | None = None  # per part: present, or how kforge provisions it
+    index_url: str | None = None  # where a provisioned environment installs from (None: uv's default)
+    find_links: str | None = None  # offline wheels for a provisioned environment
 
     @property
     def id(self) -> str:
@@ -147,6 +152,9 @@ class Plan:
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
             "image": self.image,
             "platform_tag": self.platform_tag,
+            "variant": self.variant.id if self.variant else None,
+            "provisioning": {**self.provisioning.to_dict(), "index_url": self.index_url, "find_links": self.find_links}
+            if self.provisioning else None,
         }
 
     def to_json(self) -> str:
@@ -166,9 +174,16 @@ class Plan:
             f"  archs       {' '.join(a.sm for a in self.archs)}",
             f"  profile     {self.profile or 'none'}",
             f"  backend     {self.backend} (build dir {self.build_dir}, {isolation})",
+            f"  variant     {self.variant.id if self.variant else 'none'}",
             f"  cuda        {tc.cuda} (from {tc.cuda_from}; needs >= {tc.min_cuda}): {tc.action}",
-            f"  torch       {tc.torch or 'not needed (torch-free wheel)'}",
-            f"  python      {tc.python}" + (f" (wheels for {', '.join(self.pythons)})" if self.backend == "cibuildwheel" else ""),
+            f"  torch       {tc.torch or 'not needed (torch-free wheel)'}"
+            + (f": {self.provisioning.part('torch').how}" if self.provisioning and tc.torch else ""),
+            f"  python      {tc.python}" + (f" (wheels for {', '.join(self.pythons)})" if self.backend == "cibuildwheel" else "")
+            + (f": {self.provisioning.part('python').how}" if self.provisioning else ""),
+            *([f"  c++ abi     {self.provisioning.part('cxx11_abi').how}"] if self.provisioning and tc.torch else []),
+            *([f"  build env   uv environment in the kforge cache with {', '.join(self.provisioning.requirements) or 'no packages'}"
+               + (f" (offline from {self.find_links})" if self.find_links else f" (from {self.index_url or 'uv default index'})")]
+              if self.provisioning and self.provisioning.env_needed else []),
             f"  jobs        MAX_JOBS={self.jobs.max_jobs} {threads}: {self.jobs.reason}",
             f"  version     +{self.local_version}" if self.local_version else "  version     no local label",
             f"  repair      policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
@@ -217,12 +232,8 @@ def render_knob(knob: ArchKnob, archs: tuple[Arch, ...], cuda: Version) -> dict[
 
 
 def local_version_label(cuda: Version, torch: Version | None) -> str:
-    """FA2's convention: ``cu130torch2.11``."""
-    label = f"cu{cuda.major}{cuda.minor}"
-    if torch is not None:
-        label += f"torch{torch.major}.{torch.minor}"
-    return label
-
+    """FA2's convention: ``cu130torch2.11`` (kforge.variant.wheel_label is the rule; this keeps the old call)."""
+    return wheel_label(Variant(cuda=cuda, python="3", torch=torch)) or f"cu{cuda.major}{cuda.minor}"
 
 
 def make_plan(
@@ -243,7 +254,9 @@ def make_plan(
     profile = _profile_name(project, options.profile)
     toolchain, archs = _toolchain(forge, project, target, host, options)
     jobs = _jobs(project, host, options, job_profile)
-    local_version = local_version_label(toolchain.cuda, toolchain.torch) if project.torch_abi else None
+    variant = Variant(cuda=Version(f"{toolchain.cuda.major}.{toolchain.cuda.minor}"), python=toolchain.python,
+                      torch=toolchain.torch if project.torch_abi else None)
+    local_version = wheel_label(variant) if project.torch_abi else None
     env = _env(project, platform, profile, archs, toolchain, jobs, host, local_version, options.env)
     backend = _backend(options.backend or project.backend)
     ctx = PatchContext(platform=target.platform, archs=tuple(a.sm for a in archs),
@@ -267,6 +280,12 @@ def make_plan(
         gpu_tests=project.gpu_tests,
         image=_image(backend, platform.os, options),
         platform_tag=_platform_tag(project, platform.os, options),
+        variant=variant,
+        provisioning=provisioning(variant, torch_abi=project.torch_abi, build_isolation=project.build_isolation
+                                  and options.build_isolation is not False, host_python=host.python,
+                                  host_torch=host.torch_version, cuda_how=toolchain.action,
+                                  cuda_present=toolchain.uses_installed, build_requires=project.build_requires),
+        index_url=options.index_url, find_links=options.find_links,
     )
 
 
@@ -334,12 +353,25 @@ def _toolchain(forge: Forge, project: Project, target: Target, host: HostFacts,
             fix=f"pass --cuda {min_cuda} or newer, or install that toolkit",
         )
     torch = None
-    if project.torch_abi:
-        torch = (host.torch_version if native else None) or (forge.toolchains.torch[0] if forge.toolchains.torch else None)
+    if options.torch is not None:
+        torch = parse_version(options.torch, _from(options, "torch"), "torch")
+        if not project.torch_abi:
+            raise ConfigError(f"{_from(options, 'torch')}={options.torch} asks for a torch variant, and {project.name} "
+                              "is torch-free (torch_abi = false): its wheel serves every torch",
+                              fix="drop --torch (and unset KFORGE_TORCH) for this project")
+    elif project.torch_abi:
+        torch = (Version(host.torch_version.public) if native and host.torch_version else None) or (
+            forge.toolchains.torch[0] if forge.toolchains.torch else None)
+    python = parse_python(options.python, _from(options, "python")) if options.python else host.python
     return Toolchain(cuda=cuda, cuda_from=cuda_from, min_cuda=min_cuda, installed_cuda=host.cuda_version,
                      nvcc_path=host.nvcc_path, uses_installed=same_as_installed,
                      action=_cuda_action(forge, target, host, cuda, native, same_as_installed),
-                     torch=torch, python=host.python), archs
+                     torch=torch, python=python), archs
+
+
+def _from(options: PlanOptions, name: str) -> str:
+    """The name a user wrote an option under, for errors (the flag; the variable says the same)."""
+    return BY_NAME[name].flag
 
 
 def _cuda_action(forge: Forge, target: Target, host: HostFacts, cuda: Version, native: bool, same: bool) -> str:
@@ -352,8 +384,8 @@ def _cuda_action(forge: Forge, target: Target, host: HostFacts, cuda: Version, n
         if cuda not in forge.toolchains.cuda:
             action += f" (CUDA {cuda} is not in forge.toml's toolchains.cuda: is it released?)"
         return action
-    return (f"missing: CUDA {cuda} is not installed here and CUDA 12.x has no nvcc on PyPI; "
-            f"install the CUDA {cuda} toolkit and point CUDA_HOME at it")
+    return (f"from the system: /usr/local/cuda-{cuda} (CUDA 12.x has no nvcc on PyPI); the build fails naming it "
+            f"when it is not installed: then install the CUDA {cuda} toolkit there, or point CUDA_HOME at it")
 
 
 def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobProfile) -> JobChoice:

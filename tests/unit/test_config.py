@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge import config
+from kforge import config, releasematrix
 from kforge.config import load_forge, normalise_env_value
 from kforge.errors import ConfigError
 from kforge.sources import GitSource, SdistSource
@@ -106,7 +106,8 @@ def test_docs_list_every_key_of_the_schema() -> None:
     page = (ROOT / "docs" / "forge-toml.md").read_text()
     words = {w for span in re.findall(r"`([^`]+)`", page) for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", span)}  # words in code
     tables = (config.ToolchainsTable, config.Platform, config.ProjectTable, config.SourceTable, config.ArchKnob,
-              config.GpuTests, config.Profile, config.RuleTable, GitSource, SdistSource)
+              config.GpuTests, config.Profile, config.RuleTable, GitSource, SdistSource,
+              releasematrix.ReleaseTable, releasematrix.VariantTable, releasematrix.ReleaseRuleTable)
     missing = [f"{cls.__name__}.{f.name}" for cls in tables for f in dataclasses.fields(cls)
                if f.name != "name" and f.name not in words]
     assert missing == []

@@ -212,3 +212,48 @@ def test_oom_retry_of_a_flashinfer_plan_lowers_flashinfer_nvcc_threads(forge, tm
              f"sys.exit(137 if len(open({str(seen)!r}).read().split()) == 1 else 0)\n")
     run = run_with_oom_retry([sys.executable, "-c", build], dict(plan.env), plan.jobs, log=lambda m: None)
     assert run.retried and seen.read_text().split() == ["4", "2"]
+
+
+# ---------------------------------------------------------------------------------------------- variants
+
+
+def test_plan_names_the_variant_and_how_each_part_is_provisioned(forge):
+    target = parse_target(forge, "flash-attn-sm90", "linux-x86_64")
+    plan = make_plan(forge, target, host(python="3.12"), PlanOptions(torch="2.9.1", python="3.10"),
+                     job_profile=profile("flash-attn"))
+    data = plan.to_dict()
+    assert data["variant"] == "cu130-torch2.9-cp310"
+    prov = data["provisioning"]
+    assert prov["env_needed"] is True
+    assert prov["torch"]["present"] is False and "uv pip install torch==2.9.1" in prov["torch"]["how"]
+    assert prov["python"]["present"] is False and "uv venv --python 3.10" in prov["python"]["how"]
+    assert prov["cuda"]["present"] is True
+    assert plan.local_version == "cu130torch2.9"
+    assert "variant     cu130-torch2.9-cp310" in plan.render()
+
+
+def test_plan_default_variant_is_the_hosts(forge):
+    target = parse_target(forge, "flash-attn-sm90", "linux-x86_64")
+    plan = make_plan(forge, target, host(), None, job_profile=profile("flash-attn"))
+    assert plan.variant is not None and plan.variant.id == "cu130-torch2.11-cp311"
+    assert plan.provisioning is not None and not plan.provisioning.env_needed
+
+
+def test_torch_for_a_torch_free_project_is_an_error(forge):
+    target = parse_target(forge, "fmha-sm90", "linux-x86_64")
+    with pytest.raises(ConfigError, match="torch-free"):
+        make_plan(forge, target, host(), PlanOptions(torch="2.9.1"), job_profile=profile("fmha"))
+
+
+def test_fmha_variant_drops_torch(forge):
+    target = parse_target(forge, "fmha-sm90", "linux-x86_64")
+    plan = make_plan(forge, target, host(), PlanOptions(python="3.12"), job_profile=profile("fmha"))
+    assert plan.variant is not None and plan.variant.id == "cu130-cp312"
+    assert plan.local_version is None
+
+
+def test_cuda_12_comes_from_the_system(forge):
+    target = parse_target(forge, "flash-attn-sm90", "linux-x86_64")
+    plan = make_plan(forge, target, host(), PlanOptions(cuda="12.8"), job_profile=profile("flash-attn"))
+    assert "/usr/local/cuda-12.8" in plan.toolchain.action
+    assert plan.variant is not None and plan.variant.id.startswith("cu128-")
