@@ -27,7 +27,7 @@ from types import MappingProxyType
 
 from filelock import FileLock
 
-from kforge import doctor, jobs, patches, repair, report, reproducible, sources, toolchain, wheelhouse
+from kforge import buildenv, buildinputs, doctor, jobs, patches, repair, report, reproducible, sources, toolchain, wheelhouse
 from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
 from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import BuildError, DoctorError, ToolchainError
@@ -60,6 +60,7 @@ class Services:
     detect_torch: Callable[[str], toolchain.TorchInfo | None] = toolchain.detect_torch
     inspect_wheel: Callable[[Path], doctor.WheelReport] = doctor.inspect_wheel
     inspect_binary: Callable[[Path], doctor.BinaryReport] = doctor.inspect_binary
+    provision_env: Callable[..., buildenv.BuildEnv] = buildenv.provision_env  # a variant's uv environment
 
     @classmethod
     def real(cls, plan: Plan) -> Services:
@@ -124,6 +125,7 @@ class Done:
 
     source: sources.PreparedSource | None = None
     patches: patches.ApplyResult | None = None
+    environment: buildenv.BuildEnv | None = None  # the variant's provisioned environment (None: this interpreter)
     toolchain: ToolchainResult | None = None
     build: BuildResult | None = None
     report: ReportResult | None = None
@@ -168,6 +170,20 @@ def patches_step(plan: Plan, run: Run, done: Done) -> patches.ApplyResult:
     return applied
 
 
+def environment_step(plan: Plan, run: Run, done: Done) -> buildenv.BuildEnv:
+    """The variant's Python and torch, when this interpreter does not have them: a uv environment (cached)."""
+    assert plan.provisioning is not None
+    env = run.services.provision_env(plan.provisioning, run.cache_dir, index_url=plan.index_url,
+                                     find_links=plan.find_links, environ=run.environ, say=run.log.info)
+    run.log.info(f"{'reusing' if env.reused else 'made'} {env.path}")
+    return env
+
+
+def build_python(run: Run, done: Done) -> str:
+    """The interpreter the build runs with: the variant's environment, else kforge's own."""
+    return str(done.environment.python) if done.environment is not None else run.python
+
+
 def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
     nvcc = run.services.find_nvcc(plan, run.environ, run.cache_dir, run.log.info)
     run.log.info(f"nvcc {nvcc.version} at {nvcc.path}")
@@ -179,10 +195,11 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
     env.update(reproducible.build_env(plan.project.name, epoch, env))
     run.log.info(f"reproducible: SOURCE_DATE_EPOCH={env.get('SOURCE_DATE_EPOCH', 'unset')} ({epoch.origin}), "
                  f"NVCC_APPEND_FLAGS={env['NVCC_APPEND_FLAGS']}")
-    torch = run.services.detect_torch(run.python) if plan.project.torch_abi else None
+    python = build_python(run, done)
+    torch = run.services.detect_torch(python) if plan.project.torch_abi else None
     if plan.project.torch_abi and torch is None:
         raise ToolchainError(
-            f"{plan.project.name} builds against torch, and {run.python} has no torch",
+            f"{plan.project.name} builds against torch, and {python} has no torch",
             fix=f"install torch {plan.toolchain.torch or ''} into that interpreter (the build uses no isolation)".replace("  ", " "),
         )
     cache = toolchain.compiler_cache(env, wrapper_dir=plan.work_dir / "cc-wrappers", nvcc=nvcc.path)
@@ -205,7 +222,7 @@ def isolate_git(env: dict[str, str], work: Path) -> None:
 def build_step(plan: Plan, run: Run, done: Done) -> BuildResult:
     assert done.source is not None and done.toolchain is not None
     request = BuildRequest(plan=plan, tree=done.source.tree / plan.build_dir, out_dir=plan.work_dir / "dist",
-                           work_dir=plan.work_dir / "build", env=done.toolchain.env, python=run.python,
+                           work_dir=plan.work_dir / "build", env=done.toolchain.env, python=build_python(run, done),
                            forge_pythons=plan.pythons, progress=run.progress, ctest=run.ctest)
     result = run.services.backend.build(request)
     if result.retried_with_jobs:
@@ -294,12 +311,15 @@ def manifest(plan: Plan, run: Run, done: Done, checked: CheckedWheel) -> wheelho
         source_kind=plan.source_kind, source_pin=src.pin if src.kind != "sdist" else plan.source_pin,
         source_dirty=src.dirty, patch_series_hash=plan.series_hash, patches=plan.patches,
         toolchain={"nvcc": str(tc.nvcc.version), "cuda": str(plan.toolchain.cuda),
-                   "torch": str(tc.torch.version) if tc.torch else None, "python": host.python,
+                   "torch": str(tc.torch.version) if tc.torch else None, "python": plan.toolchain.python,
                    "max_jobs": plan.jobs.max_jobs, "nvcc_threads": plan.jobs.nvcc_threads},
         host={"platform": host.platform, "machine": _platform.node(), "cpus": host.cpus, "mem_total": host.mem_total},
         built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         build_seconds=round(done.build.seconds, 1), peak_rss=done.build.peak_rss, repaired_tag=checked.tag,
         doctor=doctor.to_dict(checked.report, list(checked.findings)),
+        variant=plan.variant.id if plan.variant else None,
+        # a dirty source has no identity worth comparing: such a wheel is never taken as already released
+        inputs_hash=None if src.dirty else buildinputs.inputs_hash(plan, src.pin),
     )
 
 
@@ -332,6 +352,10 @@ def _repair_detail(plan: Plan, run: Run, done: Done) -> str:
     return "auditwheel" if plan.platform_os == "linux" else "delvewheel"
 
 
+def _needs_environment(plan: Plan) -> bool:
+    return plan.provisioning is not None and plan.provisioning.env_needed
+
+
 def _makes_wheel(plan: Plan) -> bool:
     return plan.makes_wheel
 
@@ -344,6 +368,8 @@ def _makes_library(plan: Plan) -> bool:
 STEPS: tuple[Step, ...] = (
     Step("source", source_step, lambda plan, run, done: plan.source_pin),
     Step("patches", patches_step, lambda plan, run, done: f"{len(plan.patches)} to apply" if plan.patches else "none"),
+    Step("environment", environment_step, lambda plan, run, done: plan.variant.id if plan.variant else "",
+         when=_needs_environment),
     Step("toolchain", toolchain_step, lambda plan, run, done: f"CUDA {plan.toolchain.cuda}"),
     Step("build", build_step, lambda plan, run, done: f"{plan.backend}, MAX_JOBS={plan.jobs.max_jobs} "
          + " ".join(f"{v}={plan.jobs.nvcc_threads}" for v in plan.jobs.thread_vars)),

@@ -79,6 +79,8 @@ class Manifest:
     size: int = 0
     wheel: str = ""
     schema: int = 1
+    variant: str | None = None  # the variant id, cu130-torch2.11-cp312 (kforge.variant)
+    inputs_hash: str | None = None  # kforge.buildinputs: equal hashes, equal wheel (a release skips it)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, default=str) + "\n"

@@ -18,6 +18,7 @@ from kforge_testkit import forge_toml
 from kforge import pipeline
 from kforge.arch import parse_arch
 from kforge.backends import BuildRequest, BuildResult
+from kforge.buildenv import BuildEnv
 from kforge.doctor import BinaryReport, FatbinEntry, WheelReport
 from kforge.errors import BuildError, DoctorError, GPUError, GpuTestError
 from kforge.gputest import run_gpu_tests
@@ -207,3 +208,21 @@ def test_a_windows_target_is_refused_before_any_step(tmp_path: Path, forge_and_p
     with pytest.raises(BuildError, match="this host is linux-x86_64"):
         pipeline.run_build(plan, run)
     assert run.log.timings == {} and backend.requests == []
+
+
+def test_another_python_adds_the_environment_step_and_the_build_runs_with_its_interpreter(tmp_path: Path, mono) -> None:
+    plan, host = mono("tiny-sm90", python="3.10")
+    assert plan.variant is not None and plan.variant.id == "cu130-cp310"
+    asked: list[object] = []
+
+    def provision(prov, cache_dir, **kw):  # noqa: ANN001, ANN003
+        asked.append((prov.variant.id, kw["find_links"]))
+        return BuildEnv(tmp_path / "env", tmp_path / "env" / "bin" / "python", prov.variant, prov.requirements, False)
+
+    run, backend = make_run(tmp_path, plan, host)
+    run = pipeline.Run(**{**run.__dict__, "services": pipeline.Services(**{**run.services.__dict__, "provision_env": provision})})
+    outcome = pipeline.run_build(plan, run)
+    assert asked == [("cu130-cp310", None)]
+    assert list(run.log.timings)[:3] == ["source", "patches", "environment"]
+    assert backend.requests[0].python == str(tmp_path / "env" / "bin" / "python")
+    assert outcome.done.environment is not None
