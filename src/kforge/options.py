@@ -80,6 +80,7 @@ class PlanOptions:
     platform_tag: str | None = None  # the oldest manylinux tag the wheel must reach (overrides the project's)
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # --env KEY=VALUE, applied last
     cuda_from: str | None = None  # which layer set ``cuda`` ("KFORGE_CUDA" or "--cuda"), for the plan's story
+    label_archs: bool = False  # kforge release: the wheel's local label names its archs (several archs, one index)
 
     @classmethod
     def from_cascade(cls, environ: Mapping[str, str], **cli: Any) -> PlanOptions:

@@ -27,7 +27,19 @@ from types import MappingProxyType
 
 from filelock import FileLock
 
-from kforge import buildenv, buildinputs, doctor, jobs, patches, repair, report, reproducible, sources, toolchain, wheelhouse
+from kforge import (
+    buildenv,
+    buildinputs,
+    doctor,
+    jobs,
+    patches,
+    repair,
+    report,
+    reproducible,
+    sources,
+    toolchain,
+    wheelhouse,
+)
 from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
 from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import BuildError, DoctorError, ToolchainError

@@ -45,7 +45,7 @@ from kforge.repair import RepairPolicy, default_policy
 from kforge.series import PatchContext, Series, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 from kforge.targets import Target
-from kforge.variant import Provisioning, Variant, parse_python, parse_version, provisioning, wheel_label
+from kforge.variant import Provisioning, Variant, local_label, parse_python, parse_version, provisioning, wheel_label
 
 __all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
 
@@ -256,7 +256,8 @@ def make_plan(
     jobs = _jobs(project, host, options, job_profile)
     variant = Variant(cuda=Version(f"{toolchain.cuda.major}.{toolchain.cuda.minor}"), python=toolchain.python,
                       torch=toolchain.torch if project.torch_abi else None)
-    local_version = wheel_label(variant) if project.torch_abi else None
+    local_version = local_label(variant, tuple(f"{a.major * 10 + a.minor}{a.variant}" for a in archs),
+                                torch_abi=project.torch_abi, arch_part=options.label_archs)
     env = _env(project, platform, profile, archs, toolchain, jobs, host, local_version, options.env)
     backend = _backend(options.backend or project.backend)
     ctx = PatchContext(platform=target.platform, archs=tuple(a.sm for a in archs),

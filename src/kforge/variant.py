@@ -88,6 +88,19 @@ def wheel_label(variant: Variant) -> str | None:
     return f"{variant.cuda_tag}torch{variant.torch_short}"
 
 
+def local_label(variant: Variant, arch_numbers: tuple[str, ...], *, torch_abi: bool, arch_part: bool) -> str | None:
+    """A build's whole local version label: the variant part (torch-ABI wheels), then one ``sm<N>[a|f]`` part
+    per arch when ``arch_part`` (a release of several archs: each arch's wheel needs its own name).
+
+    ``arch_numbers`` are ``90a``-style spellings. The arch helper's kforge.wheelname spells the same arch part
+    (and leaves it out for the project's release set); when both are on main, that rule replaces ``arch_part``.
+    """
+    parts = [wheel_label(variant)] if torch_abi else []
+    if arch_part:
+        parts.append(".".join(f"sm{n}" for n in arch_numbers))
+    return ".".join(p for p in parts if p) or None
+
+
 def parse_python(text: str, where: str) -> str:
     """``3.12`` (also ``cp312``, ``312``); anything else is a ConfigError naming ``where``."""
     raw = text.strip().lower().removeprefix("cp")

@@ -38,11 +38,13 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
+from kforge import simpleindex
 from kforge.errors import PublishError
 
 LOCK_NAME = ".kforge.lock"
 MANIFEST_SUFFIX = ".manifest.json"
 INDEX_DIR = "simple"
+RELEASES_DIR = "releases"  # kforge release's manifests
 #: Test hook: seconds to sleep after the temp files are written and before they are renamed.
 PAUSE_ENV = "KFORGE_TEST_PUBLISH_PAUSE"
 _TMP_MARK = ".kforge-tmp-"
@@ -291,7 +293,8 @@ def _project_dirs(root: Path) -> Iterator[Path]:
     if not root.is_dir():
         return
     for entry in root.iterdir():
-        if entry.is_dir() and entry.name != INDEX_DIR and not entry.name.startswith("."):
+        if (entry.is_dir() and entry.name not in (INDEX_DIR, RELEASES_DIR) and not entry.name.startswith(".")
+                and not simpleindex.is_variant_folder(entry.name)):
             yield entry
 
 
@@ -320,8 +323,17 @@ def _page(title: str, body: str) -> str:
             f"{body}\n  </body>\n</html>\n")
 
 
+def index_entries(wheels: tuple[PublishedWheel, ...]) -> list[simpleindex.IndexEntry]:
+    """The rows kforge.simpleindex renders (PEP 691 JSON pages, per-CUDA indexes)."""
+    return [simpleindex.IndexEntry(name=str(canonicalize_name(parse_wheel_filename(w.filename)[0])), project=w.project,
+                                   filename=w.filename, sha256=w.sha256,
+                                   cuda_tag=simpleindex.cuda_tag(w.record.variant, (w.record.toolchain or {}).get("cuda")))
+            for w in wheels]
+
+
 def _write_index(root: Path) -> Path:
-    pages = render_index(list_wheels(root))
+    wheels = list_wheels(root)
+    pages = {**render_index(wheels), **simpleindex.all_pages(index_entries(wheels))}
     index_root = root / INDEX_DIR
     for rel, text in pages.items():
         path = root / rel
@@ -330,12 +342,16 @@ def _write_index(root: Path) -> Path:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
-    # drop pages of distributions that have no wheels any more
-    if index_root.is_dir():
-        keep = {(root / rel).parent for rel in pages}
-        for sub in index_root.iterdir():
-            if sub.is_dir() and sub not in keep:
-                shutil.rmtree(sub, ignore_errors=True)
+    # drop pages of distributions (and per-CUDA indexes) that have no wheels any more
+    keep = {(root / rel).parent for rel in pages}
+    for index in [index_root] + [d / INDEX_DIR for d in root.iterdir() if simpleindex.is_variant_folder(d.name)]:
+        if index.parent != root and index not in keep:
+            shutil.rmtree(index.parent, ignore_errors=True)
+            continue
+        if index.is_dir():
+            for sub in index.iterdir():
+                if sub.is_dir() and sub not in keep:
+                    shutil.rmtree(sub, ignore_errors=True)
     return index_root / "index.html"
 
 

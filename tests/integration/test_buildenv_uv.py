@@ -1,20 +1,18 @@
 """Variant environments made with the real uv, offline, from a find-links folder of small wheels.
 
-The "torch" here is a fake wheel made by the test (a package named torch with ``__version__``,
-``version.cuda`` and ``_C._GLIBCXX_USE_CXX11_ABI``): enough for kforge's provisioning logic and its torch
+The "torch" here is a fake wheel made by the test (kforge_testkit.fake_torch (a package named torch with ``__version__``,
+``version.cuda`` and ``_C._GLIBCXX_USE_CXX11_ABI``)): enough for kforge's provisioning logic and its torch
 probe, without downloading torch.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import shutil
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
+from kforge_testkit import fake_torch, fake_wheel
 from packaging.version import Version
 
 from kforge.buildenv import MARKER, provision_env
@@ -24,34 +22,6 @@ from kforge.variant import Variant, provisioning
 
 pytestmark = pytest.mark.integration
 HOST_PY = f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-def fake_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
-    """A pure-Python wheel holding ``files``, with a valid RECORD."""
-    dist = f"{name}-{version}.dist-info"
-    contents = dict(files)
-    contents[f"{dist}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    contents[f"{dist}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: kforge-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    record = []
-    for path, text in contents.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    record.append(f"{dist}/RECORD,,")
-    contents[f"{dist}/RECORD"] = "\n".join(record) + "\n"
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(out, "w") as zf:
-        for path, text in contents.items():
-            zf.writestr(path, text)
-    return out
-
-
-def fake_torch(folder: Path, version: str) -> Path:
-    return fake_wheel(folder, "torch", version, {
-        "torch/__init__.py": f"__version__ = '{version}+cu130'\nfrom . import version, _C\n",
-        "torch/version.py": "cuda = '13.0'\n",
-        "torch/_C.py": "_GLIBCXX_USE_CXX11_ABI = True\n",
-    })
 
 
 @pytest.fixture()
