@@ -72,6 +72,12 @@ def ci_generate(c, check=False):
     _kforge(c, "ci", "generate", *(["--check"] if check else []))
 
 
+@task(help={"project": "a project with a release matrix in forge.toml", "dry_run": "print the matrix and cost only"})
+def release_cut(c, project, dry_run=False):
+    """Build a project's release matrix into one wheelhouse (kforge release; skips what is published)."""
+    _kforge(c, "release", project, *(["--dry-run"] if dry_run else []))
+
+
 def _ns(name, **tasks):
     col = Collection(name)
     for short, t in tasks.items():
@@ -84,4 +90,5 @@ ns = Collection(
     _ns("patches", status=patches_status, apply=patches_apply, refresh=patches_refresh),
     _ns("wheelhouse", index=wheelhouse_index, clean=wheelhouse_clean),
     _ns("ci", generate=ci_generate),
+    _ns("release", cut=release_cut),
 )

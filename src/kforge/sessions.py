@@ -2,8 +2,9 @@
 
 ``noxfile.py`` calls :func:`register` and nothing else. For every target of the matrix there is a
 ``build-<target>`` and a ``test-<target>`` session, for every project a ``build-<project>`` (the host
-GPU's arch, or the project's default without a GPU) and a ``patch-<project>``, plus ``tests`` and
-``lint``. Session bodies are a few lines that call the ``kforge`` command.
+GPU's arch, or the project's default without a GPU), a ``patch-<project>`` and, where forge.toml declares a
+release matrix, a ``release-<project>``, plus ``tests`` and ``lint``. The noxfile picks uv as the venv
+backend where uv is present (``"uv|venv"``). Session bodies are a few lines that call the ``kforge`` command.
 
 This module is imported by nox before kforge is installed anywhere, so it (and what it imports at the
 top) sticks to the standard library, ``packaging`` and ``nox`` itself.
@@ -87,6 +88,17 @@ def register(nox: Any, root: Path) -> None:
             add(f"build-{project.name}", build_host,
                 f"{project.name} for this machine's GPU arch ({project.default_arch.sm} without a GPU)",
                 [project.name, "build"], venv_params=venv_params)
+
+        if project.release is not None and host in project.platforms:
+            def release(session: Any, _p: str = project.name) -> None:
+                install_kforge(session, root)
+                session.run(*kforge_cmd, "release", _p, *session.posargs, external=True)
+
+            add(f"release-{project.name}", release,
+                f"{project.name}: build its release matrix ({len(project.release.archs)} archs x "
+                f"{len(project.release.variants)} variant{'s' if len(project.release.variants) > 1 else ''}, less excludes) "
+                "into one index; skips what is published",
+                [project.name, "release"], venv_params=venv_params)
 
         if project.patches is not None:
             def patch(session: Any, _p: str = project.name) -> None:
