@@ -1,4 +1,4 @@
-"""Run a plan's build as a list of steps: source -> patches -> toolchain -> build -> report -> repair -> doctor -> publish.
+"""Run a plan's build as a list of steps: source -> patches -> [environment] -> toolchain -> build -> report -> repair -> doctor -> publish.
 
 Each step is a small function ``(plan, run, done) -> result``: it reads the :class:`~kforge.plan.Plan`, the
 :class:`Run` (host, environment, paths and the injected :class:`Services`: backend, repairer, nvcc finder,

@@ -163,7 +163,9 @@ class Plan:
     def render(self) -> str:
         """The plan as ``kforge plan`` prints it (and ``kforge build`` logs it)."""
         tc = self.toolchain
-        isolation = "isolated" if self.build_isolation else "no build isolation: uses this interpreter's packages"
+        isolation = "isolated" if self.build_isolation else (
+            "no build isolation: uses the variant environment's packages" if self.provisioning and self.provisioning.env_needed
+            else "no build isolation: uses this interpreter's packages")
         threads = " ".join(f"{v}={self.jobs.nvcc_threads}" for v in self.jobs.thread_vars)
         lines = [
             f"plan {self.id}  ({self.target.platform})",

@@ -158,7 +158,26 @@ def plan_release(forge: Forge, project_name: str, host: HostFacts, options: Plan
         seconds, note = estimate(plan, cache_dir)
         done = next((w for w in published if w.record.inputs_hash == digest and w.record.target == plan.id), None)
         items.append(ReleaseItem(plan, digest, seconds, note, done))
+    _check_names_differ(project.name, project.torch_abi, items)
     return ReleasePlan(project.name, host.platform, Path(wheelhouse_root), tuple(items))
+
+
+def _check_names_differ(project: str, torch_abi: bool, items: list[ReleaseItem]) -> None:
+    """Two builds whose wheels would get the same file name would replace each other in the index.
+
+    A torch-ABI wheel's name carries CUDA and torch (its label) and the Python (its tag). A torch-free wheel's
+    label names only its archs, and its tag may be ``py3-none``: two of its variants would collide.
+    """
+    seen: dict[tuple[str, str | None, str], ReleaseItem] = {}
+    for item in items:
+        key = (item.plan.id, item.plan.local_version, item.plan.toolchain.python if torch_abi else "")
+        if key in seen:
+            raise ConfigError(
+                f"the release matrix of {project} has {seen[key].variant} and {item.variant} for {item.plan.id}, and "
+                "both wheels would get the same file name",
+                why="a torch-free wheel's name has no CUDA or Python part (its label names its archs only)",
+                fix=f"keep one variant per arch in [projects.{project}.release], or exclude one of them")
+        seen[key] = item
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ Layout under the wheelhouse root::
     <project>/<wheel>.manifest.json       where it came from (the commit record)
     simple/index.html                     PEP 503 root: one link per distribution
     simple/<normalized-name>/index.html   links ../../<project>/<wheel>#sha256=<hex>
+    simple/**/index.v1_json               the same as PEP 691 JSON (kforge.simpleindex)
+    cu130/simple/...                      the index of the wheels built with CUDA 13.0 (one per CUDA)
+    releases/<project>.json               kforge release's manifest
 
 Publishing is atomic. Under one file lock (``.kforge.lock``), the wheel and its manifest
 are copied to temporary files beside their final names, then renamed into place (wheel

@@ -1,0 +1,58 @@
+"""`kforge release fmha` on this CPU machine: forge.toml's fmha matrix (sm_90a, sm_80 x one CUDA 13.0 variant) is
+built into one wheelhouse with a release manifest, and a second run skips every build (identical inputs)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _release(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kforge.cli", "release", "fmha", *args, "--no-progress"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=1800)
+
+
+def test_release_fmha_builds_the_matrix_then_skips_it(tmp_path: Path) -> None:
+    wh = tmp_path / "wheelhouse"
+    env = dict(os.environ, KFORGE_WHEELHOUSE=str(wh), KFORGE_CACHE=str(tmp_path / "cache"))
+    env.pop("SOURCE_DATE_EPOCH", None)
+
+    dry = _release("--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "fmha-sm90" in dry.stdout and "fmha-sm80" in dry.stdout and "2 to build, 0 already published" in dry.stdout
+    assert "unknown" in dry.stdout  # a fresh cache has measured nothing
+    assert not wh.exists()  # --dry-run builds and writes nothing
+
+    first = _release(env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "built 2, skipped 0" in first.stdout
+    manifest = json.loads((wh / "releases" / "fmha.json").read_text())
+    wheels = {w["target"]: w for w in manifest["wheels"]}
+    assert set(wheels) == {"fmha-sm90", "fmha-sm80"}
+    for target, w in wheels.items():
+        path = wh / w["wheel"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == w["sha256"]
+        assert w["doctor"] == "ok" and w["variant"].startswith("cu130-cp") and not w["skipped"]
+        assert path.name.startswith("kforge_fmha-0.1.0+" + target.split("-")[1])  # one wheel name per arch
+    # one index: both wheels, also in the per-CUDA one, with PEP 691 JSON
+    page = json.loads((wh / "cu130" / "simple" / "kforge-fmha" / "index.v1_json").read_text())
+    assert sorted(f["filename"] for f in page["files"]) == sorted(Path(w["wheel"]).name for w in wheels.values())
+
+    again = _release(env=env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "0 to build, 2 already published" in again.stdout and "built 0, skipped 2" in again.stdout
+    assert "==> " not in again.stderr  # no build step ran
+    second = json.loads((wh / "releases" / "fmha.json").read_text())
+    assert [(w["wheel"], w["sha256"], w["skipped"]) for w in second["wheels"]] == [
+        (w["wheel"], w["sha256"], True) for w in manifest["wheels"]]
+    # the second dry run prices nothing and says why (measured unit times now exist)
+    assert "nothing to build" in _release("--dry-run", env=env).stdout
