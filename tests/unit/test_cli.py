@@ -68,8 +68,12 @@ def test_no_forge_toml(tmp_path: Path) -> None:
 
 def test_targets_lists_the_matrix() -> None:
     out = kforge("targets", "--json")
-    ids = {t["id"] for t in json.loads(out.stdout)}
-    assert {"flashmla-sm120", "fmha-sm90", "flash-attn-sm120-windows"} <= ids
+    targets = {t["id"]: t for t in json.loads(out.stdout)}
+    assert {"flashmla-sm120", "fmha-sm90", "flash-attn-sm120-windows"} <= set(targets)
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert targets["fmha-sm90"]["variants"] == [f"cu130-{py}"]  # forge.toml's fmha release matrix
+    assert "cu128-torch2.9-cp312" in targets["flash-attn-sm90"]["variants"]
+    assert targets["flashmla-sm120"]["variants"] == []  # no release matrix
 
 
 def test_exit_codes_are_distinct() -> None:
@@ -88,7 +92,7 @@ def test_nox_lists_the_sessions() -> None:
     listed = {line.split()[1] for line in out.stdout.splitlines() if line.startswith(("* ", "- "))}
     for name in ("build-flashmla-sm120", "build-flashmla-sm100", "build-flash-attn-sm90", "build-flash-attn-sm120-windows",
                  "build-flash-attn3-sm90", "build-flashinfer-sm120", "build-fmha-sm90", "test-fmha-sm90",
-                 "patch-flashmla", "tests", "lint", "build-fmha"):
+                 "patch-flashmla", "tests", "lint", "build-fmha", "release-fmha", "release-flash-attn"):
         assert name in listed, name
     assert "needs a windows-amd64 host" in out.stdout
 
@@ -100,6 +104,12 @@ def test_nox_lists_the_sessions() -> None:
         (["plan", "fmha-sm90", "--max-jobs", "0"], 2, "not a positive whole number"),
         (["targets", "--project", "flashmal"], ConfigError.exit_code, "did you mean 'flashmla'"),
         (["plan", "flash-attn-sm90a"], ArchError.exit_code, "takes plain arch numbers"),
+        (["plan", "fmha-sm90", "--torch", "2.9.1"], ConfigError.exit_code, "torch-free"),
+        (["plan", "flash-attn-sm90", "--python", "two"], ConfigError.exit_code, "--python='two' is not a Python version"),
+        (["plan", "flash-attn-sm90", "--torch", "2.x"], ConfigError.exit_code, "--torch='2.x'"),
+        (["release", "flashmla", "--dry-run"], ConfigError.exit_code, "declares no release matrix"),
+        (["release", "fmha", "--cuda", "12.8", "--dry-run"], ConfigError.exit_code, "does not apply to a release"),
+        (["release", "fmah", "--dry-run"], ConfigError.exit_code, "did you mean 'fmha'"),
     ],
 )
 def test_more_error_paths(args, code, needle) -> None:
