@@ -116,6 +116,8 @@ def source_identity(plan: Plan, cache_dir: Path) -> str:
 def estimate(plan: Plan, cache_dir: Path) -> tuple[float | None, str]:
     """Compile seconds from the project's measured unit times (kforge.jobs), or None where nothing was measured."""
     profile = jobs.load_profile(cache_dir, plan.project.name, len(plan.archs))
+    if profile.source.startswith("seed"):
+        return None, f"nothing measured here; the {profile.source.split(':', 1)[1].strip()} seed is another machine's"
     if not profile.source.startswith("measured"):
         return None, "nothing measured"
     builds = max(1, len(profile.history))
