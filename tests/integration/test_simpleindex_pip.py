@@ -1,16 +1,20 @@
-"""Per-CUDA indexes with real pip over file://: --index-url <wheelhouse>/cu130/simple picks the CUDA 13.0 wheel."""
+"""Per-CUDA indexes with real pip over file:// (--index-url <wheelhouse>/cu130/simple picks the CUDA 13.0 wheel), and
+the static PEP 691 JSON pages read by real pip when served with their content type."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from kforge_testkit import fake_wheel
 
-from kforge import wheelhouse
+from kforge import simpleindex, wheelhouse
 from kforge.wheelhouse import Manifest
 
 pytestmark = pytest.mark.integration
@@ -41,3 +45,45 @@ def test_pip_takes_the_wheel_of_the_index_it_is_given(tmp_path):
     # the all-wheels index offers both (pip picks the higher local label)
     html = (root / "simple" / "kforge-idx-probe" / "index.html").read_text()
     assert "cu128torch2.9" in html and "cu130torch2.11" in html
+
+
+class _JsonOnly(http.server.SimpleHTTPRequestHandler):
+    """Serves the static index.v1_json of a folder with the PEP 691 content type, never the HTML: what a web
+    server configured for kforge's static JSON pages does. Wheels are served as files."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = Path(self.translate_path(self.path))
+        if path.is_dir():
+            page = path / simpleindex.JSON_PAGE
+            if "application/vnd.pypi.simple.v1+json" not in self.headers.get("Accept", "") or not page.is_file():
+                self.send_error(406)
+                return
+            body = page.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", simpleindex.JSON_CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_pip_reads_the_static_json_pages_served_with_their_content_type(tmp_path):
+    root = tmp_path / "wheelhouse"
+    wheel = fake_wheel(tmp_path / "w", "kforge_json_probe", "2.0+cu130torch2.11", {"kforge_json_probe/__init__.py": ""})
+    wheelhouse.publish(root, "probe", wheel, Manifest(target="probe-sm90", variant="cu130-torch2.11-cp312"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_JsonOnly, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/cu130/simple/"
+        out = tmp_path / "dl"
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(out), "--index-url", url,
+                               "kforge-json-probe"], env=_pip_env(tmp_path), capture_output=True, text=True, timeout=300)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [p.name for p in out.iterdir()] == [wheel.name]
