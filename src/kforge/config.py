@@ -17,7 +17,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from kforge.arch import RENDERERS, Arch, parse_arch
-from kforge.errors import ArchError, ConfigError, did_you_mean
+from kforge.errors import ArchError, ConfigError, decode_utf8, did_you_mean
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 
 if sys.version_info >= (3, 11):
@@ -280,9 +280,10 @@ def load_forge(root: Path | str | None = None, *, path: Path | None = None) -> F
         path = Path(path).resolve()
         root_path = Path(root).resolve() if root is not None else path.parent
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}", fix="check the path and its permissions") from None
+    text = decode_utf8(raw, path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

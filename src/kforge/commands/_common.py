@@ -43,6 +43,8 @@ def forge_from_args(args: argparse.Namespace) -> Forge:
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda", help="CUDA version to build with, e.g. 12.8 (default: the installed nvcc)")
+    parser.add_argument("--allow-unknown-cuda", action="store_true",
+                        help="accept a --cuda/KFORGE_CUDA that is not a CUDA release kforge knows (on purpose)")
     parser.add_argument("--profile", help="a build profile from forge.toml, e.g. minimal")
     parser.add_argument("--backend", choices=("native", "cibuildwheel", "cmake"), help="override the project's backend")
     parser.add_argument("--max-jobs", type=_positive, help="parallel compile units (default: chosen from free memory)")
