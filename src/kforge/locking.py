@@ -22,7 +22,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from kforge.errors import KforgeError
+from kforge.errors import KforgeError, os_fix
 from kforge.fsutil import atomic_write_text
 
 OWNER_SUFFIX = ".owner"
@@ -104,7 +104,7 @@ def hold(
                 last = now
         except OSError as exc:
             raise error(f"cannot lock {what}: {exc.strerror}", why=f"creating {lock_path} failed",
-                        fix="make the folder writable by this user (or point kforge at another one)") from None
+                        fix=os_fix(exc.errno)) from None
     me = Owner(os.getpid(), target, datetime.now(timezone.utc).isoformat(timespec="seconds"), socket.gethostname())
     note = Path(str(lock_path) + OWNER_SUFFIX)
     try:

@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from filelock import FileLock
-
-from kforge import doctor, jobs, patches, repair, report, sources, toolchain, wheelhouse
+from kforge import doctor, jobs, locking, patches, preflight, repair, report, sources, toolchain, wheelhouse
 from kforge.backends import BuildRequest, BuildResult, get_backend
 from kforge.config import Forge
 from kforge.errors import BuildError, DoctorError, ToolchainError
@@ -28,7 +26,7 @@ from kforge.log import StepLog
 from kforge.plan import PROVISIONABLE_FROM, Plan
 from kforge.series import load_series
 
-STEPS = ("source", "patches", "toolchain", "build", "report", "repair", "doctor", "publish")
+STEPS = ("preflight", "source", "patches", "toolchain", "build", "report", "repair", "doctor", "publish")
 
 
 @dataclass(frozen=True)
@@ -99,22 +97,31 @@ def run_build(
     progress: bool = True,
     ctest: bool = False,
     log: StepLog | None = None,
+    replace: bool = False,
+    wait: bool = True,
 ) -> BuildOutcome:
     log = log or StepLog(total=len(STEPS), title=plan.id)
     started = time.monotonic()
     check_buildable_here(plan, host)
     work = work_dir_for(forge.root, plan)
-    work.parent.mkdir(parents=True, exist_ok=True)
-    # Two builds of the same target take turns; different targets build side by side.
-    with FileLock(str(work) + ".lock"):
+    with log.step("preflight", "wheelhouse, work folder, disk space, toolchain"):  # seconds, not the build
+        info, warnings = preflight.describe(preflight.run(plan, host, wheelhouse_root=wheelhouse_root, work=work,
+                                                          environ=environ, wait=wait))
+        for line in info:
+            log.info(line)
+        for line in warnings:
+            log.warning(line)
+    # Two builds of the same target take turns (the waiter says who it waits for); others build side by side.
+    with locking.hold(Path(str(work) + ".lock"), target=plan.id, what=f"the work folder of {plan.id}",
+                      error=BuildError, wait=wait):
         return _run_locked(forge, plan, host, work, started, wheelhouse_root=wheelhouse_root, cache_dir=cache_dir,
                            environ=environ, allow_dirty=allow_dirty, python=python, progress=progress, ctest=ctest,
-                           log=log)
+                           log=log, replace=replace)
 
 
 def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: float, *, wheelhouse_root: Path,
                 cache_dir: Path, environ: Mapping[str, str], allow_dirty: bool, python: str, progress: bool,
-                ctest: bool, log: StepLog) -> BuildOutcome:
+                ctest: bool, log: StepLog, replace: bool = False) -> BuildOutcome:
     project = plan.project
     if work.exists():
         shutil.rmtree(work)
@@ -244,8 +251,8 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
                 repaired_tag=tag,
                 doctor=doctor.to_dict(wheel_report, findings),
             )
-            # A rebuild of the same version replaces the older wheel (atomically, with its manifest).
-            done = wheelhouse.publish(wheelhouse_root, project.name, wheel, manifest, replace=True,
+            # Another wheel under a published file name is refused unless --replace (atomically, with its manifest).
+            done = wheelhouse.publish(wheelhouse_root, project.name, wheel, manifest, replace=replace,
                                       attachments=(report_json, timeline))
             log.info(f"{done.wheel} (index: {done.index})")
             published.append(done)

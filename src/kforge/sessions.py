@@ -139,7 +139,7 @@ def _register_fixed(nox: Any, root: Path, venv_params: list[str]) -> None:
         # The README's main job, through the whole chain, into a wheelhouse the tests then inspect;
         # its wheel is installed with real pip from the generated index, as a user would.
         wheelhouse = root / ".kforge" / "test-wheelhouse"
-        session.run(*kforge_cmd, "build", "fmha-sm90", "--wheelhouse", str(wheelhouse), external=True)
+        session.run(*kforge_cmd, "build", "fmha-sm90", "--wheelhouse", str(wheelhouse), "--replace", external=True)
         session.run("python", "-m", "pip", "install", "--force-reinstall", "--no-deps",
                     "--index-url", (wheelhouse / "simple").as_uri(), "kforge-fmha", external=True)
         session.run("python", "-m", "pytest", "tests", "kernels/fmha/tests", *session.posargs,
