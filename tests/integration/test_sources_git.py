@@ -177,12 +177,13 @@ def test_cli_status_on_fresh_clone_reports_missing_without_traceback(world, tmp_
     cmd = [sys.executable, "-m", "kforge.cli", "-C", str(clone), "sources", "status"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(tmp_path))
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out  # a report: a fresh clone is a normal state
+    assert proc.returncode == 5, out  # a missing source is not "pinned": `... && kforge sources status` must stop
     assert "Traceback" not in out
     assert "missing" in out
     assert "kforge sources sync tiny" in out
-    strict = subprocess.run(cmd + ["--strict"], capture_output=True, text=True, env=_env(tmp_path))
-    assert strict.returncode == 1 and "Traceback" not in strict.stderr
+    quiet = subprocess.run(cmd + ["--quiet"], capture_output=True, text=True, env=_env(tmp_path))
+    assert quiet.returncode == 5 and "Traceback" not in quiet.stderr
+    assert "tiny" in quiet.stdout and "missing" in quiet.stdout and "upstream sources" not in quiet.stdout
 
     sync = subprocess.run([sys.executable, "-m", "kforge.cli", "-C", str(clone), "sources", "sync"],
                           capture_output=True, text=True, env=_env(tmp_path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,8 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="sources_command", metavar="VERB", required=True)
     st = verbs.add_parser("status", help="each source: pinned, missing, dirty, wrong-commit, cached, not-fetched")
     st.add_argument("projects", nargs="*", help="only these projects (default: all)")
-    st.add_argument("--strict", action="store_true",
-                    help="exit 1 if a source a build uses is missing, dirty or at the wrong commit")
+    st.add_argument("--quiet", "-q", action="store_true",
+                    help="print only the sources that are not ready (for scripts: the exit code says it all)")
+    st.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
     st.set_defaults(func=run_status)
     sy = verbs.add_parser("sync", help="initialise submodules at their pinned commits and fetch pinned sdists")
     sy.add_argument("projects", nargs="*")
@@ -90,12 +92,20 @@ def render_status(rows: list[tuple[sources.SourceStatus, sources.Source, bool]],
 
 
 def run_status(args: argparse.Namespace) -> int:
+    """Exit 0 only when every listed source is ready (pinned, cached, fetchable, present), else 5."""
     forge = forge_from_args(args)
     rows = collect(forge, args.projects, cache_dir())
-    render_status(rows, console())
-    # A report, not a gate: exit 0 (a fresh clone without submodules is a normal state). With
-    # --strict, exit 1 for a source a build would refuse (missing, dirty, wrong commit).
-    return 1 if args.strict and any(not st.ok and primary for st, _, primary in rows) else 0
+    bad = [(st, spec) for st, spec, _ in rows if not st.ok]
+    if args.quiet:
+        for st, spec in bad:
+            print(f"{st.name} ({_where(spec)}) is {st.state}" + (f": {st.fix}" if st.fix else ""))
+    else:
+        render_status(rows, console())
+    if bad:
+        print(f"kforge: {len(bad)} source(s) not ready: " + ", ".join(f"{st.name} {st.state}" for st, _ in bad),
+              file=sys.stderr)
+        return SourceError.exit_code
+    return 0
 
 
 def run_sync(args: argparse.Namespace) -> int:
