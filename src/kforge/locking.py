@@ -26,8 +26,9 @@ from kforge.errors import KforgeError, os_fix
 from kforge.fsutil import atomic_write_text
 
 OWNER_SUFFIX = ".owner"
-#: How often a waiting process says it is still waiting (seconds).
+#: How often a waiting process says it is still waiting (seconds; ``KFORGE_LOCK_REPORT_EVERY`` overrides).
 REPORT_EVERY = 30.0
+REPORT_ENV = "KFORGE_LOCK_REPORT_EVERY"
 _POLL = 0.2
 
 
@@ -67,7 +68,7 @@ def hold(
     error: type[KforgeError],
     wait: bool = True,
     timeout: float | None = None,
-    report_every: float = REPORT_EVERY,
+    report_every: float | None = None,
     say: Callable[[str], None] = _say,
 ) -> Iterator[Owner]:
     """Hold the lock at ``lock_path`` for ``target`` (``what`` names it in messages: "the wheelhouse ...").
@@ -76,6 +77,11 @@ def hold(
     that long. While waiting, ``say`` hears who holds it, then a line every ``report_every`` seconds.
     """
     lock_path = Path(lock_path)
+    if report_every is None:
+        try:
+            report_every = float(os.environ.get(REPORT_ENV, "") or REPORT_EVERY)
+        except ValueError:
+            report_every = REPORT_EVERY
     lock = FileLock(str(lock_path))
     started = time.monotonic()
     announced = False

@@ -6,11 +6,13 @@ step of every build checks, in a second or two:
 1. the wheelhouse: it can be created, locked and written (a probe file is written, synced and removed
    under the wheelhouse lock); a read-only, full or foreign-owned wheelhouse is a publish error (11);
 2. the work folder (``.kforge/work``): it can be created and written; otherwise a build error (7);
-3. disk space: the wheelhouse's disk has room for the expected wheel (the largest wheel earlier builds
+3. the temp folder (``TMPDIR``, where nvcc and pip write their intermediate files) can be written and
+   has :data:`TMP_MIN_BYTES` free; otherwise a build error (7);
+4. disk space: the wheelhouse's disk has room for the expected wheel (the largest wheel earlier builds
    of the project published, from their manifests, else :data:`DEFAULT_WHEEL_BYTES`), and the work
    folder's disk for the expected build (:data:`WORK_FACTOR` wheels plus :data:`WORK_FLOOR_BYTES`);
    both counted once when they share a disk;
-4. the toolchain the plan names: the nvcc of the plan's CUDA exists (or CUDA >= 13 can be provisioned
+5. the toolchain the plan names: the nvcc of the plan's CUDA exists (or CUDA >= 13 can be provisioned
    from PyPI), and a torch-ABI project's interpreter has torch (4).
 
 It also warns when the wheelhouse already holds a wheel of this target: a rebuild that produces the
@@ -36,6 +38,8 @@ DEFAULT_WHEEL_BYTES = 64 << 20
 #: The work folder holds the source copy, objects, the wheel and its repaired and versioned copies.
 WORK_FACTOR = 4
 WORK_FLOOR_BYTES = 256 << 20
+#: nvcc keeps each unit's intermediate files (ptx, cubin, fatbin) in TMPDIR.
+TMP_MIN_BYTES = 64 << 20
 _PROBE_BYTES = 4096
 
 
@@ -110,6 +114,23 @@ def check_work(work: Path) -> None:
                          fix=os_fix(exc.errno) + " (the work folder is <root>/.kforge/work)") from None
 
 
+def check_tmp() -> Path:
+    """The temp folder nvcc and pip use can be written and has room (:class:`BuildError` otherwise)."""
+    tmp = Path(tempfile.gettempdir())
+    try:
+        _probe(tmp)
+        free = shutil.disk_usage(tmp).free
+    except OSError as exc:
+        raise BuildError(f"the temp folder {tmp} cannot be written: {exc.strerror}",
+                         why="nvcc and pip write their intermediate files there (TMPDIR)",
+                         fix=os_fix(exc.errno) + " (or set TMPDIR to a folder with room)") from None
+    if free < TMP_MIN_BYTES:
+        raise BuildError(f"the temp folder {tmp} has {_mib(free)} free, and the build needs {_mib(TMP_MIN_BYTES)}",
+                         why="nvcc and pip write their intermediate files there (TMPDIR)",
+                         fix="free space there, or set TMPDIR to a folder with room")
+    return tmp
+
+
 def check_space(root: Path, work: Path, expected: int, source: str) -> tuple[int, int, int, int]:
     """(need in wheelhouse, need in work, free there, free here); raises when a disk is too full."""
     need_wh = expected + (1 << 20)
@@ -157,6 +178,7 @@ def run(plan: Plan, host: HostFacts, *, wheelhouse_root: Path, work: Path, envir
     root = Path(wheelhouse_root)
     check_wheelhouse(root, plan.id, wait=wait)
     check_work(work)
+    check_tmp()
     expected, source = expected_wheel_bytes(root, plan.project.name)
     need_wh, need_work, free_wh, free_work = check_space(root, work, expected, source)
     nvcc = check_toolchain(plan, host, environ)
