@@ -8,8 +8,9 @@ Layout under the wheelhouse root::
     simple/<normalized-name>/index.html   links ../../<project>/<wheel>#sha256=<hex>
 
 Publishing is atomic. Under one lock (``.kforge.lock``, see :mod:`kforge.locking`), the wheel and its
-manifest are copied to temporary files beside their final names, then renamed into place (wheel first,
-manifest last), then the index is regenerated. The wheelhouse verifies, never trusts: every index
+manifest are copied to temporary files beside their final names, then renamed into place (manifest
+first, wheel last: a manifest whose wheel never arrived is swept under the next lock), then the index is
+regenerated. The wheelhouse verifies, never trusts: every index
 rewrite recomputes each wheel's sha256 and lists a wheel only when its manifest agrees (file name, size
 and sha256); a disagreeing or unreadable manifest is reported by name (:class:`Problem`) and its wheel
 left out. Index pages are each written atomically, distribution pages before the root page and stale
@@ -50,7 +51,7 @@ PAUSE_ENV = "KFORGE_TEST_PUBLISH_PAUSE"
 #: Test hook for the fault suite: ``<point>`` or ``<point>:SIGINT``; the process signals itself there
 #: (SIGKILL by default). Points: see :data:`FAULT_POINTS`.
 FAULT_ENV = "KFORGE_TEST_FAULT"
-FAULT_POINTS = ("locked", "wheel-temp", "manifest-temp", "wheel-renamed", "manifest-renamed",
+FAULT_POINTS = ("locked", "wheel-temp", "manifest-temp", "manifest-renamed", "wheel-renamed",
                 "index-page", "index-root", "index-pruned")
 TMP_MARK = ".kforge-tmp-"
 _BLOCK = 1 << 20
@@ -295,11 +296,13 @@ def _publish_locked(root: Path, project: str, wheel: Path, manifest: Manifest, r
         pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
         if pause > 0:
             time.sleep(pause)
-        os.replace(tmp_wheel, final)
-        fault_point("wheel-renamed")
+        # The manifest goes first: a manifest without its wheel is swept by the next publish or index (the
+        # wheel never appeared); a wheel is never left without the record that says where it came from.
         os.replace(tmp_manifest, final_manifest)
-        _fsync_dir(dest_dir)
         fault_point("manifest-renamed")
+        os.replace(tmp_wheel, final)
+        _fsync_dir(dest_dir)
+        fault_point("wheel-renamed")
     finally:
         for leftover in (tmp_wheel, tmp_manifest):
             if leftover and os.path.exists(leftover):
@@ -377,15 +380,18 @@ _REPUBLISH = ("re-publish that wheel (kforge build <target> --replace), or remov
 
 
 def _remove_stale_temps(root: Path) -> None:
-    """Only called under the lock: any temp file now belongs to a publisher that died."""
+    """Only called under the lock: temp files and wheel-less manifests belong to a publisher that died."""
     if not root.is_dir():
         return
-    for path in root.rglob(".*"):
-        if path.name.startswith(TMP_MARK) or (path.name.endswith(".tmp") and path.is_file()):
-            try:
-                path.unlink()
-            except OSError:
-                pass
+    stale = [p for p in root.rglob(".*") if p.name.startswith(TMP_MARK) or (p.name.endswith(".tmp") and p.is_file())]
+    for dest_dir in _project_dirs(root):
+        stale += [m for m in dest_dir.glob(f"*.whl{MANIFEST_SUFFIX}")
+                  if not (dest_dir / m.name[: -len(MANIFEST_SUFFIX)]).exists()]
+    for path in stale:
+        try:
+            path.unlink()
+        except OSError:
+            pass
 
 
 # --------------------------------------------------------------------------- reading, verifying
@@ -403,8 +409,8 @@ def scan(wheelhouse_root: Path, project: str | None = None) -> Scan:
         names = {w.name for w in wheels}
         for orphan in sorted(dest_dir.glob(f"*.whl{MANIFEST_SUFFIX}")):
             if orphan.name[: -len(MANIFEST_SUFFIX)] not in names:
-                problems.append(Problem(orphan, "a manifest without its wheel",
-                                        "remove it, or re-publish the wheel it describes"))
+                problems.append(Problem(orphan, "a manifest without its wheel (a publish that did not finish?)",
+                                        "kforge wheelhouse index sweeps it"))
         for wheel in wheels:
             manifest_path = dest_dir / (wheel.name + MANIFEST_SUFFIX)
             if not manifest_path.is_file():

@@ -113,16 +113,19 @@ def _stage(dest: Path, w: PublishedWheel) -> list[tuple[str, Path]]:
     """Copy one wheel, its manifest and its report files to temp files in ``dest``; return (temp, final) pairs."""
     folder = dest / w.project
     wheelhouse.public_dirs(folder)
-    pairs = [(_copy(w.wheel, folder), folder / w.filename)]
-    if sha256_file(Path(pairs[0][0])) != w.sha256:
+    wheel_tmp = _copy(w.wheel, folder)
+    if sha256_file(Path(wheel_tmp)) != w.sha256:
+        Path(wheel_tmp).unlink(missing_ok=True)
         raise PublishError(f"{w.wheel} changed while it was being merged", fix="run the merge again")
+    # renamed in this order: the manifest first, the wheel last (as publish does)
+    pairs = [(_copy(w.manifest, folder), folder / f"{w.filename}{MANIFEST_SUFFIX}")]
     report = w.wheel.parent / f"{w.filename}{REPORT_SUFFIX}"
     if report.is_dir():
         wheelhouse.public_dirs(folder / report.name)
         for f in sorted(report.iterdir()):
             if f.is_file():
                 pairs.append((_copy(f, folder / report.name), folder / report.name / f.name))
-    pairs.append((_copy(w.manifest, folder), folder / f"{w.filename}{MANIFEST_SUFFIX}"))  # the manifest last
+    pairs.append((wheel_tmp, folder / w.filename))
     return pairs
 
 
