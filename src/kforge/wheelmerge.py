@@ -118,13 +118,19 @@ def _stage(dest: Path, w: PublishedWheel) -> list[tuple[str, Path]]:
         Path(wheel_tmp).unlink(missing_ok=True)
         raise PublishError(f"{w.wheel} changed while it was being merged", fix="run the merge again")
     # renamed in this order: the manifest first, the wheel last (as publish does)
-    pairs = [(_copy(w.manifest, folder), folder / f"{w.filename}{MANIFEST_SUFFIX}")]
-    report = w.wheel.parent / f"{w.filename}{REPORT_SUFFIX}"
-    if report.is_dir():
-        wheelhouse.public_dirs(folder / report.name)
-        for f in sorted(report.iterdir()):
-            if f.is_file():
-                pairs.append((_copy(f, folder / report.name), folder / report.name / f.name))
+    pairs: list[tuple[str, Path]] = []
+    try:
+        pairs.append((_copy(w.manifest, folder), folder / f"{w.filename}{MANIFEST_SUFFIX}"))
+        report = w.wheel.parent / f"{w.filename}{REPORT_SUFFIX}"
+        if report.is_dir():
+            wheelhouse.public_dirs(folder / report.name)
+            for f in sorted(report.iterdir()):
+                if f.is_file():
+                    pairs.append((_copy(f, folder / report.name), folder / report.name / f.name))
+    except BaseException:
+        for tmp in [wheel_tmp, *(t for t, _ in pairs)]:
+            Path(tmp).unlink(missing_ok=True)
+        raise
     pairs.append((wheel_tmp, folder / w.filename))
     return pairs
 
