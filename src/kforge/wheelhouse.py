@@ -48,8 +48,8 @@ REPORT_SUFFIX = ".report"
 INDEX_DIR = "simple"
 #: Test hook: seconds to sleep after the temp files are written and before they are renamed.
 PAUSE_ENV = "KFORGE_TEST_PUBLISH_PAUSE"
-#: Test hook for the fault suite: ``<point>`` or ``<point>:SIGINT``; the process signals itself there
-#: (SIGKILL by default). Points: see :data:`FAULT_POINTS`.
+#: Test hook for the fault suite: ``<point>[@<n>][:SIGINT]``; the process signals itself at the n-th pass
+#: through that point (SIGKILL by default). Points: see :data:`FAULT_POINTS`.
 FAULT_ENV = "KFORGE_TEST_FAULT"
 FAULT_POINTS = ("locked", "wheel-temp", "manifest-temp", "manifest-renamed", "wheel-renamed",
                 "index-page", "index-root", "index-pruned")
@@ -153,14 +153,21 @@ class Scan:
 
 
 def fault_point(name: str) -> None:
-    """Test hook (``KFORGE_TEST_FAULT``): signal this process at the named point."""
+    """Test hook (``KFORGE_TEST_FAULT=<point>[@<n>][:SIGINT]``): signal this process at the n-th pass there."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
-    point, _, sig = spec.partition(":")
-    if point == name:
+    where, _, sig = spec.partition(":")
+    point, _, nth = where.partition("@")
+    if point != name:
+        return
+    _FAULT_HITS[name] = _FAULT_HITS.get(name, 0) + 1
+    if _FAULT_HITS[name] == int(nth or 1):
         os.kill(os.getpid(), signal.SIGINT if sig == "SIGINT" else signal.SIGKILL)
         time.sleep(1)  # SIGINT arrives between bytecodes: let it
+
+
+_FAULT_HITS: dict[str, int] = {}
 
 
 def lock_wheelhouse(root: Path, target: str, timeout: float | None, wait: bool = True):  # noqa: ANN202
