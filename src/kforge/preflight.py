@@ -114,9 +114,13 @@ def check_work(work: Path) -> None:
                          fix=os_fix(exc.errno) + " (the work folder is <root>/.kforge/work)") from None
 
 
-def check_tmp() -> Path:
-    """The temp folder nvcc and pip use can be written and has room (:class:`BuildError` otherwise)."""
-    tmp = Path(tempfile.gettempdir())
+def check_tmp(environ: Mapping[str, str]) -> Path:
+    """The temp folder nvcc and pip use can be written and has room (:class:`BuildError` otherwise).
+
+    ``TMPDIR`` from the build's environment, as nvcc reads it (Python's own ``gettempdir`` would quietly
+    fall back to another folder when that one is full).
+    """
+    tmp = Path(environ.get("TMPDIR") or tempfile.gettempdir())
     try:
         _probe(tmp)
         free = shutil.disk_usage(tmp).free
@@ -178,7 +182,7 @@ def run(plan: Plan, host: HostFacts, *, wheelhouse_root: Path, work: Path, envir
     root = Path(wheelhouse_root)
     check_wheelhouse(root, plan.id, wait=wait)
     check_work(work)
-    check_tmp()
+    check_tmp(environ)
     expected, source = expected_wheel_bytes(root, plan.project.name)
     need_wh, need_work, free_wh, free_work = check_space(root, work, expected, source)
     nvcc = check_toolchain(plan, host, environ)

@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,8 @@ def popen_driver(*args: str, env: dict[str, str] | None = None) -> subprocess.Po
 
 
 def _can_mount() -> bool:
+    if os.environ.get("KFORGE_FAULTS_INJECT") == "1":  # force the os-layer fallback (to test it where mounts work)
+        return False
     if os.name != "posix" or os.geteuid() != 0:
         return False
     probe = Path(f"/tmp/kforge-mount-probe-{uuid.uuid4().hex[:8]}")
@@ -98,18 +100,20 @@ class Disk:
 
 
 @pytest.fixture
-def disk(tmp_path: Path) -> Iterator[Disk]:
-    """A 4 MiB folder to break: ``disk.fill()`` for ENOSPC, ``disk.readonly()`` for EROFS."""
-    path = tmp_path / "disk"
-    path.mkdir()
-    if REAL_MOUNTS:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(path)], check=True)
-    d = Disk(path, REAL_MOUNTS)
-    try:
-        yield d
-    finally:
+def disks() -> Iterator[Callable[[Path], Disk]]:
+    """``disks(path)``: a 4 MiB folder at ``path`` to break: ``.fill()`` for ENOSPC, ``.readonly()`` for EROFS."""
+    mounted: list[Path] = []
+
+    def make(path: Path) -> Disk:
+        path.mkdir(parents=True, exist_ok=True)
         if REAL_MOUNTS:
-            subprocess.run(["umount", "-l", str(path)], check=False)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(path)], check=True)
+            mounted.append(path)
+        return Disk(path, REAL_MOUNTS)
+
+    yield make
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def fake_root(tmp_path: Path) -> Path:

@@ -54,9 +54,9 @@ def test_space_is_checked_against_the_disk(tmp_path: Path, monkeypatch: pytest.M
 
 def test_full_tmp_is_a_build_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "file").write_text("")
-    monkeypatch.setattr(preflight.tempfile, "gettempdir", lambda: str(tmp_path / "file"))
     with pytest.raises(BuildError, match="temp folder .* cannot be written"):
-        preflight.check_tmp()
+        preflight.check_tmp({"TMPDIR": str(tmp_path / "file")})
+    assert preflight.check_tmp({"TMPDIR": str(tmp_path)}) == tmp_path
 
 
 def test_toolchain_of_the_plan(tmp_path: Path) -> None:
