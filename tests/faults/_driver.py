@@ -4,7 +4,8 @@
     python _driver.py [--inject ERRNO_NAME:PREFIX] publish ROOT PROJECT WHEEL [--replace]
 
 ``--inject`` is the fallback where no small tmpfs can be mounted (not root): every write-side file
-operation under PREFIX (open for writing, mkstemp, mkdir, rename, unlink) fails with that errno, and
+operation under PREFIX (open for writing, mkstemp, mkdir, rename, unlink) fails with that errno (EACCES
+and EIO: reads too), and
 ``shutil.disk_usage`` there reports no free space for ENOSPC. It acts at the os layer of this process,
 not at a real file system; the suite says which of the two a run used.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import io
 import os
 import shutil
 import sys
@@ -42,17 +44,19 @@ def _inject(spec: str) -> None:
     def fail(path: object) -> None:
         raise OSError(code, os.strerror(code), os.fsdecode(path))  # type: ignore[arg-type]
 
+    reads_too = name in ("EACCES", "EIO")  # an unreadable file, not only an unwritable one
     real_open, real_os_open, real_mkstemp = builtins.open, os.open, tempfile.mkstemp
     real_mkdir, real_replace, real_rename, real_unlink, real_usage = (os.mkdir, os.replace, os.rename, os.unlink,
                                                                       shutil.disk_usage)
 
     def open_(file, mode="r", *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if isinstance(file, (str, bytes, os.PathLike)) and any(c in mode for c in "wax+") and under(file):
+        writes = any(c in mode for c in "wax+")
+        if isinstance(file, (str, bytes, os.PathLike)) and (writes or reads_too) and under(file):
             fail(file)
         return real_open(file, mode, *a, **k)
 
     def os_open(path, flags, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and under(path):
+        if (reads_too or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)) and under(path):
             fail(path)
         return real_os_open(path, flags, *a, **k)
 
@@ -72,7 +76,7 @@ def _inject(spec: str) -> None:
         got = real_usage(path)
         return got._replace(free=0) if code == errno.ENOSPC and under(path) else got
 
-    builtins.open = open_
+    builtins.open = io.open = open_  # pathlib opens through io.open
     os.open = os_open
     tempfile.mkstemp = mkstemp
     os.mkdir, os.replace, os.rename, os.unlink = guard(real_mkdir), guard(real_replace), guard(real_rename), \

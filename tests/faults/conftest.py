@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -116,13 +117,18 @@ def disks() -> Iterator[Callable[[Path], Disk]]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def fake_root(tmp_path: Path) -> Path:
-    """A monorepo root for `kforge build`: this checkout's forge.toml, kernels/, patches/ and externals/."""
+def fake_root(tmp_path: Path, *, copy_patches: bool = False) -> Path:
+    """A monorepo root for `kforge build`/`nox -l`: this checkout's forge.toml and noxfile.py, and links to its
+    kernels/, patches/ (or a copy), externals/ and src/."""
     root = tmp_path / "root"
     root.mkdir()
-    (root / "forge.toml").write_bytes((ROOT / "forge.toml").read_bytes())
-    for name in ("kernels", "patches", "externals"):
-        (root / name).symlink_to(ROOT / name, target_is_directory=True)
+    for name in ("forge.toml", "noxfile.py"):
+        (root / name).write_bytes((ROOT / name).read_bytes())
+    for name in ("kernels", "patches", "externals", "src"):
+        if name == "patches" and copy_patches:
+            shutil.copytree(ROOT / name, root / name)
+        else:
+            (root / name).symlink_to(ROOT / name, target_is_directory=True)
     return root
 
 
