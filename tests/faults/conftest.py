@@ -122,7 +122,7 @@ def fake_root(tmp_path: Path, *, copy_patches: bool = False) -> Path:
     kernels/, patches/ (or a copy), externals/ and src/."""
     root = tmp_path / "root"
     root.mkdir()
-    for name in ("forge.toml", "noxfile.py"):
+    for name in ("forge.toml", "noxfile.py", "tasks.py"):
         (root / name).write_bytes((ROOT / name).read_bytes())
     for name in ("kernels", "patches", "externals", "src"):
         if name == "patches" and copy_patches:

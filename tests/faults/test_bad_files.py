@@ -4,6 +4,7 @@ traceback, nothing published before lost or changed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,12 @@ def test_publish_keeps_working_next_to_a_corrupt_manifest(tmp_path: Path) -> Non
     assert out.returncode == 0, out.stderr
     assert assert_index_consistent(root) == sorted([a.filename, c.name])
     assert [p.path for p in wheelhouse.verify(root).problems] == [b.manifest]
+
+
+def test_invoke_tasks_pass_the_error_and_its_code_through(tmp_path: Path) -> None:
+    root = _broken_forge(tmp_path, GOOD[:100] + b"\xe9" + GOOD[100:])
+    out = subprocess.run([sys.executable, "-m", "invoke", "externals.status"], cwd=root, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "kforge: config error:" in out.stderr and "byte offset 100" in out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
