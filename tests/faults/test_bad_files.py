@@ -78,14 +78,16 @@ GOOD = (ROOT / "forge.toml").read_bytes()
 ])
 def test_a_bad_forge_toml_is_one_paragraph_everywhere(tmp_path: Path, data: bytes, needle: str) -> None:
     root = _broken_forge(tmp_path, data)
-    for argv in (["targets"], ["plan", "fmha-sm90"], ["build", "fmha-sm90", "--wheelhouse", str(tmp_path / "wh")]):
+    every = (["targets"], ["plan", "fmha-sm90"], ["build", "fmha-sm90", "--wheelhouse", str(tmp_path / "wh")])
+    for argv in every if b"\xe9" in data else every[:1]:  # every entry point once, then one per case (time)
         out = _cli("-C", str(root), *argv, cwd=root)
         assert out.returncode == 2, (argv, out.stderr)
         assert out.stderr.startswith("kforge: config error:") and needle in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
     assert not (tmp_path / "wh").exists()
-    debug = _cli("-C", str(root), "targets", cwd=root, env={"KFORGE_DEBUG": "1"})
-    assert debug.returncode == 2 and "Traceback" in debug.stderr  # KFORGE_DEBUG=1 shows it
+    if b"\xe9" in data:
+        debug = _cli("-C", str(root), "targets", cwd=root, env={"KFORGE_DEBUG": "1"})
+        assert debug.returncode == 2 and "Traceback" in debug.stderr  # KFORGE_DEBUG=1 shows it
 
 
 def test_nox_lists_what_it_can_with_a_broken_forge_toml(tmp_path: Path) -> None:
