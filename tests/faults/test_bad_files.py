@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_index_consistent, assert_kept, fake_root, publish_a, run_driver
+from faultkit import ROOT, assert_index_consistent, assert_kept, fake_root, publish_a, run_driver
 from kforge_wheelfixtures import make_wheel, manifest, snapshot
 
 from kforge import wheelhouse

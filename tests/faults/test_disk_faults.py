@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from conftest import Disk, assert_index_consistent, assert_kept, fake_root, publish_a, run_driver
+from faultkit import Disk, assert_index_consistent, assert_kept, fake_root, publish_a, run_driver
 from kforge_wheelfixtures import make_wheel, snapshot
 
 from kforge import wheelhouse

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import DRIVER, ROOT, fake_root, publish_a, run_driver
+from faultkit import DRIVER, ROOT, fake_root, publish_a, run_driver
 from kforge_wheelfixtures import snapshot
 
 from kforge import locking, wheelhouse

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import (
+from faultkit import (
     assert_index_consistent,
     assert_kept,
     index_pages,
