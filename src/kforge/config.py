@@ -245,6 +245,9 @@ def _version(table: _Table, key: str, text: Any) -> Version:
 
 
 def _arch(table: _Table, key: str, text: str) -> Arch:
+    if isinstance(text, str) and not text.isascii():  # "sm_٩0" would parse as sm_90: ASCII only (kforge.inputs)
+        raise table.error(key, f"is not a known CUDA arch: {text!r} has a non-ASCII character",
+                          fix="write it in plain ASCII, e.g. sm_90a")
     try:
         return parse_arch(text)
     except ArchError as exc:
@@ -358,8 +361,9 @@ _PROJECT_KEYS = (
 
 
 def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform], root: Path) -> Project:
-    if not name or not all(c.isalnum() or c in "-_" for c in name) or name != name.lower():
-        raise parent.error(f"projects.{name}", "is not a valid project name", fix="use lower-case letters, digits, '-'")
+    if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name) or name != name.lower():
+        raise parent.error(f"projects.{name}", "is not a valid project name",
+                           fix="use lower-case ASCII letters, digits, '-'")
     t = parent.sub(name, _PROJECT_KEYS)
 
     # --- source

@@ -11,6 +11,7 @@ import pytest
 from packaging.version import Version
 
 from kforge import inputs
+from kforge.config import load_forge
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,3 +80,13 @@ def test_cli_refuses_before_doing_anything(argv: list[str], code: int, needle: s
                          timeout=120, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
     assert out.returncode == code, out.stderr
     assert needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_forge_toml_archs_and_project_names_are_ascii_too(tmp_path: Path) -> None:
+    good = (ROOT / "forge.toml").read_text(encoding="utf-8")
+    (tmp_path / "forge.toml").write_text(good.replace('"sm_80"', '"sm_٨0"', 1), encoding="utf-8")
+    with pytest.raises(ConfigError, match="non-ASCII"):
+        load_forge(tmp_path)
+    (tmp_path / "forge.toml").write_text(good.replace("[projects.fmha]", "[projects.\"fmhá\"]", 1), encoding="utf-8")
+    with pytest.raises(ConfigError, match="is not a valid project name"):
+        load_forge(tmp_path)
