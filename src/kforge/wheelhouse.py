@@ -407,6 +407,9 @@ def _remove_stale_temps(root: Path) -> None:
 def scan(wheelhouse_root: Path, project: str | None = None) -> Scan:
     """Every wheel whose manifest agrees with it (name, size, recomputed sha256), and every problem found."""
     root = Path(wheelhouse_root)
+    if root.exists() and not root.is_dir():
+        raise PublishError(f"the wheelhouse {root} is a file, not a directory",
+                           fix="point --wheelhouse / KFORGE_WHEELHOUSE at a directory")
     found: list[PublishedWheel] = []
     problems: list[Problem] = []
     for dest_dir in sorted(_project_dirs(root)):

@@ -55,7 +55,7 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _positive(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
+    if not text.strip().isascii() or not text.strip().isdigit() or int(text) < 1:  # "²".isdigit() is True
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
     return int(text)
 
