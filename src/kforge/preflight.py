@@ -3,7 +3,7 @@
 A build that compiles for twenty minutes and then can't publish has wasted twenty minutes. So the first
 step of every build checks, in a second or two:
 
-1. the wheelhouse: it can be created, locked and written (a probe file is written, synced and removed
+1. the wheelhouse (when the build publishes): it can be created, locked and written (a probe file is written, synced and removed
    under the wheelhouse lock); a read-only, full or foreign-owned wheelhouse is a publish error (11);
 2. the work folder (``.kforge/work``): it can be created and written; otherwise a build error (7);
 3. the temp folder (``TMPDIR``, where nvcc and pip write their intermediate files) can be written and
@@ -180,11 +180,13 @@ def run(plan: Plan, host: HostFacts, *, wheelhouse_root: Path, work: Path, envir
         wait: bool = True) -> PreflightResult:
     """Every check above, cheapest first; raises the first failure's :class:`KforgeError`."""
     root = Path(wheelhouse_root)
-    check_wheelhouse(root, plan.id, wait=wait)
+    publishes = plan.makes_wheel  # the cmake backend's C library is verified, not published
+    if publishes:
+        check_wheelhouse(root, plan.id, wait=wait)
     check_work(work)
     check_tmp(environ)
     expected, source = expected_wheel_bytes(root, plan.project.name)
-    need_wh, need_work, free_wh, free_work = check_space(root, work, expected, source)
+    need_wh, need_work, free_wh, free_work = check_space(root if publishes else work.parent, work, expected, source)
     nvcc = check_toolchain(plan, host, environ)
     earlier = tuple(sorted(str(p.relative_to(root)) for p in (root / plan.project.name).glob("*.whl")
                            if _target_of(p) == plan.id)) if (root / plan.project.name).is_dir() else ()

@@ -64,12 +64,11 @@ def test_toolchain_of_the_plan(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     host = detect_host(environ)
-    args = argparse.Namespace(root=str(root), cuda="12.8", profile=None, backend=None, max_jobs=None,
-                              nvcc_threads=None, build_isolation=None, env=[])
-    _, plan = plan_from_args(args, "fmha-sm90", environ=environ, host=host)
+    args = argparse.Namespace(root=str(root), cuda="12.8", env=[])
+    plan = plan_from_args(args, "fmha-sm90", environ=environ, host=host)
     with pytest.raises(ToolchainError, match="checked before compiling"):
         preflight.check_toolchain(plan, host, {**environ, "CUDA_HOME": str(tmp_path / "none")})
     args.cuda = "13.0"
-    _, plan13 = plan_from_args(args, "fmha-sm90", environ=environ, host=host)
+    plan13 = plan_from_args(args, "fmha-sm90", environ=environ, host=host)
     where = preflight.check_toolchain(plan13, host, {**environ, "CUDA_HOME": str(tmp_path / "none")})
     assert os.path.basename(where) == "nvcc" or where.startswith("provision")
