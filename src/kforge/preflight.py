@@ -13,7 +13,7 @@ step of every build checks, in a second or two:
    folder's disk for the expected build (:data:`WORK_FACTOR` wheels plus :data:`WORK_FLOOR_BYTES`);
    both counted once when they share a disk;
 5. the toolchain the plan names: the nvcc of the plan's CUDA exists (or CUDA >= 13 can be provisioned
-   from PyPI), and a torch-ABI project's interpreter has torch (4).
+   from PyPI), the cmake backend's cmake is on PATH, and a torch-ABI project's interpreter has torch (4).
 
 It also warns when the wheelhouse already holds a wheel of this target: a rebuild that produces the
 same file name with other bytes will be refused at publish unless ``--replace``.
@@ -169,6 +169,9 @@ def check_toolchain(plan: Plan, host: HostFacts, environ: Mapping[str, str]) -> 
         if plan.toolchain.cuda < PROVISIONABLE_FROM:
             raise ToolchainError(exc.what, why=(exc.why or "") + "; checked before compiling", fix=exc.fix) from None
         where = f"provision nvidia-cuda-nvcc=={cuda}.* from PyPI"
+    if plan.backend == "cmake" and not shutil.which("cmake", path=environ.get("PATH")):
+        raise ToolchainError("cmake is not on the build's PATH", why="the cmake backend runs cmake; checked before "
+                             "compiling", fix="install CMake >= 3.18 (e.g. pip install cmake) or use --backend native")
     if plan.project.torch_abi and host.torch_version is None:
         raise ToolchainError(f"{plan.project.name} builds against torch, and this interpreter has no torch",
                              why="checked before compiling", fix=f"install torch {plan.toolchain.torch or ''} into the "

@@ -2,7 +2,7 @@
 
 Each `kforge ...` command the README shows (in code blocks and inline) is parsed by kforge's own
 argument parser (placeholders filled in), each `nox -s X` names a session `nox -l` lists, and in a
-fresh venv that followed the README's install line, `kforge --help`, every shown subcommand's `--help`,
+fresh venv that ran the README's `pip install` lines in order, `kforge --help`, every shown subcommand's `--help`,
 `kforge targets`, `python -m kforge --help` and `invoke --list` run and exit 0.
 """
 
@@ -93,18 +93,22 @@ def test_every_nox_session_in_the_readme_is_listed() -> None:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_fresh_venv_follows_the_readme(tmp_path: Path) -> None:
-    """Create a venv, run the README's install line, then the commands it shows (their --help)."""
+    """Create a venv, run the README's install lines in order, then the commands it shows (their --help)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     bin_dir = venv / ("Scripts" if os.name == "nt" else "bin")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    install = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "-e", str(ROOT)], env=env,
-                             capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    if install.returncode != 0 and "Could not find a version" in install.stderr + install.stdout:
-        pytest.skip("no package index reachable for kforge's dependencies")
-    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+    installs = [c for c in readme_commands(README.read_text(encoding="utf-8"))
+                if c.startswith("pip install") and "--index-url" not in c]  # that one needs a built wheelhouse
+    assert any(c.startswith("pip install -e .") for c in installs), installs
+    for cmd in dict.fromkeys(installs):  # in the README's order, each once
+        argv = [str(bin_dir / "python"), "-m", "pip", *shlex.split(cmd)[1:], "-q"]
+        install = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+        if install.returncode != 0 and "Could not find a version" in install.stderr + install.stdout:
+            pytest.skip("no package index reachable for kforge's dependencies")
+        assert install.returncode == 0, f"README `{cmd}`: {install.stdout[-2000:]}{install.stderr[-2000:]}"
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
         out = subprocess.run(list(argv), env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)

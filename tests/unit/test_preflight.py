@@ -72,3 +72,13 @@ def test_toolchain_of_the_plan(tmp_path: Path) -> None:
     plan13 = plan_from_args(args, "fmha-sm90", environ=environ, host=host)
     where = preflight.check_toolchain(plan13, host, {**environ, "CUDA_HOME": str(tmp_path / "none")})
     assert os.path.basename(where) == "nvcc" or where.startswith("provision")
+
+
+def test_the_cmake_backend_needs_cmake_on_path(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    environ = {"PATH": str(tmp_path), "HOME": str(tmp_path)}  # no cmake there
+    host = detect_host(environ)
+    plan = plan_from_args(argparse.Namespace(root=str(root), cuda="13.0", backend="cmake", env=[]), "fmha-sm90",
+                          environ=environ, host=host)
+    with pytest.raises(ToolchainError, match="cmake is not on the build's PATH"):
+        preflight.check_toolchain(plan, host, {**environ, "CUDA_HOME": "/usr/local/cuda-13.0"})
