@@ -116,8 +116,9 @@ def test_fresh_venv_follows_the_readme(tmp_path: Path) -> None:
         assert "Traceback" not in out.stderr
         return out
 
-    assert "fmha-sm90" in run("kforge", "targets").stdout
-    run("kforge", "--help")
+    kforge = str(bin_dir / "kforge")  # the venv's own scripts, not whatever else is on PATH
+    assert "fmha-sm90" in run(kforge, "targets").stdout
+    run(kforge, "--help")
     run(str(bin_dir / "python"), "-m", "kforge", "--help")
     shown = {tuple(shlex.split(_fill(c))[1:3]) for c in readme_commands(README.read_text(encoding="utf-8"))
              if c.startswith("kforge ")}
@@ -125,5 +126,5 @@ def test_fresh_venv_follows_the_readme(tmp_path: Path) -> None:
                           " ".join(words) for words in shown if words and not words[0].startswith("-")})
     assert "plan" in subcommands and "patches check" in subcommands
     for sub in subcommands:
-        run("kforge", *sub.split(), "--help")
-    assert "externals" in run("invoke", "--list").stdout
+        run(kforge, *sub.split(), "--help")
+    assert "externals" in run(str(bin_dir / "invoke"), "--list").stdout
