@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the wheelhouse folder (default: $KFORGE_WHEELHOUSE, else <root>/wheelhouse)")
     p.add_argument("--no-wait", action="store_true", help="fail at once if another kforge process holds the wheelhouse")
     verbs = p.add_subparsers(dest="wheelhouse_command", metavar="VERB", required=True)
-    verbs.add_parser("index", help="regenerate simple/ (PEP 503) from the verified wheels; fix file modes") \
+    verbs.add_parser("index", help="regenerate simple/ and the per-CUDA cuXYZ/simple/ (PEP 503 HTML + PEP 691 JSON) from the verified wheels; fix file modes") \
         .set_defaults(func=run_index)
     ls = verbs.add_parser("list", help="published wheels with sha256, size, target and build time")
     ls.add_argument("project", nargs="?", help="only this project")
