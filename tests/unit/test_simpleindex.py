@@ -60,3 +60,16 @@ def test_cuda_tag_from_variant_or_toolchain():
     assert simpleindex.cuda_tag(None, "13.0") == "cu130"
     assert simpleindex.cuda_tag(None, None) is None
     assert simpleindex.is_variant_folder("cu130") and not simpleindex.is_variant_folder("cutlass")
+
+
+def test_verify_checks_the_json_and_per_cuda_pages_too(tmp_path):
+    root = tmp_path / "wh"
+    wheelhouse.publish(root, "demo", _wheel(tmp_path / "a", "1.0+cu130"), Manifest(target="demo-sm90", variant="cu130-cp312"))
+    (root / "releases").mkdir()
+    (root / "releases" / "demo.json").write_text("{}\n")
+    (root / "releases" / "demo.json").chmod(0o644)
+    assert wheelhouse.verify(root).problems == ()  # the release manifests' folder is not a project
+    page = root / "cu130" / "simple" / "demo-kernel" / simpleindex.JSON_PAGE
+    page.write_text(page.read_text().replace('"sha256": "', '"sha256": "0'))
+    problems = wheelhouse.verify(root).problems
+    assert [p.path for p in problems] == [page]
