@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT / "src"))  # nox imports this file before kforge is 
 from kforge.sessions import register  # noqa: E402
 
 nox.needs_version = ">=2024.4.15"
-nox.options.default_venv_backend = "uv|venv"  # uv where it is installed
+nox.options.default_venv_backend = "venv"  # register() switches to uv where uv is installed
 nox.options.sessions = ["tests"]
 
 register(nox, ROOT)

@@ -3,8 +3,9 @@
 ``noxfile.py`` calls :func:`register` and nothing else. For every target of the matrix there is a
 ``build-<target>`` and a ``test-<target>`` session, for every project a ``build-<project>`` (the host
 GPU's arch, or the project's default without a GPU), a ``patch-<project>`` and, where forge.toml declares a
-release matrix, a ``release-<project>``, plus ``tests`` and ``lint``. The noxfile picks uv as the venv
-backend where uv is present (``"uv|venv"``). Session bodies are a few lines that call the ``kforge`` command.
+release matrix, a ``release-<project>``, plus ``tests`` and ``lint``. Where uv is present the sessions'
+venvs are uv's (seeded with pip, which builds run); ``tests`` keeps venv + pip, whose configuration brings the
+machine's CPU torch. Session bodies are a few lines that call the ``kforge`` command.
 
 This module is imported by nox before kforge is installed anywhere, so it (and what it imports at the
 top) sticks to the standard library, ``packaging`` and ``nox`` itself.
@@ -12,7 +13,9 @@ top) sticks to the standard library, ``packaging`` and ``nox`` itself.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import sys
 import traceback
 from collections.abc import Callable
@@ -20,6 +23,11 @@ from pathlib import Path
 from typing import Any
 
 PYPI_CPU_TORCH = "torch==2.13.0"  # the CPU build CI machines take from local disk; never unpinned
+
+
+def uv_present() -> bool:
+    """uv on PATH or installed as a package (where nox looks for it too)."""
+    return shutil.which("uv") is not None or importlib.util.find_spec("uv") is not None
 
 
 def _has_venv(session: Any) -> bool:
@@ -59,6 +67,10 @@ def register(nox: Any, root: Path) -> None:
     from kforge.errors import KforgeError
 
     venv_params = ["--system-site-packages"]  # reuse the machine's torch (the GPU host's, or none)
+    if uv_present():
+        # uv venvs have no pip unless seeded, and the native backend runs `python -m pip wheel`
+        venv_params = [*venv_params, "--seed"]
+        nox.options.default_venv_backend = "uv"
     try:
         _register_matrix(nox, root, venv_params)
     except KforgeError as exc:
@@ -157,8 +169,10 @@ def _register_fixed(nox: Any, root: Path, venv_params: list[str]) -> None:
         session.run("python", "-m", "pytest", "tests", "kernels/fmha/tests", *session.posargs,
                     env={"KFORGE_TEST_WHEELHOUSE": str(wheelhouse)}, external=True)
 
+    # venv + pip, not uv: the CPU torch comes through the machine's pip configuration (find-links), which uv
+    # does not read, and the session runs pip itself
     _add(nox, "tests", tests, "the test suite: unit, integration (real nvcc), GPU tests skip without a GPU", ["tests"],
-        venv_params=venv_params)
+        venv_params=[p for p in venv_params if p != "--seed"], venv_backend="venv")
 
     def lint(session: Any) -> None:
         if _has_venv(session):
