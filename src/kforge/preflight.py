@@ -172,7 +172,8 @@ def check_toolchain(plan: Plan, host: HostFacts, environ: Mapping[str, str]) -> 
     if plan.backend == "cmake" and not shutil.which("cmake", path=environ.get("PATH")):
         raise ToolchainError("cmake is not on the build's PATH", why="the cmake backend runs cmake; checked before "
                              "compiling", fix="install CMake >= 3.18 (e.g. pip install cmake) or use --backend native")
-    if plan.project.torch_abi and host.torch_version is None:
+    provisioned = plan.provisioning is not None and plan.provisioning.env_needed  # torch comes with the variant's env
+    if plan.project.torch_abi and host.torch_version is None and not provisioned:
         raise ToolchainError(f"{plan.project.name} builds against torch, and this interpreter has no torch",
                              why="checked before compiling", fix=f"install torch {plan.toolchain.torch or ''} into the "
                              "interpreter that runs kforge (the build uses no isolation)".replace("  ", " "))

@@ -82,3 +82,16 @@ def test_the_cmake_backend_needs_cmake_on_path(tmp_path: Path) -> None:
                           environ=environ, host=host)
     with pytest.raises(ToolchainError, match="cmake is not on the build's PATH"):
         preflight.check_toolchain(plan, host, {**environ, "CUDA_HOME": "/usr/local/cuda-13.0"})
+
+
+def test_a_torch_build_whose_variant_environment_brings_torch_passes_without_host_torch(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CUDA_HOME": "/usr/local/cuda-13.0"}
+    host = detect_host(environ).with_(torch_version=None)
+    ns = argparse.Namespace(root=str(root), cuda="13.0", env=[])
+    plain = plan_from_args(ns, "flash-attn-sm90", environ=environ, host=host)
+    assert plain.provisioning is not None and plain.provisioning.env_needed  # no torch here: the variant's env has it
+    ns.torch = "2.9.1"
+    plan = plan_from_args(ns, "flash-attn-sm90", environ=environ, host=host)
+    assert plan.provisioning is not None and "uv pip install torch==2.9.1" in plan.provisioning.part("torch").how
+    preflight.check_toolchain(plan, host, environ)  # no error: the environment step provisions torch
