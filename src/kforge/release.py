@@ -202,7 +202,7 @@ def run_release(rplan: ReleasePlan, make_run: Callable[[Plan, int], Run], *,
         try:
             built.append(run_build(item.plan, make_run(item.plan, n)))
         except KforgeError as exc:
-            done = ", ".join(o.plan.id for o in built) or "none"
+            done = ", ".join(f"{i.plan.id} ({i.variant})" for i in todo[:n - 1]) or "none"
             exc.why = ((exc.why + "; ") if exc.why else "") + (
                 f"release {rplan.project} stopped at {item.plan.id} ({item.variant}); built before it: {done}; "
                 "no release manifest was written")

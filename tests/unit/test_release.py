@@ -11,7 +11,7 @@ from packaging.version import Version
 
 from kforge import buildinputs, release, wheelhouse
 from kforge.config import load_forge
-from kforge.errors import ConfigError
+from kforge.errors import BuildError, ConfigError
 from kforge.host import HostFacts, Resources
 from kforge.options import PlanOptions
 from kforge.wheelhouse import Manifest
@@ -108,3 +108,52 @@ def test_two_variants_of_a_torch_free_wheel_would_collide(tmp_path, setup):
     forge, host = load_forge(tmp_path), setup[1]
     with pytest.raises(ConfigError, match="same file name"):
         _plan(forge, host, tmp_path)
+
+
+def _publish_as_built(tmp_path, item):  # noqa: ANN001, ANN202
+    """What a build of ``item`` publishes: a wheel whose manifest carries its target, variant and inputs hash."""
+    wheel = tmp_path / "built" / f"tiny-0.1+{item.plan.local_version}-py3-none-any.whl"
+    wheel.parent.mkdir(exist_ok=True)
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("tiny/__init__.py", item.plan.id)
+    return wheelhouse.publish(tmp_path / "wh", "tiny", wheel, Manifest(
+        target=item.plan.id, variant=item.variant, inputs_hash=item.inputs_hash, doctor={"ok": True, "findings": []}))
+
+
+def test_run_release_builds_in_order_then_writes_the_manifest(setup, tmp_path, monkeypatch):
+    forge, host = setup
+    rplan = _plan(forge, host, tmp_path)
+    by_plan = {id(i.plan): i for i in rplan.items}
+    order: list[str] = []
+
+    def fake_build(plan, run):  # noqa: ANN001, ANN202
+        order.append(plan.id)
+        return _publish_as_built(tmp_path, by_plan[id(plan)])
+
+    monkeypatch.setattr(release, "run_build", fake_build)
+    result = release.run_release(rplan, lambda plan, n: None, say=lambda text: None)
+    assert order == ["tiny-sm90", "tiny-sm80"] and len(result.built) == 2
+    data = json.loads(result.manifest.read_text())
+    assert [(w["target"], w["variant"], w["doctor"], w["skipped"]) for w in data["wheels"]] == [
+        ("tiny-sm90", "cu130-cp311", "ok", False), ("tiny-sm80", "cu130-cp311", "ok", False)]
+    assert all(len(w["sha256"]) == 64 for w in data["wheels"])
+
+
+def test_a_failed_build_stops_the_release_without_a_manifest(setup, tmp_path, monkeypatch):
+    forge, host = setup
+    rplan = _plan(forge, host, tmp_path)
+    first = rplan.items[0]
+
+    def fake_build(plan, run):  # noqa: ANN001, ANN202
+        if plan is first.plan:
+            return _publish_as_built(tmp_path, first)
+        raise BuildError("nvcc failed", fix="read the log")
+
+    monkeypatch.setattr(release, "run_build", fake_build)
+    with pytest.raises(BuildError) as err:
+        release.run_release(rplan, lambda plan, n: None, say=lambda text: None)
+    assert "stopped at tiny-sm80" in err.value.why and "built before it: tiny-sm90 (cu130-cp311)" in err.value.why
+    assert "kforge release tiny" in err.value.fix
+    assert not (tmp_path / "wh" / "releases").exists()
+    # the next run skips the wheel that was published
+    assert [i.published is not None for i in _plan(forge, host, tmp_path).items] == [True, False]
