@@ -2,10 +2,11 @@
 
 ``uv venv --python 3.N`` makes the environment, ``python -m ensurepip`` gives it pip (the native backend runs
 ``pip wheel``; ensurepip is offline), and ``uv pip install torch==X <build_requires>`` fills it, from the
-configured index or, offline, from a ``--find-links`` folder. Environments live in the kforge cache under
-``envs/<variant id>-<key>`` (the key hashes what went in) and are reused. An environment is complete only
-once its marker file ``kforge-env.json`` is written, last; one without it (an interrupted provisioning) is
-removed and made again. Failures are :class:`~kforge.errors.ToolchainError` saying what to install.
+configured index (``{cuda}`` in it becomes the variant's ``cu130``) or, offline, from a ``--find-links``
+folder. Environments live in the kforge cache under ``envs/<variant id>-<key>`` (the key hashes what went
+in) and are reused. An environment is complete only once its marker file ``kforge-env.json`` is written,
+last; one without it (an interrupted provisioning) is removed and made again. Failures are
+:class:`~kforge.errors.ToolchainError` saying what to install.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def provision_env(prov: Provisioning, cache_dir: Path, *, index_url: str | None 
     """The variant's environment: reused when complete in the cache, else made (under a lock)."""
     environ = os.environ if environ is None else environ
     variant, reqs = prov.variant, prov.requirements
+    if index_url:
+        index_url = index_url.replace("{cuda}", variant.cuda_tag)  # one template for every CUDA of a release
     key = env_key(variant, reqs, index_url, find_links)
     dest = env_dir(cache_dir, variant, key)
     dest.parent.mkdir(parents=True, exist_ok=True)

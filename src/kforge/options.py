@@ -41,8 +41,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("python", "KFORGE_PYTHON", "--python", "str",
            "Python of the variant, e.g. 3.10 (default: this interpreter's); another one is provisioned with uv"),
     Option("index_url", "KFORGE_INDEX_URL", "--index-url", "str",
-           "the package index a variant's environment installs torch from (default: uv's, PyPI), "
-           "e.g. https://download.pytorch.org/whl/cu130"),
+           "the package index a variant's environment installs torch from (default: uv's, PyPI); {cuda} becomes the "
+           "variant's cu130, e.g. https://download.pytorch.org/whl/{cuda}"),
     Option("find_links", "KFORGE_FIND_LINKS", "--find-links", "str",
            "a folder of wheels to provision a variant's environment from, offline (uv --offline --find-links)"),
     Option("profile", "KFORGE_PROFILE", "--profile", "str", "a build profile from forge.toml, e.g. minimal"),

@@ -50,7 +50,7 @@ def test_offline_commands_and_reuse(tmp_path):
 
 def test_index_url_is_passed_and_is_part_of_the_key(tmp_path):
     uv = FakeUv()
-    provision_env(_prov(), tmp_path, index_url="https://download.pytorch.org/whl/cu130", runner=uv, uv="uv")
+    provision_env(_prov(), tmp_path, index_url="https://download.pytorch.org/whl/{cuda}", runner=uv, uv="uv")
     assert uv.calls[-1][uv.calls[-1].index("--index-url") + 1] == "https://download.pytorch.org/whl/cu130"
     assert "--offline" not in uv.calls[-1]
     assert env_key(V, ("torch==2.9.1",), None, None) != env_key(V, ("torch==2.9.1",), "https://x", None)
