@@ -65,6 +65,11 @@ def env_key(variant: Variant, requirements: Sequence[str], index_url: str | None
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
+def python_request(version: str) -> str:
+    """What ``uv venv --python`` gets: this interpreter when it is that version (no search), else ``3.N``."""
+    return sys.executable if f"{sys.version_info.major}.{sys.version_info.minor}" == version else version
+
+
 def _interpreter(path: Path) -> Path:
     return path / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
@@ -101,7 +106,7 @@ def _make(uv: str, dest: Path, variant: Variant, reqs: tuple[str, ...], index_ur
     env = {k: v for k, v in environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     offline = ["--offline"] if find_links else []
     say(f"provisioning {variant.id}: uv venv --python {variant.python} {dest}")
-    out = runner([uv, "venv", "--quiet", *offline, "--python", variant.python, str(dest)], env=env)
+    out = runner([uv, "venv", "--quiet", *offline, "--python", python_request(variant.python), str(dest)], env=env)
     if out.returncode != 0:
         raise ToolchainError(
             f"uv could not make a Python {variant.python} environment for {variant.id}",

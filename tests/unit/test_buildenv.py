@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
-from kforge.buildenv import MARKER, env_key, find_uv, provision_env
+from kforge.buildenv import MARKER, env_key, find_uv, provision_env, python_request
 from kforge.errors import ToolchainError
 from kforge.variant import Variant, provisioning
 
@@ -70,3 +71,9 @@ def test_no_uv_is_an_error_with_the_fix(monkeypatch, tmp_path):
     with pytest.raises(ToolchainError) as err:
         find_uv({"PATH": str(tmp_path)}, which=lambda name, path=None: None)
     assert "pip install uv" in (err.value.fix or "")
+
+
+def test_the_running_python_is_asked_for_by_path():
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert python_request(here) == sys.executable
+    assert python_request("3.9" if here != "3.9" else "3.8") in ("3.9", "3.8")
