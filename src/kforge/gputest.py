@@ -17,12 +17,13 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from kforge import doctor, sources, wheelhouse
+from kforge import doctor, patches, sources, wheelhouse
 from kforge.config import Forge
 from kforge.errors import ConfigError, GPUError, GpuTestError, PublishError
 from kforge.host import HostFacts
 from kforge.log import StepLog
 from kforge.plan import Plan
+from kforge.series import load_series
 
 
 @dataclass(frozen=True)
@@ -90,12 +91,19 @@ def run_gpu_tests(
     with log.step("source", "the project's tests"):
         prepared = sources.prepare(forge.root, plan.project.source, work / "src", cache_dir=_cache(environ),
                                    allow_dirty=True, name=plan.project.name)
+        # The tests run on the tree the wheel was built from: the same patches (a series may add
+        # a curated smoke test file, e.g. FlashMLA's, whose upstream test is a script).
+        applied = patches.apply(prepared.tree, load_series(plan.project.patches), plan.patch_context)
+        if applied.applied:
+            log.info(f"patched the test tree: {', '.join(applied.applied)}")
         paths = [str(prepared.tree / p) for p in plan.gpu_tests.paths]
 
     with log.step("pytest", " ".join(plan.gpu_tests.paths)):
         # Run from the work dir, not the source tree, so the installed wheel is imported, not the sources.
+        # The tests see the build's knobs: FA3's hopper tests read FLASH_ATTENTION_DISABLE_* to know
+        # which kernels the wheel has (a profile that prunes them would otherwise fail its tests).
         code = subprocess.call([python, "-m", "pytest", *paths, *plan.gpu_tests.args, "-p", "no:cacheprovider"],
-                               cwd=work, env=dict(environ))
+                               cwd=work, env={**environ, **plan.env})
         if code != 0:
             raise GpuTestError(f"the GPU tests of {plan.id} failed (pytest exit code {code})",
                              why="pytest exits 5 when it collected no tests" if code == 5 else None,

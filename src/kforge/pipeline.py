@@ -61,7 +61,7 @@ def _toolchain_env(plan: Plan, environ: Mapping[str, str], cache_dir: Path, log:
     log.info(f"nvcc {nvcc.version} at {nvcc.path}")
     env = dict(environ)
     env.update(plan.env)
-    env.update(nvcc.env())
+    env.update(nvcc.env(env))  # CUDA_HOME & co, and the host include path for CCCL on CUDA >= 13
     env["PATH"] = str(nvcc.home / "bin") + (":" + env["PATH"] if env.get("PATH") else "")
     return env, nvcc
 

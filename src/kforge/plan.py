@@ -36,6 +36,7 @@ from kforge.jobs import JobChoice, JobProfile, Resources, choose_jobs
 from kforge.series import PatchContext, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource
 from kforge.targets import Target
+from kforge.toolchain import host_include_env
 
 #: The KFORGE_* variables that take part in the cascade, and the option each one sets.
 ENV_OPTIONS = {
@@ -319,6 +320,7 @@ def make_plan(
         env["CUDA_HOME"] = host.cuda_home
         if host.nvcc_path:
             env["CUDACXX"] = host.nvcc_path
+        env.update(host_include_env(host.cuda_home, cuda))  # a toolchain fact, for every project
     if local_version and project.local_version_env:
         env[project.local_version_env] = local_version
     env.update(options.env)
