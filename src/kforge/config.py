@@ -14,6 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from kforge.arch import RENDERERS, Arch, parse_arch
@@ -102,6 +103,9 @@ class Project:
     compile_units: int | None
     profiles: Mapping[str, Profile]
     repair_exclude: tuple[str, ...]
+    # PEP 440 specifier: the upstream versions the knobs above (env, arch_knobs, threads_env,
+    # local_version_env, variant_rule) were checked against (`kforge audit`); plan refuses others.
+    knobs_valid_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -352,7 +356,7 @@ def parse_forge(data: dict[str, Any], *, root: Path, path: Path) -> Forge:
 _PROJECT_KEYS = (
     "description", "source", "upstream_version", "build_dir", "archs", "default_arch", "platforms", "backend",
     "torch_abi", "build_isolation", "min_cuda", "variant_rule", "arch_knobs", "env", "local_version_env",
-    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude",
+    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude", "knobs_valid_for",
 )  # fmt: skip
 
 
@@ -477,6 +481,24 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
     if units is not None and units <= 0:
         raise t.error(t.key("compile_units"), "must be a positive integer")
 
+    upstream_version = t.get("upstream_version", str, None)
+    if upstream_version is not None:
+        try:
+            Version(upstream_version)
+        except InvalidVersion:
+            raise t.error(t.key("upstream_version"), f"is not a PEP 440 version: {upstream_version!r}",
+                          fix="write the version upstream gives this pin, e.g. \"0.6.17\" or \"1.0.0+9241ae3\"") from None
+    knobs_valid_for = t.get("knobs_valid_for", str, None)
+    if knobs_valid_for is not None:
+        try:
+            SpecifierSet(knobs_valid_for)
+        except InvalidSpecifier:
+            raise t.error(t.key("knobs_valid_for"), f"is not a version specifier: {knobs_valid_for!r}",
+                          fix="write it like \">=0.6.17,<0.7\" or \"==3.0.0\"") from None
+        if upstream_version is None:
+            raise t.error(t.key("knobs_valid_for"), "needs upstream_version (the version it is compared with)",
+                          fix="add upstream_version = \"...\" for the pinned source")
+
     return Project(
         name=name,
         description=t.get("description", str, ""),
@@ -484,7 +506,7 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
         git=git,
         sdist=sdist,
         local=local,
-        upstream_version=t.get("upstream_version", str, None),
+        upstream_version=upstream_version,
         build_dir=t.get("build_dir", str, "."),
         archs=tuple(archs),
         default_arch=next(a for a in archs if a.base == default_arch.base),
@@ -503,6 +525,7 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
         compile_units=units,
         profiles=MappingProxyType(profiles),
         repair_exclude=t.str_list("repair_exclude", ()),
+        knobs_valid_for=knobs_valid_for,
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kforge.arch import (
@@ -29,6 +30,7 @@ from kforge.arch import (
     render_torch_arch_list,
     require_supported,
 )
+from kforge.archrender import FLASHINFER_RULE_VALID_FOR
 from kforge.config import BACKENDS, ArchKnob, Forge, GpuTests, Project, normalise_env_value
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.host import HostFacts
@@ -167,6 +169,34 @@ class Plan:
 # ---------------------------------------------------------------------------------------------
 
 
+def require_current_knowledge(project: Project) -> None:
+    """Refuse a plan whose upstream version is outside what kforge's knowledge of it was checked for.
+
+    Two kinds: the project's knobs (``knobs_valid_for`` in forge.toml) and FlashInfer's arch-suffix
+    rule (:data:`kforge.archrender.FLASHINFER_RULE_VALID_FOR`). A pin bump that outdates either fails
+    here, loudly, instead of building with knobs upstream no longer reads.
+    """
+    version = Version(project.upstream_version) if project.upstream_version else None
+    if project.knobs_valid_for is not None and version is not None and version not in SpecifierSet(project.knobs_valid_for):
+        raise ConfigError(
+            f"{project.name}'s knobs in forge.toml were checked for upstream {project.knobs_valid_for}, "
+            f"and the pin is {project.upstream_version}",
+            why="upstream may have renamed, dropped or added the variables kforge sets",
+            fix=f"run `kforge audit {project.name}` on the new pin, fix the knobs it reports, then widen "
+                f"projects.{project.name}.knobs_valid_for",
+        )
+    if project.variant_rule == "flashinfer":
+        if version is None or version not in FLASHINFER_RULE_VALID_FOR:
+            raise ConfigError(
+                f"{project.name} uses FlashInfer's arch-suffix rule, which kforge knows for {FLASHINFER_RULE_VALID_FOR}, "
+                f"and the pin is {project.upstream_version or 'of unknown version'}",
+                why="the rule (flashinfer/compilation_context.py) changed between releases before; a wrong suffix "
+                "builds the wrong cubins",
+                fix="re-read compilation_context.py at the new pin and update kforge.archrender.default_variant "
+                "and FLASHINFER_RULE_VALID_FOR" + ("" if version else f"; set projects.{project.name}.upstream_version"),
+            )
+
+
 def effective_archs(project: Project, arch: Arch, cuda: Version) -> tuple[Arch, ...]:
     if project.variant_rule == "flashinfer" and not arch.variant:
         return (default_variant(arch, cuda),)
@@ -254,6 +284,8 @@ def make_plan(
             why=f"its profiles are: {known}",
             fix="pick one of those, or drop --profile (and unset KFORGE_PROFILE, which applies to every target)",
         )
+
+    require_current_knowledge(project)
 
     # --- toolchain: which CUDA, and can it compile these archs?
     cuda, cuda_from = _select_cuda(forge, host, options, cuda_from_env)
