@@ -89,26 +89,35 @@ def run_gpu_tests(
 
     work = forge.root / ".kforge" / "work" / f"test-{plan.id}"
     with log.step("source", "the project's tests"):
-        prepared = sources.prepare(forge.root, plan.project.source, work / "src", cache_dir=_cache(environ),
-                                   allow_dirty=True, name=plan.project.name)
-        # The tests run on the tree the wheel was built from: the same patches (a series may add
-        # a curated smoke test file, e.g. FlashMLA's, whose upstream test is a script).
-        applied = patches.apply(prepared.tree, load_series(plan.project.patches), plan.patch_context)
-        if applied.applied:
-            log.info(f"patched the test tree: {', '.join(applied.applied)}")
-        paths = [str(prepared.tree / p) for p in plan.gpu_tests.paths]
+        tree, applied = prepare_test_tree(forge, plan, work / "src", cache_dir=_cache(environ))
+        if applied:
+            log.info(f"patched the test tree: {', '.join(applied)}")
+        paths = [str(tree / p) for p in plan.gpu_tests.paths]
 
     with log.step("pytest", " ".join(plan.gpu_tests.paths)):
         # Run from the work dir, not the source tree, so the installed wheel is imported, not the sources.
-        # The tests see the build's knobs: FA3's hopper tests read FLASH_ATTENTION_DISABLE_* to know
-        # which kernels the wheel has (a profile that prunes them would otherwise fail its tests).
         code = subprocess.call([python, "-m", "pytest", *paths, *plan.gpu_tests.args, "-p", "no:cacheprovider"],
-                               cwd=work, env={**environ, **plan.env})
+                               cwd=work, env=pytest_environment(environ, plan))
         if code != 0:
             raise GpuTestError(f"the GPU tests of {plan.id} failed (pytest exit code {code})",
                              why="pytest exits 5 when it collected no tests" if code == 5 else None,
                              fix="read the pytest output above")
     return GpuTestOutcome("passed", "", published.wheel)
+
+
+def prepare_test_tree(forge: Forge, plan: Plan, dest: Path, *, cache_dir: Path) -> tuple[Path, tuple[str, ...]]:
+    """A fresh copy of the project's source with the plan's patches applied: the tests run on the tree
+    the wheel was built from (a series may add a curated smoke-test file, as FlashMLA's and FA3's do)."""
+    prepared = sources.prepare(forge.root, plan.project.source, dest, cache_dir=cache_dir, allow_dirty=True,
+                               name=plan.project.name)
+    applied = patches.apply(prepared.tree, load_series(plan.project.patches), plan.patch_context)
+    return prepared.tree, applied.applied
+
+
+def pytest_environment(environ: Mapping[str, str], plan: Plan) -> dict[str, str]:
+    """The tests see the build's knobs: FA3's hopper tests read FLASH_ATTENTION_DISABLE_* to know which
+    kernels the wheel has (a profile that prunes them would otherwise fail its tests)."""
+    return {**environ, **plan.env}
 
 
 def _cache(environ: Mapping[str, str]) -> Path:
