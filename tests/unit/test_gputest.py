@@ -8,7 +8,7 @@ from packaging.version import Version
 
 from kforge.config import load_forge
 from kforge.gputest import prepare_test_tree, pytest_environment
-from kforge.host import HostFacts
+from kforge.host import HostFacts, Resources
 from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
 from kforge.targets import parse_target
@@ -43,7 +43,7 @@ new file mode 100644
 
 def _plan(root: Path):
     forge = load_forge(root)
-    host = HostFacts(platform="linux-x86_64", python="3.12", cpus=4, mem_available=8 << 30, mem_total=16 << 30,
+    host = HostFacts(platform="linux-x86_64", python="3.12", resources=Resources(4, 8 << 30, 16 << 30),
                      cuda_version=Version("13.0.88"), nvcc_path="/cuda/bin/nvcc", cuda_home="/cuda")
     target = parse_target(forge, "demo-sm90", host.platform)
     return forge, make_plan(forge, target, host, PlanOptions(), job_profile=load_profile(root / "cache", "demo", 1))
@@ -56,9 +56,9 @@ def test_tests_run_on_the_patched_tree_with_the_builds_env(tmp_path: Path) -> No
     (tmp_path / "patches" / "demo").mkdir(parents=True)
     (tmp_path / "patches" / "demo" / "0001-smoke.patch").write_text(PATCH)
     (tmp_path / "patches" / "demo" / "series").write_text("0001-smoke.patch\n")
-    forge, plan = _plan(tmp_path)
+    _forge, plan = _plan(tmp_path)
 
-    tree, applied = prepare_test_tree(forge, plan, tmp_path / ".kforge" / "work" / "t", cache_dir=tmp_path / "cache")
+    tree, applied = prepare_test_tree(plan, tmp_path / ".kforge" / "work" / "t", cache_dir=tmp_path / "cache")
     assert applied == ("0001-smoke.patch",)
     assert (tree / "tests" / "test_smoke.py").read_text() == "def test_smoke(): pass\n"
     assert not (tmp_path / "kernels" / "demo" / "tests" / "test_smoke.py").exists()  # the source stays pristine
