@@ -41,7 +41,6 @@ SKIP_DIRS = frozenset({
 TOOLCHAIN_READERS: Mapping[str, str] = {
     "MAX_JOBS": "torch.utils.cpp_extension (ninja -j)",
     "CMAKE_BUILD_PARALLEL_LEVEL": "CMake",
-    "NVCC_THREADS": "the project (nvcc --threads), when it reads it",
     "CUDA_HOME": "torch.utils.cpp_extension",
     "CUDACXX": "CMake",
     "CUDA_PATH": "torch.utils.cpp_extension (Windows)",
@@ -51,6 +50,10 @@ TOOLCHAIN_READERS: Mapping[str, str] = {
     "DISTUTILS_USE_SDK": "setuptools (MSVC)",
     "CMAKE_CUDA_ARCHITECTURES": "CMake",
 }
+#: Variables kforge sets for every project whatever its upstream reads: not reading one is no finding.
+GENERIC = frozenset({"NVCC_THREADS", "MAX_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL", "CUDA_HOME", "CUDACXX"})
+#: Readers that exist only in a torch extension build (torch's cpp_extension).
+TORCH_READERS = frozenset({"MAX_JOBS", "CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST"})
 _ENV_FUNCS = {("os", "getenv"), ("os.environ", "get"), ("environ", "get"), ("os.environ", "setdefault")}
 _ARCH_FLAG = re.compile(r"(-gencode[= ]?\S*|arch=compute_\w+(?:,code=\w+)?|code=sm_\w+|-arch[= ]sm_\w+|"
                         r"--generate-code\S*|CUDA_ARCHITECTURES\s+\S+)")
@@ -95,11 +98,13 @@ class KnobCheck:
             return f"read through our patch {', '.join(self.patches)}"
         if self.other_reader:
             return f"read by {self.other_reader}"
+        if self.name in GENERIC:
+            return "not read here (kforge sets it for every project)"
         return "NOT READ"
 
     @property
     def dead(self) -> bool:
-        return not self.upstream and not self.patches and self.other_reader is None
+        return not self.upstream and not self.patches and self.other_reader is None and self.name not in GENERIC
 
 
 @dataclass(frozen=True)
@@ -414,9 +419,13 @@ def audit(project: Project, tree: Tree, *, platform_env: Mapping[str, str] | Non
         for r in patch_env_reads(ptext, pname):
             if pname not in by_patch.setdefault(r.name, []):
                 by_patch[r.name].append(pname)
+    def other_reader(name: str) -> str | None:
+        if reads.get(name) or (name in TORCH_READERS and not project.torch_abi):
+            return None
+        return TOOLCHAIN_READERS.get(name)
+
     knobs = tuple(
-        KnobCheck(name, origin, tuple(reads.get(name, ())), None if reads.get(name) else TOOLCHAIN_READERS.get(name),
-                  tuple(by_patch.get(name, ())))
+        KnobCheck(name, origin, tuple(reads.get(name, ())), other_reader(name), tuple(by_patch.get(name, ())))
         for name, origin in sorted(ours.items())
     )
     ignored = tuple((name, tuple(sites)) for name, sites in sorted(reads.items()) if name not in ours)

@@ -23,7 +23,7 @@ def project():
     return dataclasses.replace(
         fmha, name="demo", env={"DEMO_FORCE_BUILD": "TRUE", "DEMO_NOT_READ": "1"}, profiles={},
         arch_knobs=(), threads_env="DEMO_NVCC_THREADS", local_version_env="DEMO_LOCAL_VERSION",
-        upstream_version="1.2.0", build_dir=".",
+        upstream_version="1.2.0", build_dir=".", torch_abi=True,
     )
 
 
@@ -65,11 +65,19 @@ def test_audit_of_the_fixture(project) -> None:
     assert by_name["DEMO_LOCAL_VERSION"].status == "read through our patch 0001-demo.patch"
     assert by_name["MAX_JOBS"].status.startswith("read by torch.utils.cpp_extension")
     assert by_name["DEMO_NOT_READ"].dead and not report.ok
+    assert by_name["NVCC_THREADS"].status.startswith("not read here") and not by_name["NVCC_THREADS"].dead
     ignored = dict(report.ignored)
     assert {"DEMO_HOME", "DEMO_HOME_SET", "DEMO_DISABLE_SM90", "DEMO_CMAKE_ARCHS"} <= set(ignored)
     assert "DEMO_TEST_ONLY" not in ignored  # tests/ holds no build logic
     assert {(s.file, s.line) for s in report.arch_flags} == {("setup.py", 15), ("CMakeLists.txt", 2)}
     assert report.version_found is not None and report.version_found[0] == "1.2.0" and not report.version_mismatch
+
+
+def test_torch_readers_only_count_for_torch_extensions(project) -> None:
+    cmake_project = dataclasses.replace(project, torch_abi=False)
+    by_name = {k.name: k for k in audit.audit(cmake_project, audit.dir_tree(DEMO)).knobs}
+    assert by_name["MAX_JOBS"].status == "not read here (kforge sets it for every project)"
+    assert by_name["CPLUS_INCLUDE_PATH"].status == "read by g++ (the host compiler)"
 
 
 def test_version_mismatch_is_a_problem(project) -> None:

@@ -32,7 +32,9 @@ def source_tree(args: argparse.Namespace, forge: Forge, project: Project) -> aud
         return audit.dir_tree(Path(args.tree))
     if args.sdist:
         return audit.archive_tree(Path(args.sdist))
-    git, sd = project.git, project.sdist
+    git, sd, local = project.git, project.sdist, project.local
+    if project.source is local and local is not None and not args.repo and not args.rev:
+        return audit.dir_tree(forge.root / local.path)
     if project.source is sd and sd is not None and not args.repo and not args.rev:
         cached = _sdist.cached_sdist(cache_dir(), sd.name, sd.version, sd.sha256)
         if cached is None:
