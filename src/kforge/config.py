@@ -9,6 +9,7 @@ Nothing here touches the environment: :func:`load_forge` reads one file.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -356,7 +357,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
     if t.compile_units is not None and t.compile_units <= 0:
         raise r.error(f"{key}.compile_units", "must be a positive integer")
     git, sdist, local, source = _sources(r, f"{key}.source", t.source)
-    _upstream_versions(r, key, t)
+    _upstream_versions(r, key, t, git)
     return Project(
         name=name, description=t.description, source=source, git=git, sdist=sdist, local=local,
         upstream_version=t.upstream_version, build_dir=t.build_dir, archs=archs, default_arch=default_arch,
@@ -372,14 +373,21 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
     )
 
 
-def _upstream_versions(r: Reader, key: str, t: ProjectTable) -> None:
-    """``upstream_version`` is a PEP 440 version; ``knobs_valid_for`` a specifier that needs it."""
+def _upstream_versions(r: Reader, key: str, t: ProjectTable, git: GitSource | None) -> None:
+    """``upstream_version`` is a PEP 440 version (whose local label, if it is a commit, is the pin's);
+    ``knobs_valid_for`` a specifier that needs it."""
     if t.upstream_version is not None:
         try:
-            Version(t.upstream_version)
+            version = Version(t.upstream_version)
         except InvalidVersion:
             raise r.error(f"{key}.upstream_version", f"is not a PEP 440 version: {t.upstream_version!r}",
                           fix="write the version upstream gives this pin, e.g. \"0.6.17\" or \"1.0.0+9241ae3\"") from None
+        label = (version.local or "").removeprefix("g")
+        if git is not None and re.fullmatch(r"[0-9a-f]{7,40}", label) and not git.commit.startswith(label):
+            raise r.error(f"{key}.upstream_version", f"names commit {label}, and the pin is {git.commit[:12]} (a pin "
+                          "bump that kept the old version would keep knobs checked for the old commit)",
+                          fix=f"run `kforge audit` on the new pin, then set upstream_version to its version "
+                              f"(e.g. {version.public}+{git.commit[:7]}) and widen knobs_valid_for")
     if t.knobs_valid_for is not None:
         try:
             SpecifierSet(t.knobs_valid_for)
