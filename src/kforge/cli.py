@@ -19,7 +19,8 @@ from kforge import __version__
 from kforge.errors import KforgeError
 
 #: Subcommand modules under kforge.commands, in the order ``kforge --help`` lists them.
-COMMANDS = ("plan", "targets", "build", "test", "repair", "doctor", "sources", "patches", "audit", "wheelhouse", "ci")
+COMMANDS = ("plan", "targets", "build", "test", "repair", "doctor", "sources", "patches", "audit", "wheelhouse", "ci",
+            "image")
 
 
 def build_parser() -> argparse.ArgumentParser:
