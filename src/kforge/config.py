@@ -76,6 +76,38 @@ class GpuTests:
 
 
 @dataclass(frozen=True)
+class CiRunners:
+    """Where CI builds one platform's targets (``[ci.runners.<platform>]``)."""
+
+    hosted: str  # a GitHub-hosted runner label: builds that need no torch (fmha)
+    self_hosted: tuple[str, ...]  # labels of self-hosted build runners: torch-ABI builds
+    hosted_cuda: str  # how CUDA reaches a hosted runner: "pypi" (kforge provisions nvcc) | "action" (a pinned toolkit action)
+
+
+@dataclass(frozen=True)
+class CiSettings:
+    """``[ci]``: what ``kforge ci generate`` writes into the GitHub Actions workflow."""
+
+    python: str = "3.12"  # the interpreter build jobs set up
+    publish: str = "pages"  # "pages" (a GitHub Pages site) | "release" (assets of the tag's release)
+    gpu_labels: tuple[str, ...] = ("self-hosted", "linux", "x64", "gpu")  # + "sm<NN>" of the target's arch
+    gpu_python: str = "python3"  # the GPU runner's interpreter (it has the torch the tests use)
+    build_timeout: int = 360  # minutes
+    test_timeout: int = 60
+    torch_index: str = "https://download.pytorch.org/whl/cu{cuda_nodot}"  # where torch of a CUDA variant comes from
+    runners: Mapping[str, CiRunners] = field(default_factory=lambda: MappingProxyType(dict(DEFAULT_CI_RUNNERS)))
+
+
+DEFAULT_CI_RUNNERS = {
+    "linux-x86_64": CiRunners("ubuntu-24.04", ("self-hosted", "linux", "x64", "build"), "pypi"),
+    "linux-aarch64": CiRunners("ubuntu-24.04-arm", ("self-hosted", "linux", "arm64", "build"), "pypi"),
+    "windows-amd64": CiRunners("windows-2022", ("self-hosted", "windows", "x64", "build"), "action"),
+}
+CI_PUBLISH = ("pages", "release")
+CI_CUDA = ("pypi", "action")
+
+
+@dataclass(frozen=True)
 class Project:
     name: str
     description: str
@@ -102,6 +134,11 @@ class Project:
     compile_units: int | None
     profiles: Mapping[str, Profile]
     repair_exclude: tuple[str, ...]
+    #: archs (base spelling, ``sm_120``) that plan but cannot build yet, with the reason: CI leaves them out
+    unbuildable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def unbuildable_reason(self, arch: Arch) -> str | None:
+        return self.unbuildable.get(arch.base.sm)
 
 
 @dataclass(frozen=True)
@@ -127,6 +164,7 @@ class Forge:
     projects: Mapping[str, Project]
     exclude: tuple[MatrixRule, ...]
     include: tuple[MatrixRule, ...]
+    ci: CiSettings = CiSettings()
 
     def project(self, name: str) -> Project:
         try:
@@ -294,7 +332,7 @@ def load_forge(root: Path | str | None = None, *, path: Path | None = None) -> F
 
 
 def parse_forge(data: dict[str, Any], *, root: Path, path: Path) -> Forge:
-    top = _Table(data, "", ("toolchains", "platforms", "projects", "matrix"), path)
+    top = _Table(data, "", ("toolchains", "platforms", "projects", "matrix", "ci"), path)
 
     tc = top.sub("toolchains", ("cuda", "torch", "python")) if "toolchains" in data else None
     toolchains = Toolchains(
@@ -346,13 +384,57 @@ def parse_forge(data: dict[str, Any], *, root: Path, path: Path) -> Forge:
         projects=MappingProxyType(projects),
         exclude=exclude,
         include=include,
+        ci=_parse_ci(top.sub("ci", _CI_KEYS), platforms) if "ci" in data else CiSettings(),
+    )
+
+
+_CI_KEYS = ("python", "publish", "gpu_labels", "gpu_python", "build_timeout", "test_timeout", "torch_index", "runners")
+
+
+def _labels(t: _Table, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    labels = t.str_list(key, default)
+    if not labels or any(not label for label in labels):
+        raise t.error(t.key(key), "must list runner labels, none of them empty", fix=f"e.g. {key} = {list(default)!r}")
+    return labels
+
+
+def _parse_ci(t: _Table, platforms: Mapping[str, Platform]) -> CiSettings:
+    base = CiSettings()
+    publish = t.get("publish", str, base.publish)
+    if publish not in CI_PUBLISH:
+        raise t.error(t.key("publish"), f"must be one of {', '.join(CI_PUBLISH)}{did_you_mean(publish, CI_PUBLISH)}")
+    timeouts = {}
+    for key in ("build_timeout", "test_timeout"):
+        timeouts[key] = t.get(key, int, getattr(base, key))
+        if timeouts[key] < 1:
+            raise t.error(t.key(key), "must be a positive number of minutes")
+    runners = dict(DEFAULT_CI_RUNNERS)
+    if "runners" in t.data:
+        rt = t.sub("runners", tuple(platforms))
+        for name in rt.data:
+            r = rt.sub(name, ("hosted", "self_hosted", "hosted_cuda"))
+            old = runners.get(name) or CiRunners("ubuntu-24.04", ("self-hosted", "build"), "pypi")
+            cuda = r.get("hosted_cuda", str, old.hosted_cuda)
+            if cuda not in CI_CUDA:
+                raise r.error(r.key("hosted_cuda"), f"must be one of {', '.join(CI_CUDA)}{did_you_mean(cuda, CI_CUDA)}")
+            runners[name] = CiRunners(hosted=r.get("hosted", str, old.hosted),
+                                      self_hosted=_labels(r, "self_hosted", old.self_hosted), hosted_cuda=cuda)
+    return CiSettings(
+        python=t.get("python", str, base.python),
+        publish=publish,
+        gpu_labels=_labels(t, "gpu_labels", base.gpu_labels),
+        gpu_python=t.get("gpu_python", str, base.gpu_python),
+        build_timeout=timeouts["build_timeout"],
+        test_timeout=timeouts["test_timeout"],
+        torch_index=t.get("torch_index", str, base.torch_index),
+        runners=MappingProxyType(runners),
     )
 
 
 _PROJECT_KEYS = (
     "description", "source", "upstream_version", "build_dir", "archs", "default_arch", "platforms", "backend",
     "torch_abi", "build_isolation", "min_cuda", "variant_rule", "arch_knobs", "env", "local_version_env",
-    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude",
+    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude", "unbuildable",
 )  # fmt: skip
 
 
@@ -473,6 +555,15 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
             p = pt.sub(pname, ("description", "env"))
             profiles[pname] = Profile(name=pname, description=p.get("description", str, ""), env=p.env("env"))
 
+    unbuildable: dict[str, str] = {}
+    for key, reason in t.get("unbuildable", dict, {}).items():
+        arch = _arch(t, f"{t.key('unbuildable')}.{key}", key)
+        if not any(a.base == arch.base for a in archs):
+            raise t.error(f"{t.key('unbuildable')}.{key}", f"names {arch.sm}, which is not in archs")
+        if not isinstance(reason, str) or not reason.strip():
+            raise t.error(f"{t.key('unbuildable')}.{key}", "must be the reason, as a non-empty string")
+        unbuildable[arch.base.sm] = normalise_env_value(reason)
+
     units = t.get("compile_units", int, None)
     if units is not None and units <= 0:
         raise t.error(t.key("compile_units"), "must be a positive integer")
@@ -503,6 +594,7 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
         compile_units=units,
         profiles=MappingProxyType(profiles),
         repair_exclude=t.str_list("repair_exclude", ()),
+        unbuildable=MappingProxyType(unbuildable),
     )
 
 
