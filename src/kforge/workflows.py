@@ -399,11 +399,14 @@ def generated_files(forge: Forge) -> dict[Path, str]:
     }
 
 
-def write_workflow(forge: Forge, *, check: bool = False) -> tuple[tuple[Path, ...], bool]:
-    """Write the generated files (each atomically). Returns (paths, changed). With ``check``, write nothing."""
+def write_workflow(forge: Forge, *, check: bool = False, root: Path | None = None) -> tuple[tuple[Path, ...], bool]:
+    """Write the generated files under ``root`` (default: the monorepo's), each atomically.
+
+    Returns (paths, changed). With ``check``, write nothing.
+    """
     paths, changed = [], False
     for rel, text in generated_files(forge).items():
-        path = forge.root / rel
+        path = (root or forge.root) / rel
         current = path.read_text(encoding="utf-8") if path.is_file() else None
         paths.append(path)
         if current != text:
