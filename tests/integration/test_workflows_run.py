@@ -49,6 +49,7 @@ class Runner:
             "runner.environment == 'github-hosted'": False,  # this machine stands in for a self-hosted runner
             "github.workspace": str(self.workspace),
             "job.status": status,
+            "github.sha": "0" * 40,
         }
         if expr not in known:
             raise AssertionError(f"the generated workflow uses an expression this runner can't evaluate: {expr!r}")
