@@ -158,6 +158,11 @@ def ci_targets(forge: Forge) -> tuple[CiTarget, ...]:
 # Steps
 
 
+def _in_workspace(rel: str) -> str:
+    """An absolute path for variables read by processes that may run elsewhere than the workspace."""
+    return "${{ github.workspace }}/" + rel
+
+
 def _uses(name: str, action: str, with_: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     step: dict[str, Any] = {"name": name, "uses": ACTIONS[action].ref}
     if with_:
@@ -201,10 +206,9 @@ def _build_job(forge: Forge, t: CiTarget, *, release: bool) -> dict[str, Any]:
     steps: list[dict[str, Any]] = [_checkout(), *_submodule(t.project)]
     steps.append(_uses(f"Python {ci.python}", "setup-python", {"python-version": ci.python}))
     if not t.self_hosted and runners.hosted_cuda == "action":
+        # The whole toolkit (no sub-package list: CUDA 13 split nvcc's headers and NVVM into packages of their own).
         steps.append(_uses(f"CUDA {cuda} (toolkit action)", "cuda-toolkit", {
             "cuda": f"{cuda}.0", "method": "network", "use-github-cache": False, "use-local-cache": False,
-            "sub-packages": '["nvcc", "cudart", "crt", "nvvm", "nvptxcompiler", "visual_studio_integration"]'
-            if windows else '["nvcc", "cudart"]',
         }))
     if windows:
         steps.append(_run("MSVC developer environment", MSVC_SCRIPT, shell="pwsh"))
@@ -232,8 +236,8 @@ def _build_job(forge: Forge, t: CiTarget, *, release: bool) -> dict[str, Any]:
     steps.append(_summary(f"build-{t.key}", "python"))
     if t.self_hosted:
         steps.append(_cleanup("python"))
-    env = {"KFORGE_CUDA": cuda, "KFORGE_WHEELHOUSE": WHEELHOUSE, STATUS_ENV: STATUS_FILE,
-           "KFORGE_CACHE": CACHE_DIRS[1], "CCACHE_DIR": "${{ github.workspace }}/" + CACHE_DIRS[0]}
+    env = {"KFORGE_CUDA": cuda, "KFORGE_WHEELHOUSE": WHEELHOUSE, STATUS_ENV: _in_workspace(STATUS_FILE),
+           "KFORGE_CACHE": _in_workspace(CACHE_DIRS[1]), "CCACHE_DIR": _in_workspace(CACHE_DIRS[0])}
     labels = list(runners.self_hosted) if t.self_hosted else runners.hosted
     return {
         "name": f"build {t.session_id} ({t.platform.name}, {t.variant})",
@@ -265,7 +269,7 @@ def _test_job(forge: Forge, t: CiTarget) -> dict[str, Any]:
         "runs-on": [*ci.gpu_labels, t.gpu_label],
         "timeout-minutes": ci.test_timeout,
         "permissions": {"contents": "read"},
-        "env": {"KFORGE_REQUIRE_GPU": "1", "KFORGE_WHEELHOUSE": WHEELHOUSE, STATUS_ENV: STATUS_FILE},
+        "env": {"KFORGE_REQUIRE_GPU": "1", "KFORGE_WHEELHOUSE": WHEELHOUSE, STATUS_ENV: _in_workspace(STATUS_FILE)},
         "steps": steps,
     }
 
