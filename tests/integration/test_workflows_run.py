@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,9 +98,11 @@ class Runner:
             script.write_text(step["run"])
             shell = step.get("shell", "bash")
             assert shell == "bash", f"{step['name']}: shell {shell} on a Linux runner"
+            started = time.monotonic()
             out = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=self.workspace,
                                  env=step_env, capture_output=True, text=True, timeout=STEP_TIMEOUT)
-            self.log.append(f"run   {step['name']}: exit {out.returncode}\n{out.stdout[-4000:]}{out.stderr[-4000:]}")
+            self.log.append(f"run   {step['name']}: exit {out.returncode} in {time.monotonic() - started:.0f} s\n"
+                            f"{out.stdout[-4000:]}{out.stderr[-4000:]}")
             if out.returncode != 0:
                 status = "failure"
             for line in files["GITHUB_ENV"].read_text().splitlines():  # KEY=VALUE lines carry into later steps
