@@ -14,6 +14,7 @@ from kforge.config import find_root
 from kforge.errors import ConfigError, ToolchainError
 from kforge.host import detect_host
 from kforge.plan import PROVISIONABLE_FROM
+from kforge.workflows import CI_DIR, write_workflow
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from kforge.workflows import write_workflow  # PyYAML only when generating, not on every kforge start
-
     forge = forge_from_args(args)
     paths, changed = write_workflow(forge, check=args.check)
     names = ", ".join(str(p) for p in paths)
@@ -84,8 +83,6 @@ def run_summary(args: argparse.Namespace) -> int:
 
 def run_cleanup(args: argparse.Namespace) -> int:
     """Build trees, nox's venvs and CI scratch; the caches (.kforge/ccache, .kforge/cache) stay for the cache action."""
-    from kforge.workflows import CI_DIR
-
     root = Path(args.root).resolve() if args.root else find_root()
     for rel in (".kforge/work", ".nox", CI_DIR):
         path = root / rel
