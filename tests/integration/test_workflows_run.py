@@ -154,8 +154,10 @@ def test_fmha_build_job_then_its_gpu_test_job(runner: Runner) -> None:
     wheels = list((runner.artifacts / "wheelhouse-fmha-sm90-linux").glob("fmha/*.whl"))
     assert len(wheels) == 1 and (runner.artifacts / "wheelhouse-fmha-sm90-linux" / "simple" / "index.html").is_file()
 
+    print("\n".join(line.splitlines()[0] for line in runner.log))  # the steps and their times (pytest -rP shows them)
     runner.log.clear()
     status, summary = runner.run_job(jobs["test-fmha-sm90-linux"])
+    print("\n".join(line.splitlines()[0] for line in runner.log))
     log = "\n".join(runner.log)
     arch, _name = detect_gpu()
     if arch is not None and arch.base.sm == "sm_90":
