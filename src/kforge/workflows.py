@@ -26,7 +26,7 @@ from packaging.version import Version
 
 from kforge.config import Forge, Platform, Project
 from kforge.fsutil import atomic_write_text
-from kforge.host import HostFacts
+from kforge.host import HostFacts, Resources
 from kforge.jobs import DEFAULT_PEAK_RSS, DEFAULT_UNIT_SECONDS, JobProfile
 from kforge.plan import make_plan
 from kforge.runstatus import STATUS_ENV
@@ -119,7 +119,8 @@ class CiTarget:
 
 def _runner_host(forge: Forge, platform: str) -> HostFacts:
     """The facts a plan gets for a CI runner: its platform and Python, no nvcc or torch found yet."""
-    return HostFacts(platform=platform, python=forge.ci.python, cpus=4, mem_available=16 << 30, mem_total=16 << 30)
+    return HostFacts(platform=platform, python=forge.ci.python,
+                     resources=Resources(cpus=4, mem_available=16 << 30, mem_total=16 << 30, source="a CI runner, planned ahead"))
 
 
 def _profile(project: str) -> JobProfile:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
+from kforge import config
 from kforge.arch import parse_arch
 from kforge.config import DEFAULT_CI_RUNNERS, CiSettings, load_forge
 from kforge.errors import ConfigError
@@ -82,3 +85,11 @@ def test_malformed(tmp_path: Path, extra: str, words: list[str]) -> None:
         load(tmp_path, extra)
     for word in words:
         assert word in str(err.value)
+
+
+def test_docs_list_every_ci_key() -> None:
+    page = (ROOT / "docs" / "forge-toml.md").read_text()
+    words = {w for span in re.findall(r"`([^`]+)`", page) for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", span)}
+    missing = [f"{cls.__name__}.{f.name}" for cls in (config.CiTable, config.CiRunnersTable)
+               for f in dataclasses.fields(cls) if f.name not in words]
+    assert missing == []
