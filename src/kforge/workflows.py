@@ -43,6 +43,7 @@ CI_DIR = "kforge-ci"  # not hidden: upload-artifact leaves hidden paths out
 WHEELHOUSE = f"{CI_DIR}/wheelhouse"
 STATUS_FILE = f"{CI_DIR}/status.jsonl"
 GPU_VENV = f"{CI_DIR}/venv"
+WITH_NOX = ".[dev]"  # kforge from the checkout, with its developer entry points (nox runs the sessions)
 CACHE_DIRS = (".kforge/ccache", ".kforge/cache")  # compiler cache, kforge's cache (provisioned nvcc, job profiles)
 
 
@@ -222,7 +223,7 @@ def _build_job(forge: Forge, t: CiTarget, *, release: bool) -> dict[str, Any]:
             "key": f"kforge-{t.platform.name}-{t.project.name}-{t.variant}-${{{{ github.sha }}}}",
             "restore-keys": f"kforge-{t.platform.name}-{t.project.name}-{t.variant}-",
         }))
-    steps.append(_run("kforge and nox", "python -m pip install --disable-pip-version-check ."))
+    steps.append(_run("kforge and nox", f'python -m pip install --disable-pip-version-check "{WITH_NOX}"'))
     if t.torch is not None:
         index = ci.torch_index.format(cuda_nodot=f"{t.cuda.major}{t.cuda.minor}", cuda=cuda)
         steps.append(_run(f"torch {t.torch} ({t.variant})",
@@ -259,7 +260,7 @@ def _test_job(forge: Forge, t: CiTarget) -> dict[str, Any]:
         _uses("download the wheelhouse", "download-artifact", {"name": f"wheelhouse-{t.key}", "path": WHEELHOUSE}),
         _run("kforge and nox (in a venv that sees the runner's torch)",
              f"{ci.gpu_python} -m venv --system-site-packages {GPU_VENV}\n"
-             f"{py} -m pip install --disable-pip-version-check .\n"),
+             f'{py} -m pip install --disable-pip-version-check "{WITH_NOX}"\n'),
         _run(f"GPU tests of {t.session_id} on {t.gpu_label}", f"{py} -m nox -s test-{t.session_id}"),
         _summary(f"test-{t.key}", py),
         _cleanup(py),
