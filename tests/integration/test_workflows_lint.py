@@ -11,11 +11,13 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from kforge.workflows import ACTIONLINT_CONFIG, RELEASE_WORKFLOW, WORKFLOW
+from kforge.config import load_forge
+from kforge.workflows import ACTIONLINT_CONFIG, RELEASE_WORKFLOW, WORKFLOW, write_workflow
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,3 +82,18 @@ def test_the_workflow_schema_accepts_them(tmp_path: Path) -> None:
     broken.write_text(BROKEN.replace("    runs-on: [self-hosted, linux, x64, gpu, sm90]\n", ""))
     out = run([check, "--builtin-schema", "vendor.github-workflows", str(broken)], tmp_path)
     assert out.returncode == 1 and "runs-on" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_the_release_assets_variant_is_clean_too(tmp_path: Path) -> None:
+    """publish = "release" swaps Pages for `gh release upload` with contents: write: still no finding."""
+    actionlint, zizmor, check = tool("actionlint"), tool("zizmor"), tool("check-jsonschema")
+    forge = load_forge(ROOT)
+    paths, _ = write_workflow(replace(forge, ci=replace(forge.ci, publish="release")), root=tmp_path)
+    workflows = [str(p) for p in paths if p.suffix == ".yml" and p.parent.name == "workflows"]
+    assert "gh release upload" in (tmp_path / RELEASE_WORKFLOW).read_text()
+    out = run([actionlint, "-no-color", "-config-file", str(tmp_path / ACTIONLINT_CONFIG), *workflows], tmp_path)
+    assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr
+    out = run([zizmor, "--offline", "--persona", "auditor", "--format", "json", ".github/workflows"], tmp_path)
+    assert [f["ident"] for f in json.loads(out.stdout) if f["determinations"]["severity"] in ("High", "Medium")] == []
+    out = run([check, "--builtin-schema", "vendor.github-workflows", *workflows], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
