@@ -10,6 +10,7 @@ this test, not the first real run on a GPU runner.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -71,8 +72,14 @@ class Runner:
         args = {k: self.expand(v, status) for k, v in step.get("with", {}).items()}
         if name == "actions/upload-artifact":
             shutil.copytree(self.workspace / args["path"], self.artifacts / args["name"])
+        elif name == "actions/download-artifact" and "pattern" in args:  # each artifact into a folder of its name
+            for artifact in sorted(self.artifacts.iterdir()):
+                if fnmatch.fnmatch(artifact.name, args["pattern"]):
+                    shutil.copytree(artifact, self.workspace / args["path"] / artifact.name)
         elif name == "actions/download-artifact":
             shutil.copytree(self.artifacts / args["name"], self.workspace / args["path"], dirs_exist_ok=True)
+        elif name == "actions/upload-pages-artifact":
+            shutil.copytree(self.workspace / args["path"], self.artifacts / "github-pages")
         elif name not in ("actions/checkout", "actions/setup-python", "actions/cache"):
             raise AssertionError(f"no stand-in for {name} (a Linux job of this test should not need it)")
 
@@ -170,3 +177,13 @@ def test_fmha_build_job_then_its_gpu_test_job(runner: Runner) -> None:
     # The GPU runner is persistent: its last step removed the venvs, build trees and CI scratch.
     assert [line.split(":")[0] for line in runner.log[-2:]] == ["run   summary", "run   cleanup (persistent runner)"]
     assert not (runner.workspace / ".nox").exists() and not (runner.workspace / "kforge-ci").exists()
+
+    # The release's publish job: every wheelhouse artifact (here, fmha's) merged into one index, the Pages site.
+    runner.log.clear()
+    status, _summary = runner.run_job(workflow_data(forge, release=True)["jobs"]["publish"])
+    print("\n".join(line.splitlines()[0] for line in runner.log))
+    assert status == "success", "\n".join(runner.log)[-12000:]
+    site = runner.artifacts / "github-pages"
+    assert [w.name for w in site.glob("fmha/*.whl")] == [wheels[0].name]
+    page = next(site.glob("simple/*/index.html")).read_text()
+    assert f"../../fmha/{wheels[0].name}#sha256=" in page
