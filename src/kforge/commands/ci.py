@@ -21,7 +21,7 @@ from kforge.workflows import CI_DIR, write_workflow
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ci", help="generate the GitHub Actions workflow; the steps its jobs run")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    g = verbs.add_parser("generate", help="write .github/workflows/kforge.yml and .github/actionlint.yaml (atomically)")
+    g = verbs.add_parser("generate", help="write the workflows and the actionlint and zizmor configs under .github/ (atomically)")
     g.add_argument("--check", action="store_true", help="write nothing; exit non-zero if a file is out of date")
     g.set_defaults(func=run_generate)
     t = verbs.add_parser("toolchain", help="a build job's toolchain step: CUDA (provisioned from PyPI if allowed) and torch, as the plan needs")
