@@ -182,7 +182,9 @@ def test_fmha_build_job_then_its_gpu_test_job(runner: Runner) -> None:
     runner.log.clear()
     status, _summary = runner.run_job(workflow_data(forge, release=True)["jobs"]["publish"])
     print("\n".join(line.splitlines()[0] for line in runner.log))
-    assert status == "success", "\n".join(runner.log)[-12000:]
+    log = "\n".join(runner.log)
+    assert "invalid choice: 'merge'" not in log, "the publish job needs `kforge wheelhouse merge` (kforge.wheelmerge)"
+    assert status == "success", log[-12000:]
     site = runner.artifacts / "github-pages"
     assert [w.name for w in site.glob("fmha/*.whl")] == [wheels[0].name]
     page = next(site.glob("simple/*/index.html")).read_text()
