@@ -15,6 +15,7 @@ The two outputs are also compared (max abs difference) so a fast wrong kernel sh
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -47,9 +48,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
 
+    import flash_mla
     import torch
     import triton
-    import flash_mla
     from flash_mla.flash_mla_interface import get_dense_decode_impl
 
     dev = torch.cuda.get_device_name()
@@ -58,16 +59,22 @@ def main(argv=None) -> int:
         q, k_cache, block_table, seqlens, mean_len = make_inputs(torch, b, h_q, s_k)
         res = {"batch": b, "h_q": h_q, "mean_seqlen": round(mean_len, 1)}
         outs = {}
-        for impl, force in (("sm90_wgmma", None), ("sm120_mma_port", "1")):
+        impls = [("sm90_wgmma", None, None), ("sm120_mma_port", "1", None)]
+        if h_q == 32:  # the port's alternative for 32 rows: two 16-row CTAs per KV head
+            impls.append(("sm120_mma_port_bm16", "1", "16"))
+        for impl, force, block_m in impls:
             if force:
                 os.environ["FLASH_MLA_FORCE_PORT"] = force
             else:
                 os.environ.pop("FLASH_MLA_FORCE_PORT", None)
-            assert get_dense_decode_impl() == impl, get_dense_decode_impl()
+            if block_m:
+                os.environ["FLASH_MLA_PORT_BLOCK_M"] = block_m
+            else:
+                os.environ.pop("FLASH_MLA_PORT_BLOCK_M", None)
+            assert get_dense_decode_impl() == impl.replace("_bm16", ""), get_dense_decode_impl()
             meta, _ = flash_mla.get_mla_metadata()
 
-            def run():
-                return flash_mla.flash_mla_with_kvcache(q, k_cache, block_table, seqlens, 512, meta, None)
+            run = functools.partial(flash_mla.flash_mla_with_kvcache, q, k_cache, block_table, seqlens, 512, meta, None)
 
             outs[impl] = run()[0].float()
             torch.cuda.synchronize()
@@ -76,6 +83,10 @@ def main(argv=None) -> int:
             flops = b * h_q * (2 * 576 * mean_len + 2 * mean_len * 512)
             res[impl] = {"us": ms * 1e3, "GBps": nbytes / (ms * 1e-3) / 1e9, "TFLOPs": flops / (ms * 1e-3) / 1e12}
         os.environ.pop("FLASH_MLA_FORCE_PORT", None)
+        os.environ.pop("FLASH_MLA_PORT_BLOCK_M", None)
+        if "sm120_mma_port_bm16" in outs:
+            res["max_abs_diff_bm16"] = (outs["sm90_wgmma"] - outs["sm120_mma_port_bm16"]).abs().max().item()
+            res["bw_ratio_bm16"] = res["sm120_mma_port_bm16"]["GBps"] / res["sm90_wgmma"]["GBps"]
         res["max_abs_diff"] = (outs["sm90_wgmma"] - outs["sm120_mma_port"]).abs().max().item()
         res["bw_ratio"] = res["sm120_mma_port"]["GBps"] / res["sm90_wgmma"]["GBps"]
         rows.append(res)
@@ -87,6 +98,10 @@ def main(argv=None) -> int:
         w, p = r["sm90_wgmma"], r["sm120_mma_port"]
         print(f"{r['batch']:>4} {r['h_q']:>4} {r['mean_seqlen']:>7.0f} | {w['us']:>9.1f} {w['GBps']:>6.0f} {w['TFLOPs']:>5.0f} | "
               f"{p['us']:>9.1f} {p['GBps']:>6.0f} {p['TFLOPs']:>5.0f} | {r['bw_ratio']:.2f}  {r['max_abs_diff']:.2e}")
+        if "sm120_mma_port_bm16" in r:
+            q = r["sm120_mma_port_bm16"]
+            print(f"{'':>4} {'':>4} {'bm16':>7} | {'':>9} {'':>6} {'':>5} | {q['us']:>9.1f} {q['GBps']:>6.0f} {q['TFLOPs']:>5.0f} | "
+                  f"{r['bw_ratio_bm16']:.2f}  {r['max_abs_diff_bm16']:.2e}")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump({"device": dev, "rows": rows}, fh, indent=1)

@@ -43,15 +43,19 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"])
     parser.add_argument("--impl", default="port", choices=["port", "sm90"],
                         help="port: FLASH_MLA_FORCE_PORT=1; sm90: upstream's wgmma kernel (control run)")
+    parser.add_argument("--block-m", choices=["16", "32"],
+                        help="force the port's q rows per CTA (FLASH_MLA_PORT_BLOCK_M); default: its own choice")
     args = parser.parse_args(argv)
+    if args.block_m:
+        os.environ["FLASH_MLA_PORT_BLOCK_M"] = args.block_m
 
     import torch
 
     tests_dir = os.path.join(args.flashmla_tree, "tests")
     sys.path.insert(0, tests_dir)
     import flash_mla  # noqa: E402  (the installed build)
-    from flash_mla.flash_mla_interface import get_dense_decode_impl  # noqa: E402
     import test_flash_mla_dense_decoding as mod  # noqa: E402
+    from flash_mla.flash_mla_interface import get_dense_decode_impl  # noqa: E402
 
     if args.impl == "port":
         os.environ["FLASH_MLA_FORCE_PORT"] = "1"
@@ -81,7 +85,7 @@ def main(argv=None) -> int:
                 failures += 1
                 print(f"FAILED {dtype_name} {case}: {exc}")
         print(f"== {dtype_name}: {len(cases)} cases, {time.time() - t0:.1f} s")
-    print(f"SMOKE RESULT impl={got}: {total - failures}/{total} passed")
+    print(f"SMOKE RESULT impl={got} block_m={args.block_m or 'auto'}: {total - failures}/{total} passed")
     return 0 if failures == 0 else 1
 
 
