@@ -36,6 +36,7 @@ from kforge.doctor.model import (
     WheelReport,
     parse_arch,
 )
+from kforge.doctor.resources import resource_findings
 from kforge.errors import DoctorError
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ def check(
             finding = _judge_arch(label, binary, text, kind, arch)
             if finding:
                 findings.append(finding)
+    for binary in judged:
+        findings.extend(resource_findings(label, binary.path, binary.kernels))
     for binary in binaries:
         for symbol in binary.linked_binary_symbols:
             findings.append(
@@ -143,6 +146,10 @@ def verify(
             "build the missing arch: check the -gencode flags the build passed "
             "(TORCH_CUDA_ARCH_LIST, FLASH_ATTN_CUDA_ARCHS, CMAKE_CUDA_ARCHITECTURES) against the target's archs, and rebuild"
         )
+    if "kernel-over-limit" in codes:
+        fixes.append("size the kernel's tiles for the arch it was built for (shared memory per block, registers per block), or stop building it for that arch")
+    if "stub-sass" in codes:
+        fixes.append("compile the kernels' real bodies for that arch (check the __CUDA_ARCH__ guards and the FLASH_*_DISABLE_* knobs), or drop the arch")
     if "unresolved-device-link" in codes:
         fixes.append("link the device code: let nvcc link the library, add an `nvcc -dlink` step, or set CUDA_RESOLVE_DEVICE_SYMBOLS ON")
     if "bundled-excluded" in codes:
