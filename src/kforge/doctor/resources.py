@@ -208,7 +208,7 @@ def resource_findings(label: str, binary: str, kernels: Sequence[KernelResources
                 Finding(
                     "error",
                     "kernel-over-limit",
-                    f"{label}: {binary}: kernel {k.name} for {k.arch} {what}; it cannot launch on a {lim.name} GPU "
+                    f"{label}: {binary}: kernel {k.name} for {k.arch} {what}; it cannot launch on an {lim.name} GPU "
                     "('too many resources requested for launch' or 'invalid argument')",
                     binary=binary,
                     arch=k.arch,
