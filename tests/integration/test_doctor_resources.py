@@ -89,3 +89,30 @@ def test_real_small_kernels_pass_and_compressed_cubins_are_read(nvcc: str, work:
         assert {k.arch for k in report.kernels} == {"sm_80", "sm_90a"}, name
         assert all(k.name == "_Z7kf_axpyfPKfPfi" and k.registers for k in report.kernels)
         assert [f for f in check(report, expect_archs=["sm_80", "sm_90a"]) if f.is_error] == []
+
+
+def _res_usage(cuobjdump: str, binary: Path) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """``(kernel, arch) -> (REG, SHARED, STACK)`` as ``cuobjdump -res-usage`` prints them."""
+    out = B.run([cuobjdump, "-res-usage", str(binary)])
+    found: dict[tuple[str, str], tuple[int, int, int]] = {}
+    arch = ""
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("arch = "):
+            arch = line.split("=", 1)[1].strip()
+        elif line.strip().startswith("Function ") and i + 1 < len(lines):
+            name = line.strip()[len("Function "):].rstrip(":")
+            fields = dict(item.split(":", 1) for item in lines[i + 1].split() if ":" in item)
+            found[(name, arch)] = (int(fields["REG"]), int(fields["SHARED"]), int(fields["STACK"]))
+    return found
+
+
+def test_registers_shared_memory_and_stack_agree_with_cuobjdump(oversize_so: Path, nvcc: str, work: Path) -> None:
+    cuobjdump = B.find_cuobjdump()
+    if not cuobjdump:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump, or put it on PATH)")
+    multi = B.nvcc_shared(nvcc, work / "libmulti-res.so", B.MULTI_GENCODES)
+    for binary in (oversize_so, multi):
+        ours = {(k.name, k.arch): (k.registers, k.static_smem + k.reserved_smem, k.stack_bytes) for k in inspect_binary(binary).kernels}
+        theirs = _res_usage(cuobjdump, binary)
+        assert ours and ours == theirs, binary.name
