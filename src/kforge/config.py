@@ -28,6 +28,7 @@ else:  # pragma: no cover
 FORGE_FILE = "forge.toml"
 BACKENDS = ("native", "cibuildwheel", "cmake")
 VARIANT_RULES = ("declared", "flashinfer")
+ARCH_ENFORCE_MODES = ("on", "check", "off")  # kforge.nvccwrap.MODES
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class Project:
     compile_units: int | None
     profiles: Mapping[str, Profile]
     repair_exclude: tuple[str, ...]
+    arch_enforce: str = "on"  # on | check | off: kforge's nvcc wrapper enforces the plan's archs (kforge.archenforce)
 
 
 @dataclass(frozen=True)
@@ -352,7 +354,7 @@ def parse_forge(data: dict[str, Any], *, root: Path, path: Path) -> Forge:
 _PROJECT_KEYS = (
     "description", "source", "upstream_version", "build_dir", "archs", "default_arch", "platforms", "backend",
     "torch_abi", "build_isolation", "min_cuda", "variant_rule", "arch_knobs", "env", "local_version_env",
-    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude",
+    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude", "arch_enforce",
 )  # fmt: skip
 
 
@@ -423,6 +425,12 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
     variant_rule = t.get("variant_rule", str, "declared")
     if variant_rule not in VARIANT_RULES:
         raise t.error(t.key("variant_rule"), f"must be one of {', '.join(VARIANT_RULES)}{did_you_mean(variant_rule, VARIANT_RULES)}")
+
+    arch_enforce = t.get("arch_enforce", str, "on")
+    if arch_enforce not in ARCH_ENFORCE_MODES:
+        raise t.error(t.key("arch_enforce"), f"must be one of {', '.join(ARCH_ENFORCE_MODES)}"
+                      f"{did_you_mean(arch_enforce, ARCH_ENFORCE_MODES)}",
+                      fix="on rewrites the build's arch flags to the plan's, check only reports them, off leaves them")
 
     knobs: list[ArchKnob] = []
     for i, raw in enumerate(t.get("arch_knobs", list, [])):
@@ -503,6 +511,7 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
         compile_units=units,
         profiles=MappingProxyType(profiles),
         repair_exclude=t.str_list("repair_exclude", ()),
+        arch_enforce=arch_enforce,
     )
 
 

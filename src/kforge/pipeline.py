@@ -19,7 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from kforge import doctor, jobs, patches, repair, report, sources, toolchain, wheelhouse
+from kforge import archenforce, doctor, jobs, patches, repair, report, sources, toolchain, wheelhouse
 from kforge.backends import BuildRequest, BuildResult, get_backend
 from kforge.config import Forge
 from kforge.errors import BuildError, DoctorError, ToolchainError
@@ -64,6 +64,22 @@ def _toolchain_env(plan: Plan, environ: Mapping[str, str], cache_dir: Path, log:
     env.update(nvcc.env())
     env["PATH"] = str(nvcc.home / "bin") + (":" + env["PATH"] if env.get("PATH") else "")
     return env, nvcc
+
+
+def _install_enforcement(plan: Plan, env: dict[str, str], nvcc: toolchain.Nvcc, cache: toolchain.CacheSetup | None,
+                         work: Path, tree: Path, log: StepLog) -> archenforce.WrapperSetup | None:
+    """Route every nvcc call of the build through kforge's wrapper (kforge.archenforce), unless the plan says off."""
+    enforce = plan.enforce
+    if enforce is None or enforce.mode == "off" or os.name != "posix" or plan.backend == "cibuildwheel":
+        return None
+    setup = archenforce.install(enforce, nvcc=nvcc.path, cuda_home=nvcc.home, dest=work / "nvcc-wrap",
+                                launcher=cache.path if cache is not None else None,
+                                short_deps=cache is not None and cache.tool == "ccache", env=env)
+    env.update(setup.env)
+    found = archenforce.scan_build_scripts(tree / plan.build_dir)
+    log.info(f"arch enforcement {enforce.mode}: every nvcc step gets {enforce.contents()}"
+             + (f"; the build scripts write their own arch flags ({len(found)} line(s), e.g. {found[0]})" if found else ""))
+    return setup
 
 
 def _isolate_git(env: dict[str, str], work: Path) -> None:
@@ -146,6 +162,7 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
         if cache is not None:
             env.update(cache.env)
             log.info(f"compiler cache: {cache.tool} ({cache.path})")
+        wrapper = _install_enforcement(plan, env, nvcc, cache, work, prepared.tree, log)
 
     with log.step("build", f"{plan.backend}, MAX_JOBS={plan.jobs.max_jobs} NVCC_THREADS={plan.jobs.nvcc_threads}"):
         request = BuildRequest(
@@ -169,13 +186,22 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
         entries = [e for path in result.ninja_logs for e in report.parse_ninja_log(path)]
         peaks = {u.output: u.peak_rss for u in result.units}
         build_report = report.build_report(entries, peaks, title=plan.id)
-        report_json, timeline = report.write_report(build_report, work / "report")
+        sections = {}
+        if wrapper is not None and plan.enforce is not None:
+            summary = archenforce.summarize(wrapper.log, plan.enforce.mode)
+            for line in summary.lines():
+                log.info(line)
+            sections["arch_enforcement"] = summary.to_dict()
+        report_json, timeline = report.write_report(build_report, work / "report", sections=sections)
         log.info(f"{len(build_report.units)} compile units; timeline {timeline}")
 
     # torch extensions link the CUDA runtime shared (torch's own): never bundle it; ours link it statically.
     policy = repair.default_policy(project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
                                    extra=project.repair_exclude)
     expect = [a.sm for a in plan.archs]
+    # What the doctor holds binaries to: exactly the plan's SASS and PTX where it enforces archs.
+    exact = plan.enforce is not None and plan.enforce.exact
+    expect_doctor = [*plan.enforce.sass, *plan.enforce.ptx] if exact and plan.enforce else list(plan.archs)
     if result.kind != "wheel":  # the cmake backend: a standalone C library, verified but not a wheel to index
         with log.step("doctor", "expects " + " ".join(expect)):
             binaries = sorted(p for p in (work / "build" / "prefix").glob("**/*") if not p.is_symlink() and (p.suffix in (".so", ".dll")
@@ -183,7 +209,7 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
             if not binaries:
                 raise DoctorError(f"the {plan.backend} build installed no shared library", fix="check the project's install() rules")
             for binary in binaries:
-                for finding in doctor.verify(doctor.inspect_binary(binary), plan.archs, policy):
+                for finding in doctor.verify(doctor.inspect_binary(binary), expect_doctor, policy, exact=exact):
                     log.info(str(finding))
                 log.info(f"{binary.name}: has {', '.join(expect)}")
         log.info(f"C library archive: {result.artifact} (the wheelhouse indexes wheels only; --backend native for one)")
@@ -208,10 +234,10 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
             repaired.append((fixed.wheel, fixed.tag))
 
     checked: list[tuple[Path, str, doctor.WheelReport, list]] = []
-    with log.step("doctor", "expects " + " ".join(expect)):
+    with log.step("doctor", ("exactly " if exact else "expects ") + " ".join(map(str, expect_doctor))):
         for wheel, tag in repaired:
             wheel_report = doctor.inspect_wheel(wheel)
-            findings = doctor.verify(wheel_report, plan.archs, policy)
+            findings = doctor.verify(wheel_report, expect_doctor, policy, exact=exact)
             for finding in findings:
                 log.info(str(finding))
             checked.append((wheel, tag, wheel_report, findings))

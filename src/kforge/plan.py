@@ -29,6 +29,7 @@ from kforge.arch import (
     render_torch_arch_list,
     require_supported,
 )
+from kforge.archenforce import ArchEnforcement, plan_enforcement
 from kforge.config import BACKENDS, ArchKnob, Forge, GpuTests, Project, normalise_env_value
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.host import HostFacts
@@ -125,6 +126,7 @@ class Plan:
     local_version: str | None
     platform_os: str
     gpu_tests: GpuTests | None
+    enforce: ArchEnforcement | None = None  # kforge.archenforce: the archs the nvcc wrapper enforces
 
     @property
     def id(self) -> str:
@@ -157,6 +159,7 @@ class Plan:
             },
             "local_version": self.local_version,
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
+            "arch_enforce": self.enforce.to_dict() if self.enforce else None,
         }
 
     def to_json(self) -> str:
@@ -332,6 +335,7 @@ def make_plan(
     series = load_series(project.patches)
     selected = series.select(ctx)
     kind, pin = _source(project)
+    nvcc_flags = render_gencode(archs)
     return Plan(
         target=target,
         project=project,
@@ -344,7 +348,7 @@ def make_plan(
         series_hash=series_hash(series, ctx) if selected else None,
         archs=archs,
         env=MappingProxyType(dict(sorted(env.items()))),
-        nvcc_flags=render_gencode(archs),
+        nvcc_flags=nvcc_flags,
         backend=backend,
         build_dir=project.build_dir,
         build_isolation=project.build_isolation and options.build_isolation is not False,
@@ -362,4 +366,20 @@ def make_plan(
         local_version=local_version,
         platform_os=platform.os,
         gpu_tests=project.gpu_tests,
+        enforce=_enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads),
     )
+
+
+def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str, flags: tuple[str, ...],
+                 threads: int) -> ArchEnforcement:
+    """Arch enforcement (kforge.archenforce), with the build scripts scanned where the source is on disk."""
+    src = project.source
+    tree, note = None, ""
+    if isinstance(src, (GitSource, LocalSource)):
+        tree = forge.root / src.path / project.build_dir
+    elif project.git is not None:  # an sdist build: the same upstream's submodule, if checked out, tells
+        tree = forge.root / project.git.path / project.build_dir
+    else:
+        note = "the sdist is scanned when fetched: the build log lists what the wrapper rewrote"
+    return plan_enforcement(project.arch_enforce, flags, threads, backend=backend, platform_os=platform_os,
+                            scripts_dir=tree, scan_note=note)

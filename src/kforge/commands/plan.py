@@ -35,6 +35,12 @@ def render(plan: Plan) -> str:
         f"  jobs        MAX_JOBS={plan.jobs.max_jobs} NVCC_THREADS={plan.jobs.nvcc_threads}: {plan.jobs.reason}",
         f"  version     +{plan.local_version}" if plan.local_version else "  version     no local label",
         "  nvcc flags  " + " ".join(plan.nvcc_flags),
+    ]
+    if plan.enforce is not None:
+        held = "every CUDA binary holds exactly" if plan.enforce.exact else "every CUDA binary holds at least"
+        lines += [f"  binaries    {held} {plan.enforce.contents()} (the doctor checks it)",
+                  f"  enforce     {plan.enforce.describe()}"]
+    lines += [
         "  env",
     ]
     lines += [f"    {key}={value}" for key, value in plan.env.items()]

@@ -1,0 +1,75 @@
+"""What a wheel is judged against (repair policy, expected archs, exact or not), and where that comes from.
+
+A build records its judgement in the wheel's manifest (``doctor.judged_by``), so ``kforge doctor``
+run later on the published wheel judges it the way the build did: the same repair policy (a torch
+extension's ``libcudart.so.13`` comes from torch, not the wheel), the same archs, exact or not.
+Older manifests without it still name the project and the torch the wheel was built against.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kforge.errors import DoctorError
+from kforge.repair import RepairPolicy, default_policy
+
+
+@dataclass(frozen=True)
+class Judgement:
+    project: str
+    torch: bool  # torch's libraries come from the user's torch
+    cudart_shared: bool  # the CUDA runtime is linked shared (it comes from torch / the system)
+    extra_exclude: tuple[str, ...] = ()  # forge.toml's repair_exclude
+    expect: tuple[str, ...] = ()  # sm_90, compute_90, ...
+    exact: bool = False
+    source: str = ""  # where it came from, for the report ("manifest <path>", "forge.toml", "flags")
+
+    @property
+    def policy(self) -> RepairPolicy:
+        return default_policy(self.project, torch=self.torch, cudart_shared=self.cudart_shared,
+                              extra=self.extra_exclude)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"project": self.project, "torch": self.torch, "cudart_shared": self.cudart_shared,
+                "extra_exclude": list(self.extra_exclude), "expect": list(self.expect), "exact": self.exact}
+
+    @classmethod
+    def from_manifest(cls, data: Mapping[str, Any], source: str) -> Judgement:
+        judged = (data.get("doctor") or {}).get("judged_by")
+        if isinstance(judged, Mapping):
+            return cls(project=str(judged.get("project") or data.get("project") or "default"),
+                       torch=bool(judged.get("torch")), cudart_shared=bool(judged.get("cudart_shared")),
+                       extra_exclude=tuple(judged.get("extra_exclude") or ()), expect=tuple(judged.get("expect") or ()),
+                       exact=bool(judged.get("exact")), source=source)
+        torch = (data.get("toolchain") or {}).get("torch") is not None  # older manifests: built against torch or not
+        return cls(project=str(data.get("project") or "default"), torch=torch, cudart_shared=torch,
+                   expect=tuple(data.get("archs") or ()), exact=False, source=source)
+
+
+def manifest_for(wheel: Path) -> Path | None:
+    """The wheelhouse manifest published next to ``wheel`` (``<wheel>.manifest.json``), if any."""
+    path = Path(str(wheel) + ".manifest.json")
+    return path if path.is_file() else None
+
+
+def from_manifest_file(path: Path) -> Judgement:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise DoctorError(f"cannot read the wheel's manifest {path}", why=str(exc),
+                          fix="republish the wheel with kforge, or pass --policy/--expect-arch yourself") from exc
+    if not isinstance(data, Mapping):
+        raise DoctorError(f"{path} is not a kforge manifest", why="it holds no JSON object",
+                          fix="republish the wheel with kforge, or pass --policy/--expect-arch yourself")
+    return Judgement.from_manifest(data, f"manifest {Path(path).name}")
+
+
+def with_overrides(base: Judgement, *, expect: Sequence[str] = (), exact: bool | None = None) -> Judgement:
+    """Flags given on the command line win over the manifest's."""
+    return Judgement(project=base.project, torch=base.torch, cudart_shared=base.cudart_shared,
+                     extra_exclude=base.extra_exclude, expect=tuple(expect) or base.expect,
+                     exact=base.exact if exact is None else exact, source=base.source)
