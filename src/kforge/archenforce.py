@@ -34,9 +34,11 @@ SCRIPT_NAMES = ("setup.py", "CMakeLists.txt", "build.py", "pyproject.toml", "mes
 SKIP_DIRS = frozenset({"third_party", "3rdparty", "cutlass", "external", "externals", "tests", "test", "docs",
                        "examples", "benchmarks", "build", "dist", ".git", "node_modules"})
 _HARDCODED = re.compile(
-    r"(['\"]-gencode|-gencode[= ]+['\"]?arch=|--generate-code[= ]|arch=compute_\d|--gpu-architecture|-arch[= ]+['\"]?(?:sm|compute)_\d"
-    r"|CMAKE_CUDA_ARCHITECTURES\s+['\"]?\d|CUDA_ARCHITECTURES\s+['\"]?\d|--threads|['\"]-t['\"])"
+    r"""(['"](-gencode|--generate-code|-arch|--gpu-architecture|-code|--gpu-code|--threads|-t)\b"""
+    r"""|-gencode[= ]+['"]?arch=|arch=compute_\d)"""
 )
+#: In CMake files: an architecture list set in the file itself.
+_HARDCODED_CMAKE = re.compile(r"""CUDA_ARCHITECTURES\s+['"]?\d""")
 
 #: A CMake cache default (``set(CMAKE_CUDA_ARCHITECTURES 90a CACHE STRING ...)``) yields to the plan's -D: not a hard-code.
 _DEFAULT_ONLY = re.compile(r"\bCACHE\s+(STRING|INTERNAL)\b")
@@ -79,10 +81,11 @@ class ArchEnforcement:
 
     def describe(self) -> str:
         """One line for ``kforge plan``."""
+        why = f" ({self.reason})" if self.reason else ""
         if self.mode == "off":
-            return f"off ({self.reason}): the upstream's own flags decide; the doctor checks that no arch is missing"
+            return f"off{why}: the upstream's own flags decide; the doctor checks that no arch is missing"
         will = "rewrites" if self.mode == "on" else "only reports (check mode)"
-        head = f"{self.mode} ({self.reason}): kforge's nvcc wrapper {will} other arch flags"
+        head = f"{self.mode}{why}: kforge's nvcc wrapper {will} other arch flags"
         if self.threads is not None:
             head += f" and --threads (to {self.threads})"
         if self.hardcoded:
@@ -109,7 +112,7 @@ def plan_enforcement(mode: str, flags: Sequence[str], threads: int | None, *, ba
     """
     if mode not in MODES:
         raise ValueError(mode)
-    reason = "forge.toml" if mode != "on" else "default"
+    reason = "forge.toml" if mode != "on" else ""
     if mode == "on" and backend == "cibuildwheel":
         mode, reason = "check", "the cibuildwheel backend builds in a container the wrapper does not reach"
     elif mode == "on" and platform_os == "windows":
@@ -137,7 +140,8 @@ def scan_build_scripts(tree: Path, *, depth: int = 2, limit: int = 8) -> tuple[s
             continue
         for n, line in enumerate(lines, 1):
             code = line.split("#", 1)[0] if path.suffix in (".py", ".toml", ".txt", ".cmake", ".build") else line
-            if _HARDCODED.search(code) and not _DEFAULT_ONLY.search(code):
+            cmake = path.name == "CMakeLists.txt" or path.suffix == ".cmake"
+            if (_HARDCODED.search(code) or (cmake and _HARDCODED_CMAKE.search(code))) and not _DEFAULT_ONLY.search(code):
                 text = " ".join(code.split())
                 found.append(f"{path.relative_to(tree).as_posix()}:{n}: {text[:90]}")
                 if len(found) >= limit:

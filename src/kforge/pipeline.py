@@ -22,6 +22,7 @@ from filelock import FileLock
 from kforge import archenforce, doctor, jobs, patches, repair, report, sources, toolchain, wheelhouse
 from kforge.backends import BuildRequest, BuildResult, get_backend
 from kforge.config import Forge
+from kforge.doctor.judgement import Judgement
 from kforge.errors import BuildError, DoctorError, ToolchainError
 from kforge.host import HostFacts
 from kforge.log import StepLog
@@ -196,12 +197,14 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
         log.info(f"{len(build_report.units)} compile units; timeline {timeline}")
 
     # torch extensions link the CUDA runtime shared (torch's own): never bundle it; ours link it statically.
-    policy = repair.default_policy(project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
-                                   extra=project.repair_exclude)
     expect = [a.sm for a in plan.archs]
-    # What the doctor holds binaries to: exactly the plan's SASS and PTX where it enforces archs.
+    # What the doctor holds binaries to (exactly the plan's SASS and PTX where it enforces archs); the
+    # manifest records it, so `kforge doctor` on the published wheel judges it the same way.
     exact = plan.enforce is not None and plan.enforce.exact
     expect_doctor = [*plan.enforce.sass, *plan.enforce.ptx] if exact and plan.enforce else list(plan.archs)
+    judged = Judgement(project=project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
+                       extra_exclude=project.repair_exclude, expect=tuple(str(a) for a in expect_doctor), exact=exact)
+    policy = judged.policy
     if result.kind != "wheel":  # the cmake backend: a standalone C library, verified but not a wheel to index
         with log.step("doctor", "expects " + " ".join(expect)):
             binaries = sorted(p for p in (work / "build" / "prefix").glob("**/*") if not p.is_symlink() and (p.suffix in (".so", ".dll")
@@ -268,7 +271,7 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
                 build_seconds=round(result.seconds, 1),
                 peak_rss=result.peak_rss,
                 repaired_tag=tag,
-                doctor=doctor.to_dict(wheel_report, findings),
+                doctor={**doctor.to_dict(wheel_report, findings), "judged_by": judged.to_dict()},
             )
             # A rebuild of the same version replaces the older wheel (atomically, with its manifest).
             done = wheelhouse.publish(wheelhouse_root, project.name, wheel, manifest, replace=True,
