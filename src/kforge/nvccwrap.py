@@ -5,12 +5,14 @@ or CMake's ``CMAKE_CUDA_COMPILER``; :mod:`kforge.archenforce` points all of them
 script that runs ``python -I <boot> <config> "$@"``, which lands in :func:`main` here.
 :func:`rewrite` is the pure part: it reads one nvcc command line and returns the one to run.
 
+* ``--threads``/``-t`` becomes the build's ``NVCC_THREADS`` (kforge's job choice, halved by an OOM
+  retry), else the plan's thread count.
 * Device steps (compiling ``.cu``, and nvcc-driven links, which embed a registration stub
   built for the link's archs: ``sm_75``, nvcc 13.0's default, when none is given) lose every
   ``-gencode``/``--generate-code``/``-arch``/``--gpu-architecture``/``-code``/``--gpu-code``
   in every spelling and get the plan's ``-gencode`` flags instead: those of the plan's archs
   the step asked for (so an upstream's per-file arch split survives), or all of them when it
-  asked for none of the plan's archs. ``--threads``/``-t`` becomes the plan's thread count.
+  asked for none of the plan's archs.
 * ``NVCC_PREPEND_FLAGS``/``NVCC_APPEND_FLAGS`` (read by nvcc itself) are folded into the
   command line first, so flags hidden there are enforced too.
 * Host-only steps pass untouched: ``-E``, ``-M``/``-MM``, ``--version``, ``--list-gpu-*``,
@@ -30,7 +32,7 @@ import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 MODES = ("on", "check", "off")
 
@@ -379,8 +381,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     config = Config.from_json(args[0])
     nvcc_args = args[1:]
     if config.policy.mode != "off":
+        # The build's NVCC_THREADS is the job choice of the moment (an OOM retry halves it; --env sets it).
+        raw = env.get("NVCC_THREADS", "").strip()
+        policy = replace(config.policy, threads=int(raw)) if raw.isdigit() and int(raw) > 0 else config.policy
         folded = fold_env_flags(nvcc_args, env)
-        result = rewrite(folded, config.policy)
+        result = rewrite(folded, policy)
         if config.policy.mode == "on" and result.device:
             nvcc_args = list(result.argv)
             env.pop("NVCC_PREPEND_FLAGS", None)

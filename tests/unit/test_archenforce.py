@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from kforge.archenforce import install, plan_enforcement, scan_build_scripts, summarize
+from kforge.config import load_forge
+from kforge.errors import ConfigError
+from kforge.host import HostFacts
+from kforge.jobs import JobProfile
 from kforge.nvccwrap import Config
+from kforge.plan import make_plan
+from kforge.targets import parse_target
 
 FLAGS = ("-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90")
 
@@ -97,3 +103,36 @@ def test_wrapper_startup_is_small(tmp_path: Path) -> None:
                           "import kforge.nvccwrap"], capture_output=True, text=True, check=True)
     assert "kforge.nvccwrap" in out.stderr
     assert "kforge.arch\n" not in out.stderr and "packaging" not in out.stderr and "rich" not in out.stderr
+
+
+FORGE = """\
+[platforms.linux-x86_64]
+alias = "linux"
+os = "linux"
+machine = "x86_64"
+
+[projects.up]
+source = {{ local = "up" }}
+archs = ["sm_80", "sm_90"]
+platforms = ["linux-x86_64"]
+{extra}
+"""
+
+
+def test_forge_toml_key_and_the_plan_field(tmp_path: Path) -> None:
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "CMakeLists.txt").write_text("set(CMAKE_CUDA_ARCHITECTURES 75 80 90)\n")
+    (tmp_path / "forge.toml").write_text(FORGE.format(extra='arch_enforce = "chek"'))
+    with pytest.raises(ConfigError, match="did you mean 'check'"):
+        load_forge(tmp_path)
+    (tmp_path / "forge.toml").write_text(FORGE.format(extra=""))
+    forge = load_forge(tmp_path)
+    assert forge.project("up").arch_enforce == "on"
+    host = HostFacts(platform="linux-x86_64", cpus=2, mem_available=8 << 30, mem_total=8 << 30, python="3.11")
+    profile = JobProfile(project="up", arch_count=1, peak_rss_per_unit=1 << 30, unit_seconds=10.0,
+                         unit_seconds_max=10.0, samples=1, source="test")
+    plan = make_plan(forge, parse_target(forge, "up-sm90", "linux-x86_64"), host, job_profile=profile)
+    assert plan.enforce is not None and plan.enforce.mode == "on"
+    assert plan.enforce.sass == ("sm_90",) and plan.enforce.ptx == ("compute_90",)
+    assert plan.enforce.hardcoded == ("CMakeLists.txt:1: set(CMAKE_CUDA_ARCHITECTURES 75 80 90)",)
+    assert plan.to_dict()["arch_enforce"]["sass"] == ["sm_90"]

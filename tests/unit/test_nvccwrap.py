@@ -147,3 +147,6 @@ def test_main_rewrites_logs_and_execs(tmp_path: Path, monkeypatch: pytest.Monkey
     assert main([config.to_json(), "--version"], {}) == 0
     assert ran[-1][1] == ["/usr/bin/ccache", "/cuda/bin/nvcc", "--version"] and len(log.read_text().splitlines()) == 1
     assert main([], {}) == 2
+    # the build's NVCC_THREADS (an OOM retry halves it) wins over the plan's count
+    assert main([config.to_json(), "-c", "k.cu", "-t", "8"], {"NVCC_THREADS": "1"}) == 0
+    assert ran[-1][1][-2:] == ["--threads", "1"]
