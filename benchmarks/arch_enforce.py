@@ -7,7 +7,9 @@ compiler cache: once with ``arch_enforce = "on"`` (kforge's nvcc wrapper rewrite
 sm_90 + compute_90) and once with ``"off"`` (the upstream's three archs). The order alternates
 between rounds so that neither mode always runs on a warmer machine. Reported per mode: the build
 step's wall time (kforge's own measurement of ``pip wheel``), the whole ``kforge build`` wall time,
-and the archs the published wheel holds::
+the CPU time (user + sys) of every process the build ran (less sensitive than wall time to other work
+on a shared machine; the 1-minute load average after each build is recorded too), and the archs the
+published wheel holds::
 
     PYTHONPATH=src python3 benchmarks/arch_enforce.py --rounds 3 [--out results.json]
 
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -41,10 +44,13 @@ def build_once(mode: str, base: Path, env: dict[str, str]) -> dict[str, object]:
     root = make_mono(base / f"mono-{mode}", mode=mode)
     shutil.rmtree(root / ".kforge", ignore_errors=True)
     shutil.rmtree(root / "wh", ignore_errors=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "kforge.cli", "build", "gencode-sm90", "--wheelhouse", str(root / "wh"),
                           "--no-progress"], cwd=root, env=env, capture_output=True, text=True, timeout=1800, check=False)
     total = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if out.returncode != 0:
         raise SystemExit(f"kforge build ({mode}) failed with exit code {out.returncode}:\n{out.stderr[-3000:]}")
     step = _STEP.search(out.stderr)
@@ -52,7 +58,8 @@ def build_once(mode: str, base: Path, env: dict[str, str]) -> dict[str, object]:
     manifest = json.loads(Path(str(wheel) + ".manifest.json").read_text())
     codes = sorted({name for b in manifest["doctor"]["binaries"] for name in (*b["sass_archs"], *b["ptx_archs"])})
     return {"mode": mode, "build_step_s": float(step.group(1)) if step else None, "kforge_build_s": round(total, 1),
-            "codes": codes, "wheel_bytes": wheel.stat().st_size}
+            "cpu_s": round(cpu, 1), "load_1min": round(os.getloadavg()[0], 1), "codes": codes,
+            "wheel_bytes": wheel.stat().st_size}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,15 +87,17 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for r in runs if r["mode"] == mode]
         steps = [float(r["build_step_s"]) for r in mine if r["build_step_s"] is not None]  # type: ignore[arg-type]
         totals = [float(r["kforge_build_s"]) for r in mine]  # type: ignore[arg-type]
+        cpu = [float(r["cpu_s"]) for r in mine]  # type: ignore[arg-type]
         summary[mode] = {"build_step_median_s": statistics.median(steps) if steps else None,
-                         "kforge_build_median_s": statistics.median(totals), "codes": mine[0]["codes"],
-                         "wheel_bytes": mine[0]["wheel_bytes"]}
+                         "kforge_build_median_s": statistics.median(totals), "cpu_median_s": statistics.median(cpu),
+                         "codes": mine[0]["codes"], "wheel_bytes": mine[0]["wheel_bytes"]}
     data = {"cpus": os.cpu_count(), "rounds": args.rounds, "runs": runs, "summary": summary}
     if args.out:
         args.out.write_text(json.dumps(data, indent=2) + "\n")
     for mode, s in summary.items():
         print(f"arch_enforce={mode}: build step median {s['build_step_median_s']} s, kforge build median "
-              f"{s['kforge_build_median_s']} s, wheel holds {' '.join(s['codes'])} ({s['wheel_bytes']} bytes)")
+              f"{s['kforge_build_median_s']} s, CPU (user+sys of every process) median {s['cpu_median_s']} s, "
+              f"wheel holds {' '.join(s['codes'])} ({s['wheel_bytes']} bytes)")
     return 0
 
 
