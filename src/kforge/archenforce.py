@@ -69,14 +69,21 @@ class ArchEnforcement:
 
     @property
     def exact(self) -> bool:
-        """The doctor holds the binaries to exactly :attr:`sass` and :attr:`ptx`."""
+        """The doctor holds the binaries to exactly :attr:`sass` (and :attr:`ptx`, see :attr:`exact_ptx`)."""
         return self.mode in ("on", "check")
+
+    @property
+    def exact_ptx(self) -> bool:
+        """PTX is judged too only where the wrapper rewrites: whether an upstream embeds PTX is its own packaging
+        choice (FA2 embeds none, CMake's ``90`` embeds it), which only the wrapper can bring in line with the plan."""
+        return self.mode == "on"
 
     def contents(self) -> str:
         """``SASS sm_90, PTX compute_90``: what every CUDA binary of the wheel will hold."""
         parts = [f"SASS {' '.join(self.sass)}" if self.sass else "no SASS"]
         if self.ptx:
-            parts.append(f"PTX {' '.join(self.ptx)}")
+            parts.append(f"PTX {' '.join(self.ptx)}" + ("" if self.exact_ptx or not self.exact else
+                                                        " if the upstream embeds PTX (not judged without the wrapper)"))
         return ", ".join(parts)
 
     def describe(self) -> str:
@@ -99,6 +106,7 @@ class ArchEnforcement:
 
     def to_dict(self) -> dict[str, object]:
         return {"mode": self.mode, "reason": self.reason, "sass": list(self.sass), "ptx": list(self.ptx),
+                "exact": self.exact, "exact_ptx": self.exact_ptx,
                 "threads": self.threads, "hardcoded": list(self.hardcoded), "scanned": self.scanned}
 
 

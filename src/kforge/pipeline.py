@@ -201,9 +201,13 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
     # What the doctor holds binaries to (exactly the plan's SASS and PTX where it enforces archs); the
     # manifest records it, so `kforge doctor` on the published wheel judges it the same way.
     exact = plan.enforce is not None and plan.enforce.exact
-    expect_doctor = [*plan.enforce.sass, *plan.enforce.ptx] if exact and plan.enforce else list(plan.archs)
+    exact_ptx = plan.enforce is not None and plan.enforce.exact_ptx
+    expect_doctor: list[object] = list(plan.archs)
+    if exact and plan.enforce is not None:
+        expect_doctor = [*plan.enforce.sass, *(plan.enforce.ptx if exact_ptx else ())]
     judged = Judgement(project=project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
-                       extra_exclude=project.repair_exclude, expect=tuple(str(a) for a in expect_doctor), exact=exact)
+                       extra_exclude=project.repair_exclude, expect=tuple(str(a) for a in expect_doctor), exact=exact,
+                       exact_ptx=exact_ptx)
     policy = judged.policy
     if result.kind != "wheel":  # the cmake backend: a standalone C library, verified but not a wheel to index
         with log.step("doctor", "expects " + " ".join(expect)):
@@ -212,7 +216,8 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
             if not binaries:
                 raise DoctorError(f"the {plan.backend} build installed no shared library", fix="check the project's install() rules")
             for binary in binaries:
-                for finding in doctor.verify(doctor.inspect_binary(binary), expect_doctor, policy, exact=exact):
+                for finding in doctor.verify(doctor.inspect_binary(binary), expect_doctor, policy, exact=exact,
+                                               exact_ptx=exact_ptx):
                     log.info(str(finding))
                 log.info(f"{binary.name}: has {', '.join(expect)}")
         log.info(f"C library archive: {result.artifact} (the wheelhouse indexes wheels only; --backend native for one)")
@@ -240,7 +245,7 @@ def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: 
     with log.step("doctor", ("exactly " if exact else "expects ") + " ".join(map(str, expect_doctor))):
         for wheel, tag in repaired:
             wheel_report = doctor.inspect_wheel(wheel)
-            findings = doctor.verify(wheel_report, expect_doctor, policy, exact=exact)
+            findings = doctor.verify(wheel_report, expect_doctor, policy, exact=exact, exact_ptx=exact_ptx)
             for finding in findings:
                 log.info(str(finding))
             checked.append((wheel, tag, wheel_report, findings))

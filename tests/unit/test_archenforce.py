@@ -45,7 +45,7 @@ def test_scan_finds_hard_coded_flags_not_docs_or_cache_defaults(tmp_path: Path) 
 def test_plan_enforcement_modes_and_contents(tmp_path: Path) -> None:
     (tmp_path / "setup.py").write_text('f = ["-gencode", "arch=compute_75,code=sm_75"]\n')
     on = plan_enforcement("on", FLAGS, 2, backend="native", platform_os="linux", scripts_dir=tmp_path)
-    assert on.exact and on.sass == ("sm_90",) and on.ptx == ("compute_90",)
+    assert on.exact and on.exact_ptx and on.sass == ("sm_90",) and on.ptx == ("compute_90",)
     assert on.contents() == "SASS sm_90, PTX compute_90"
     assert "will rewrite where they differ: setup.py:1" in on.describe() and "--threads (to 2)" in on.describe()
     off = plan_enforcement("off", FLAGS, 2, backend="native", platform_os="linux", scripts_dir=tmp_path)
@@ -53,7 +53,8 @@ def test_plan_enforcement_modes_and_contents(tmp_path: Path) -> None:
     # a container build or Windows cannot run the POSIX wrapper: held to check (the doctor stays exact)
     for backend, os_name in (("cibuildwheel", "linux"), ("native", "windows")):
         e = plan_enforcement("on", FLAGS, 2, backend=backend, platform_os=os_name, scripts_dir=None)
-        assert e.mode == "check" and e.exact and e.reason
+        assert e.mode == "check" and e.exact and not e.exact_ptx and e.reason
+        assert "PTX compute_90 if the upstream embeds PTX" in e.contents()
     missing = plan_enforcement("on", FLAGS, 2, backend="native", platform_os="linux", scripts_dir=tmp_path / "none")
     assert "not checked out" in missing.scanned
 

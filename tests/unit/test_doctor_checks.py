@@ -209,3 +209,10 @@ def test_exact_mode_flags_extra_ptx_and_skips_vendored_libraries() -> None:
                 binary("sm_80", path="pkg.libs/libother.so"))
     found = [(f.code, f.arch) for f in check(rep, expect_archs=["sm_90", "compute_90"], exact=True)]
     assert found == [("extra-ptx", "compute_80")]
+
+
+def test_exact_sass_only_leaves_ptx_to_the_upstream() -> None:
+    rep = binary("sm_75", "sm_90", "compute_75", path="pkg/_a.so")
+    found = [(f.code, f.arch) for f in check(rep, expect_archs=["sm_90", "compute_90"], exact=True, exact_ptx=False)]
+    assert found == [("extra-arch", "sm_75")]  # no missing-ptx compute_90, no extra-ptx compute_75
+    assert check(binary("sm_90"), expect_archs=["sm_90", "compute_90"], exact=True, exact_ptx=False) == []

@@ -76,7 +76,8 @@ def handler(args: argparse.Namespace) -> int:
                               why=f"neither --expect-arch nor a manifest names them for {Path(report.path).name}",
                               fix="pass --expect-arch, e.g. --expect-arch sm_90,compute_90 --exact")
         policy = None if args.policy == "none" else judged.policy
-        findings += check(report, expect_archs=list(judged.expect), policy=policy, exact=judged.exact)
+        findings += check(report, expect_archs=list(judged.expect), policy=policy, exact=judged.exact,
+                          exact_ptx=judged.exact_ptx)
         if judged.source and not args.json:
             sys.stderr.write(f"kforge doctor: {Path(report.path).name}: judged by its {judged.source} "
                              f"(policy {judged.project}, {'exactly ' if judged.exact else ''}"

@@ -21,7 +21,8 @@ CUDA device code, except libraries a repair tool vendored into ``*.libs/``):
 Exact mode (``exact=True``, what a build whose plan enforces archs uses, and ``kforge doctor
 --exact``) holds every judged binary to exactly the expected names: each expected SASS and PTX
 must be there by name (a compatible ``sm_90a`` does not stand in for ``sm_90``), and any other
-SASS or PTX is an error naming the binary and the arch (``extra-arch``, ``extra-ptx``).
+SASS or PTX is an error naming the binary and the arch (``extra-arch``, ``extra-ptx``). With
+``exact_ptx=False`` (a build whose wrapper only checks) PTX is left to the upstream.
 
 Relocatable device code (``__nv_relfatbin`` of an ``-rdc=true`` object that was never
 device-linked) does not count: the driver cannot load it.
@@ -55,8 +56,11 @@ def check(
     expect_archs: Sequence[object] = (),
     policy: RepairPolicy | None = None,
     exact: bool = False,
+    exact_ptx: bool = True,
 ) -> list[Finding]:
     """Every finding for ``report``: errors first, then warnings, then info.
+
+    ``exact_ptx=False`` (with ``exact``) holds SASS exactly and leaves PTX unjudged.
 
     ``policy`` None skips the library checks (bundled-but-excluded and unbundled NEEDED).
     """
@@ -78,7 +82,7 @@ def check(
         )
     for binary in judged:
         if exact:
-            findings.extend(_judge_exact(label, binary, wanted))
+            findings.extend(_judge_exact(label, binary, wanted, ptx=exact_ptx))
             continue
         for text, kind, arch in wanted:
             finding = _judge_arch(label, binary, text, kind, arch)
@@ -138,12 +142,13 @@ def verify(
     policy: RepairPolicy | None = None,
     *,
     exact: bool = False,
+    exact_ptx: bool = True,
 ) -> list[Finding]:
     """Like :func:`check`, but raise :class:`DoctorError` when there is any error finding.
 
     Returns the (non-error) findings when the report passes.
     """
-    findings = check(report, expect_archs=expect_archs, policy=policy, exact=exact)
+    findings = check(report, expect_archs=expect_archs, policy=policy, exact=exact, exact_ptx=exact_ptx)
     errors = [f for f in findings if f.is_error]
     if not errors:
         return findings
@@ -224,17 +229,20 @@ def _judge_arch(label: str, binary: BinaryReport, text: str, kind: str | None, w
     )
 
 
-def _judge_exact(label: str, binary: BinaryReport, wanted: Sequence[tuple[str, str | None, CudaArch]]) -> list[Finding]:
-    """Exact mode: the binary's SASS and PTX names are exactly the expected ones."""
+def _judge_exact(label: str, binary: BinaryReport, wanted: Sequence[tuple[str, str | None, CudaArch]], *,
+                 ptx: bool = True) -> list[Finding]:
+    """Exact mode: the binary's SASS names (and PTX names, with ``ptx``) are exactly the expected ones."""
     sass = {e.arch for e in binary.sass if not e.relocatable}
-    ptx = {e.arch for e in binary.ptx}
+    has_ptx = {e.arch for e in binary.ptx} if ptx else set()
+    if not ptx:
+        wanted = [w for w in wanted if w[1] != PTX]
     want_sass = {text for text, kind, _ in wanted if kind != PTX}
     want_ptx = {text for text, kind, _ in wanted if kind == PTX}
     has = _describe(binary)
     asked = ", ".join(t for t, _, _ in wanted)
     out = []
     for text, kind, _ in wanted:
-        if kind == PTX and text not in ptx:
+        if kind == PTX and text not in has_ptx:
             out.append(Finding("error", "missing-ptx", f"{label}: {binary.path} has no PTX for {text} ({has})",
                                binary=binary.path, arch=text))
         elif kind != PTX and text not in sass:
@@ -243,7 +251,7 @@ def _judge_exact(label: str, binary: BinaryReport, wanted: Sequence[tuple[str, s
     for name in sorted(sass - want_sass, key=lambda n: parse_arch(n)[1]):
         out.append(Finding("error", "extra-arch", f"{label}: {binary.path} carries SASS {name}, which the plan did not "
                            f"ask for (it asked for exactly {asked})", binary=binary.path, arch=name))
-    for name in sorted(ptx - want_ptx, key=lambda n: parse_arch(n)[1]):
+    for name in sorted(has_ptx - want_ptx, key=lambda n: parse_arch(n)[1]):
         out.append(Finding("error", "extra-ptx", f"{label}: {binary.path} carries PTX {name}, which the plan did not "
                            f"ask for (it asked for exactly {asked})", binary=binary.path, arch=name))
     return out

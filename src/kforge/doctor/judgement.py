@@ -26,6 +26,7 @@ class Judgement:
     extra_exclude: tuple[str, ...] = ()  # forge.toml's repair_exclude
     expect: tuple[str, ...] = ()  # sm_90, compute_90, ...
     exact: bool = False
+    exact_ptx: bool = True  # with exact: PTX judged too (kforge.archenforce: only where the wrapper rewrote)
     source: str = ""  # where it came from, for the report ("manifest <path>", "forge.toml", "flags")
 
     @property
@@ -35,7 +36,8 @@ class Judgement:
 
     def to_dict(self) -> dict[str, Any]:
         return {"project": self.project, "torch": self.torch, "cudart_shared": self.cudart_shared,
-                "extra_exclude": list(self.extra_exclude), "expect": list(self.expect), "exact": self.exact}
+                "extra_exclude": list(self.extra_exclude), "expect": list(self.expect), "exact": self.exact,
+                "exact_ptx": self.exact_ptx}
 
     @classmethod
     def from_manifest(cls, data: Mapping[str, Any], source: str) -> Judgement:
@@ -44,7 +46,7 @@ class Judgement:
             return cls(project=str(judged.get("project") or data.get("project") or "default"),
                        torch=bool(judged.get("torch")), cudart_shared=bool(judged.get("cudart_shared")),
                        extra_exclude=tuple(judged.get("extra_exclude") or ()), expect=tuple(judged.get("expect") or ()),
-                       exact=bool(judged.get("exact")), source=source)
+                       exact=bool(judged.get("exact")), exact_ptx=bool(judged.get("exact_ptx", True)), source=source)
         torch = (data.get("toolchain") or {}).get("torch") is not None  # older manifests: built against torch or not
         return cls(project=str(data.get("project") or "default"), torch=torch, cudart_shared=torch,
                    expect=tuple(data.get("archs") or ()), exact=False, source=source)
@@ -72,4 +74,5 @@ def with_overrides(base: Judgement, *, expect: Sequence[str] = (), exact: bool |
     """Flags given on the command line win over the manifest's."""
     return Judgement(project=base.project, torch=base.torch, cudart_shared=base.cudart_shared,
                      extra_exclude=base.extra_exclude, expect=tuple(expect) or base.expect,
-                     exact=base.exact if exact is None else exact, source=base.source)
+                     exact=base.exact if exact is None else exact,
+                     exact_ptx=True if exact or expect else base.exact_ptx, source=base.source)
