@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from kforge_testkit import write_forge_toml  # noqa: E402
+
 from kforge.archenforce import install, plan_enforcement, scan_build_scripts, summarize
 from kforge.config import load_forge
 from kforge.errors import ConfigError
-from kforge.host import HostFacts
+from kforge.host import HostFacts, Resources
 from kforge.jobs import JobProfile
 from kforge.nvccwrap import Config
 from kforge.plan import make_plan
@@ -106,12 +109,7 @@ def test_wrapper_startup_is_small(tmp_path: Path) -> None:
     assert "kforge.arch\n" not in out.stderr and "packaging" not in out.stderr and "rich" not in out.stderr
 
 
-FORGE = """\
-[platforms.linux-x86_64]
-alias = "linux"
-os = "linux"
-machine = "x86_64"
-
+PROJECT = """\
 [projects.up]
 source = {{ local = "up" }}
 archs = ["sm_80", "sm_90"]
@@ -123,13 +121,13 @@ platforms = ["linux-x86_64"]
 def test_forge_toml_key_and_the_plan_field(tmp_path: Path) -> None:
     (tmp_path / "up").mkdir()
     (tmp_path / "up" / "CMakeLists.txt").write_text("set(CMAKE_CUDA_ARCHITECTURES 75 80 90)\n")
-    (tmp_path / "forge.toml").write_text(FORGE.format(extra='arch_enforce = "chek"'))
+    write_forge_toml(tmp_path, PROJECT.format(extra='arch_enforce = "chek"'))
     with pytest.raises(ConfigError, match="did you mean 'check'"):
         load_forge(tmp_path)
-    (tmp_path / "forge.toml").write_text(FORGE.format(extra=""))
+    write_forge_toml(tmp_path, PROJECT.format(extra=""))
     forge = load_forge(tmp_path)
     assert forge.project("up").arch_enforce == "on"
-    host = HostFacts(platform="linux-x86_64", cpus=2, mem_available=8 << 30, mem_total=8 << 30, python="3.11")
+    host = HostFacts(platform="linux-x86_64", python="3.11", resources=Resources(2, 8 << 30, 8 << 30))
     profile = JobProfile(project="up", arch_count=1, peak_rss_per_unit=1 << 30, unit_seconds=10.0,
                          unit_seconds_max=10.0, samples=1, source="test")
     plan = make_plan(forge, parse_target(forge, "up-sm90", "linux-x86_64"), host, job_profile=profile)

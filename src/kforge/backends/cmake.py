@@ -19,6 +19,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from kforge.arch import render_cmake_architectures
 from kforge.backends import BuildRequest, BuildResult
 from kforge.backends._runner import (
     LAUNCHER_LANGS,
@@ -32,8 +33,9 @@ from kforge.backends._runner import (
     run_step,
     which,
 )
+from kforge.buildrun import Command
 from kforge.errors import BuildError, ToolchainError
-from kforge.jobs import Command, JobChoice
+from kforge.jobs import JobChoice
 
 
 class CmakeBackend:
@@ -43,8 +45,6 @@ class CmakeBackend:
         value = request.env.get("CMAKE_CUDA_ARCHITECTURES", "").strip()
         if value:
             return value
-        from kforge.arch import render_cmake_architectures
-
         return render_cmake_architectures(request.plan.archs)
 
     def configure_command(self, request: BuildRequest, cmake: str, build_dir: Path, prefix: Path,

@@ -17,6 +17,7 @@ from kforge.doctor.checks import expected
 from kforge.doctor.judgement import Judgement, from_manifest_file, manifest_for, with_overrides
 from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import DoctorError
+from kforge.repair import default_policy
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -80,7 +81,7 @@ def handler(args: argparse.Namespace) -> int:
                           exact_ptx=judged.exact_ptx)
         if judged.source and not args.json:
             sys.stderr.write(f"kforge doctor: {Path(report.path).name}: judged by its {judged.source} "
-                             f"(policy {judged.project}, {'exactly ' if judged.exact else ''}"
+                             f"(policy {judged.policy.name}, {'exactly ' if judged.exact else ''}"
                              f"{' '.join(judged.expect) or 'no archs'})\n")
     if args.json:
         sys.stdout.write(to_json(reports[0] if len(reports) == 1 else reports, findings) + "\n")
@@ -99,12 +100,11 @@ def _fallback(args: argparse.Namespace, expect: list[str]) -> Judgement:
     if args.project:
         forge = load_forge(Path(args.root) if getattr(args, "root", None) else None)
         project = forge.project(args.project)
-        return Judgement(project=project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
-                         extra_exclude=project.repair_exclude, expect=tuple(expect), exact=args.exact,
-                         source="forge.toml project")
-    torch = args.policy in (None, "torch")
-    return Judgement(project="default", torch=torch, cudart_shared=args.cudart_shared, expect=tuple(expect),
-                     exact=args.exact)
+        policy = default_policy(project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
+                                extra=project.repair_exclude)
+        return Judgement(policy=policy, expect=tuple(expect), exact=args.exact, source="forge.toml project")
+    policy = default_policy(torch=args.policy in (None, "torch"), cudart_shared=args.cudart_shared)
+    return Judgement(policy=policy, expect=tuple(expect), exact=args.exact)
 
 
 def _judgement(report: WheelReport | BinaryReport, path: Path, fallback: Judgement, args: argparse.Namespace,

@@ -20,36 +20,27 @@ from kforge.repair import RepairPolicy, default_policy
 
 @dataclass(frozen=True)
 class Judgement:
-    project: str
-    torch: bool  # torch's libraries come from the user's torch
-    cudart_shared: bool  # the CUDA runtime is linked shared (it comes from torch / the system)
-    extra_exclude: tuple[str, ...] = ()  # forge.toml's repair_exclude
+    policy: RepairPolicy  # what may stay out of the wheel (torch's libraries, the driver, a shared cudart)
     expect: tuple[str, ...] = ()  # sm_90, compute_90, ...
     exact: bool = False
     exact_ptx: bool = True  # with exact: PTX judged too (kforge.archenforce: only where the wrapper rewrote)
-    source: str = ""  # where it came from, for the report ("manifest <path>", "forge.toml", "flags")
-
-    @property
-    def policy(self) -> RepairPolicy:
-        return default_policy(self.project, torch=self.torch, cudart_shared=self.cudart_shared,
-                              extra=self.extra_exclude)
+    source: str = ""  # where it came from, for the report ("manifest <name>", "forge.toml project")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"project": self.project, "torch": self.torch, "cudart_shared": self.cudart_shared,
-                "extra_exclude": list(self.extra_exclude), "expect": list(self.expect), "exact": self.exact,
-                "exact_ptx": self.exact_ptx}
+        return {"policy": self.policy.name, "exclude": list(self.policy.exclude), "expect": list(self.expect),
+                "exact": self.exact, "exact_ptx": self.exact_ptx}
 
     @classmethod
     def from_manifest(cls, data: Mapping[str, Any], source: str) -> Judgement:
         judged = (data.get("doctor") or {}).get("judged_by")
+        project = str(data.get("project") or "default")
         if isinstance(judged, Mapping):
-            return cls(project=str(judged.get("project") or data.get("project") or "default"),
-                       torch=bool(judged.get("torch")), cudart_shared=bool(judged.get("cudart_shared")),
-                       extra_exclude=tuple(judged.get("extra_exclude") or ()), expect=tuple(judged.get("expect") or ()),
-                       exact=bool(judged.get("exact")), exact_ptx=bool(judged.get("exact_ptx", True)), source=source)
+            policy = RepairPolicy(exclude=tuple(judged.get("exclude") or ()), name=str(judged.get("policy") or project))
+            return cls(policy=policy, expect=tuple(judged.get("expect") or ()), exact=bool(judged.get("exact")),
+                       exact_ptx=bool(judged.get("exact_ptx", True)), source=source)
         torch = (data.get("toolchain") or {}).get("torch") is not None  # older manifests: built against torch or not
-        return cls(project=str(data.get("project") or "default"), torch=torch, cudart_shared=torch,
-                   expect=tuple(data.get("archs") or ()), exact=False, source=source)
+        return cls(policy=default_policy(project, torch=torch, cudart_shared=torch),
+                   expect=tuple(data.get("archs") or ()), source=source)
 
 
 def manifest_for(wheel: Path) -> Path | None:
@@ -72,7 +63,5 @@ def from_manifest_file(path: Path) -> Judgement:
 
 def with_overrides(base: Judgement, *, expect: Sequence[str] = (), exact: bool | None = None) -> Judgement:
     """Flags given on the command line win over the manifest's."""
-    return Judgement(project=base.project, torch=base.torch, cudart_shared=base.cudart_shared,
-                     extra_exclude=base.extra_exclude, expect=tuple(expect) or base.expect,
-                     exact=base.exact if exact is None else exact,
+    return Judgement(policy=base.policy, expect=tuple(expect) or base.expect, exact=base.exact if exact is None else exact,
                      exact_ptx=True if exact or expect else base.exact_ptx, source=base.source)
