@@ -15,18 +15,15 @@ import pytest
 
 from kforge.cli import main
 from kforge.doctor.judgement import Judgement
+from kforge.repair import default_policy
 
 pytestmark = pytest.mark.integration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import kforge_doctor_builders as B  # noqa: E402
+from kforge_testkit import write_forge_toml  # noqa: E402
 
-FORGE = """\
-[platforms.linux-x86_64]
-alias = "linux"
-os = "linux"
-machine = "x86_64"
-
+PROJECT = """\
 [projects.ext]
 source = {{ local = "ext" }}
 archs = ["sm_80", "sm_90"]
@@ -58,7 +55,7 @@ def test_manifest_policy_and_archs_judge_the_wheel(torch_wheel: Path, capsys: py
     code, report, _ = doctor([str(torch_wheel), "--policy", "torch-free"], capsys)
     assert any(c == "unbundled-needed" and "libcudart.so.13" in m for c, m in _codes(report))  # the old complaint
 
-    judged = Judgement(project="ext", torch=True, cudart_shared=True, expect=("sm_80",), exact=True)
+    judged = Judgement(policy=default_policy("ext", torch=True, cudart_shared=True), expect=("sm_80",), exact=True)
     manifest = Path(str(torch_wheel) + ".manifest.json")
     manifest.write_text(json.dumps({"project": "ext", "doctor": {"judged_by": judged.to_dict()}}))
     code, report, _ = doctor([str(torch_wheel)], capsys)
@@ -76,8 +73,7 @@ def test_manifest_policy_and_archs_judge_the_wheel(torch_wheel: Path, capsys: py
 @pytest.mark.parametrize("torch, complains", [(True, False), (False, True)])
 def test_project_policy_from_forge_toml(torch_wheel: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                         torch: bool, complains: bool) -> None:
-    (tmp_path / "mono").mkdir()
-    (tmp_path / "mono" / "forge.toml").write_text(FORGE.format(torch=str(torch).lower()))
+    write_forge_toml(tmp_path / "mono", PROJECT.format(torch=str(torch).lower()))
     rc = main(["-C", str(tmp_path / "mono"), "doctor", str(torch_wheel), "--project", "ext", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == 0
