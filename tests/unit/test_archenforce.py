@@ -135,3 +135,22 @@ def test_forge_toml_key_and_the_plan_field(tmp_path: Path) -> None:
     assert plan.enforce.sass == ("sm_90",) and plan.enforce.ptx == ("compute_90",)
     assert plan.enforce.hardcoded == ("CMakeLists.txt:1: set(CMAKE_CUDA_ARCHITECTURES 75 80 90)",)
     assert plan.to_dict()["arch_enforce"]["sass"] == ["sm_90"]
+
+
+@pytest.mark.parametrize("target, mode, binaries", [
+    ("flash-attn-sm90", "on", "every CUDA binary holds exactly SASS sm_90, PTX compute_90"),
+    ("flash-attn-sm120-windows", "check", "every CUDA binary holds exactly SASS sm_120, PTX compute_120 if the upstream"),
+    ("fmha-sm90", "on", "every CUDA binary holds exactly SASS sm_90a, PTX compute_90a"),
+])
+def test_the_repos_own_targets_say_what_their_binaries_hold(target: str, mode: str, binaries: str) -> None:
+    root = Path(__file__).resolve().parents[2]
+    forge = load_forge(root)
+    host = HostFacts(platform="linux-x86_64", python="3.11", resources=Resources(16, 100 << 30, 128 << 30))
+    profile = JobProfile(project="x", arch_count=1, peak_rss_per_unit=1 << 30, unit_seconds=10.0,
+                         unit_seconds_max=10.0, samples=1, source="test")
+    plan = make_plan(forge, parse_target(forge, target, "linux-x86_64"), host, job_profile=profile)
+    assert plan.enforce is not None and plan.enforce.mode == mode
+    text = plan.render()
+    assert binaries in text and "  enforce     " + mode in text
+    # the wrapper enforces exactly the flags the plan prints
+    assert plan.enforce.flags == plan.nvcc_flags
