@@ -24,6 +24,18 @@ def externals_sync(c, project=None):
     _kforge(c, "sources", "sync", *([project] if project else []))
 
 
+@task(help={"project": "only this project", "mirror": "a directory of local git mirrors (also $KFORGE_GIT_MIRROR)"})
+def externals_verify(c, project=None, mirror=None):
+    """Is each git pin on a branch or tag of its upstream (not only a pull-request ref)?"""
+    _kforge(c, "sources", "verify", *([project] if project else []), *(["--mirror", mirror] if mirror else []))
+
+
+@task(help={"out": "the kit folder to write", "project": "only this project"})
+def externals_kit(c, out, project=None):
+    """Gather wheels, pinned sdists and git trees into one folder for an offline build host."""
+    _kforge(c, "sources", "kit", "build", out, *(["--project", project] if project else []))
+
+
 @task(help={"project": "project whose patch series to show"})
 def patches_status(c, project):
     """Per patch: applies cleanly / already applied / fails (with the file and hunk)."""
@@ -68,7 +80,7 @@ def _ns(name, **tasks):
 
 
 ns = Collection(
-    _ns("externals", status=externals_status, sync=externals_sync),
+    _ns("externals", status=externals_status, sync=externals_sync, verify=externals_verify, kit=externals_kit),
     _ns("patches", status=patches_status, apply=patches_apply, refresh=patches_refresh),
     _ns("wheelhouse", index=wheelhouse_index, clean=wheelhouse_clean),
     _ns("ci", generate=ci_generate),

@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from kforge.arch import RENDERERS, Arch, parse_arch
 from kforge.backends import BACKENDS
 from kforge.errors import ArchError, ConfigError, did_you_mean
+from kforge.platformtag import parse_tag
 from kforge.schema import ArchNumber, EnvValue, Reader, normalise_env_value
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 
@@ -113,6 +114,7 @@ class Project:
     compile_units: int | None
     profiles: Mapping[str, Profile]
     repair_exclude: tuple[str, ...]
+    platform_tag: str | None = None  # the oldest manylinux tag its Linux wheels must reach (repair enforces it)
     arch_enforce: str = "on"  # on | check | off: kforge's nvcc wrapper enforces the plan's archs (kforge.archenforce)
 
 
@@ -249,6 +251,7 @@ class ProjectTable:
     compile_units: int | None = None
     profiles: Mapping[str, dict] = field(default_factory=_empty)  # each read as a Profile
     repair_exclude: tuple[str, ...] = ()
+    platform_tag: str | None = None  # the oldest manylinux tag the project's Linux wheels must reach
     arch_enforce: str = "on"  # on | check | off (kforge.archenforce)
 
 
@@ -365,9 +368,19 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         env=t.env, local_version_env=t.local_version_env, threads_env=t.threads_env,
         patches=(root / t.patches).resolve() if t.patches else None, gpu_tests=t.gpu_tests,
         compile_units=t.compile_units, repair_exclude=t.repair_exclude, arch_enforce=t.arch_enforce,
+        platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag),
         profiles=MappingProxyType({p: Profile(name=p, **r.values(Profile, d, f"{key}.profiles.{p}", skip=("name",)))
                                    for p, d in t.profiles.items()}),
     )
+
+
+def _platform_tag(r: Reader, key: str, text: str | None) -> str | None:
+    if text is None:
+        return None
+    try:
+        return parse_tag(text)
+    except ConfigError as exc:
+        raise r.error(key, exc.what, fix=exc.fix) from None
 
 
 def _archs(r: Reader, key: str, t: ProjectTable) -> tuple[tuple[Arch, ...], Arch]:

@@ -38,8 +38,10 @@ from kforge.config import ArchKnob, Forge, GpuTests, Platform, Project, normalis
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.fsutil import work_root
 from kforge.host import HostFacts
+from kforge.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
 from kforge.jobs import JobChoice, JobProfile, choose_jobs
 from kforge.options import BY_NAME, PlanOptions, parse_value
+from kforge.platformtag import parse_tag
 from kforge.repair import RepairPolicy, default_policy
 from kforge.series import PatchContext, Series, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
@@ -96,6 +98,8 @@ class Plan:
     pythons: tuple[str, ...]  # forge.toml's python versions (cibuildwheel builds one wheel per version)
     repair_policy: RepairPolicy  # what repair keeps out of the wheel, and what the doctor accepts as external
     gpu_tests: GpuTests | None
+    image: str | None = None  # the cibuildwheel backend's Linux image (None: not a cibuildwheel Linux build)
+    platform_tag: str | None = None  # manylinux_2_28: the repair must reach it, or fail naming the symbols
     enforce: ArchEnforcement | None = None  # kforge.archenforce: the archs (and threads) the nvcc wrapper enforces
 
     @property
@@ -143,6 +147,8 @@ class Plan:
             "local_version_in_wheel": self.local_version_in_wheel,
             "repair": {"policy": self.repair_policy.name, "exclude": list(self.repair_policy.exclude)},
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
+            "image": self.image,
+            "platform_tag": self.platform_tag,
             "arch_enforce": self.enforce.to_dict() if self.enforce else None,
         }
 
@@ -171,6 +177,8 @@ class Plan:
             f"  repair      policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
             f"  work dir    {self.work_dir}",
             "  nvcc flags  " + " ".join(self.nvcc_flags),
+            f"  platform    {self.platform_tag or 'the best tag the binaries allow'}"
+            + (f" (image {self.image})" if self.image else ""),
         ]
         if self.enforce is not None:  # kforge.archenforce: what binaries hold, and how that is made true
             held = "every CUDA binary holds exactly" if self.enforce.exact else "every CUDA binary holds at least"
@@ -267,8 +275,30 @@ def make_plan(
         repair_policy=default_policy(project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
                                      extra=project.repair_exclude),
         gpu_tests=project.gpu_tests,
+        image=_image(backend, platform.os, options),
+        platform_tag=_platform_tag(project, platform.os, options),
         enforce=_enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads),
     )
+
+
+def _image(backend: str, platform_os: str, options: PlanOptions) -> str | None:
+    if backend != "cibuildwheel" or platform_os != "linux":
+        if options.image:
+            raise ConfigError(f"--image/KFORGE_IMAGE applies to cibuildwheel builds of Linux wheels, and this is a {backend} "
+                              f"build for {platform_os}", fix="add --backend cibuildwheel, or drop the image option")
+        return None
+    if options.image and is_kforge_image(options.image):
+        image_platform_tag(options.image)  # an unknown suite is an error now, not after the compile
+    return options.image or OFFICIAL_IMAGE
+
+
+def _platform_tag(project: Project, platform_os: str, options: PlanOptions) -> str | None:
+    if platform_os != "linux":
+        return None
+    raw = options.platform_tag or project.platform_tag
+    if raw is None and options.image:
+        raw = image_platform_tag(options.image)  # a kforge image promises its glibc's tag
+    return parse_tag(raw) if raw else None
 
 
 def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str, flags: tuple[str, ...],

