@@ -9,6 +9,7 @@ KFORGE = f"{shlex.quote(sys.executable)} -m kforge.cli"
 
 
 def _kforge(c, *words):
+    # kforge prints its own one-paragraph error; invoke then exits with kforge's code (2 config, 11 publish, ...)
     return c.run(" ".join([KFORGE, *map(shlex.quote, words)]), pty=False)
 
 
@@ -60,6 +61,18 @@ def wheelhouse_index(c):
     _kforge(c, "wheelhouse", "index")
 
 
+@task
+def wheelhouse_verify(c):
+    """Check every wheel, manifest, index page, hash and file mode of wheelhouse/ (exit 11 on any drift)."""
+    _kforge(c, "wheelhouse", "verify")
+
+
+@task(help={"dirs": "comma-separated wheelhouse folders to merge into wheelhouse/", "replace": "let them win conflicts"})
+def wheelhouse_merge(c, dirs, replace=False):
+    """Merge per-job wheelhouses into wheelhouse/ (atomic; refuses a file name with two sha256s)."""
+    _kforge(c, "wheelhouse", "merge", *dirs.split(","), *(["--replace"] if replace else []))
+
+
 @task(help={"project": "only this project's wheels"})
 def wheelhouse_clean(c, project=None):
     """Remove wheels (and their manifests) from wheelhouse/, then rebuild the index."""
@@ -82,6 +95,6 @@ def _ns(name, **tasks):
 ns = Collection(
     _ns("externals", status=externals_status, sync=externals_sync, verify=externals_verify, kit=externals_kit),
     _ns("patches", status=patches_status, apply=patches_apply, refresh=patches_refresh),
-    _ns("wheelhouse", index=wheelhouse_index, clean=wheelhouse_clean),
+    _ns("wheelhouse", index=wheelhouse_index, verify=wheelhouse_verify, merge=wheelhouse_merge, clean=wheelhouse_clean),
     _ns("ci", generate=ci_generate),
 )

@@ -20,7 +20,7 @@ from packaging.version import InvalidVersion, Version
 
 from kforge.arch import RENDERERS, Arch, parse_arch
 from kforge.backends import BACKENDS
-from kforge.errors import ArchError, ConfigError, did_you_mean
+from kforge.errors import ArchError, ConfigError, decode_utf8, did_you_mean
 from kforge.platformtag import parse_tag
 from kforge.schema import ArchNumber, EnvValue, Reader, normalise_env_value
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
@@ -193,9 +193,10 @@ def load_forge(root: Path | str | None = None, *, path: Path | None = None) -> F
         path = Path(path).resolve()
         root_path = Path(root).resolve() if root is not None else path.parent
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}", fix="check the path and its permissions") from None
+    text = decode_utf8(raw, path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -309,6 +310,9 @@ def _version(r: Reader, key: str, text: str) -> Version:
 
 
 def _arch(r: Reader, key: str, text: str) -> Arch:
+    if isinstance(text, str) and not text.isascii():  # "sm_٩0" would parse as sm_90: ASCII only (kforge.inputs)
+        raise r.error(key, f"is not a known CUDA arch: {text!r} has a non-ASCII character",
+                      fix="write it in plain ASCII, e.g. sm_90a")
     try:
         return parse_arch(text)
     except ArchError as exc:
@@ -342,8 +346,8 @@ def _one_of(r: Reader, key: str, value: str, allowed: Sequence[str], what: str =
 
 def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[str, Platform], root: Path) -> Project:
     key = f"projects.{name}"
-    if not name or not all(c.isalnum() or c in "-_" for c in name) or name != name.lower():
-        raise r.error(key, "is not a valid project name", fix="use lower-case letters, digits, '-'")
+    if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name) or name != name.lower():
+        raise r.error(key, "is not a valid project name", fix="use lower-case ASCII letters, digits, '-'")
     if not isinstance(data, dict) or "source" not in data:  # say how to write one, not just "is missing"
         r.values(ProjectTable, data, key, skip=("source", "archs"))
         raise r.error(f"{key}.source", "is missing",
