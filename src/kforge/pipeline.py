@@ -199,7 +199,8 @@ def patches_step(plan: Plan, run: Run, done: Done) -> patches.ApplyResult:
 def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
     nvcc = run.services.find_nvcc(plan, run.environ, run.cache_dir, run.log.info)
     run.log.info(f"nvcc {nvcc.version} at {nvcc.path}")
-    env = {**run.environ, **plan.env, **nvcc.env()}
+    env = {**run.environ, **plan.env}
+    env.update(nvcc.env(env))  # CUDA_HOME & co, and the host include path for CCCL on CUDA >= 13
     env["PATH"] = str(nvcc.home / "bin") + (":" + env["PATH"] if env.get("PATH") else "")
     isolate_git(env, plan.work_dir)
     assert done.source is not None
