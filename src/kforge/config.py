@@ -9,6 +9,7 @@ Nothing here touches the environment: :func:`load_forge` reads one file.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,17 +17,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from kforge.arch import RENDERERS, Arch, parse_arch
 from kforge.backends import BACKENDS
 from kforge.errors import ArchError, ConfigError, decode_utf8, did_you_mean
-from kforge.platformtag import parse_tag
 from kforge.schema import ArchNumber, EnvValue, Reader, normalise_env_value
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 
-__all__ = ["FORGE_FILE", "ArchKnob", "Forge", "GpuTests", "MatrixRule", "Platform", "Profile", "Project", "Toolchains",
-           "find_root", "load_forge", "normalise_env_value", "parse_forge"]
+__all__ = ["FORGE_FILE", "ArchKnob", "CiRunners", "CiSettings", "Forge", "GpuTests", "MatrixRule", "Platform", "Profile",
+           "Project", "Toolchains", "find_root", "load_forge", "normalise_env_value", "parse_forge"]
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,7 +35,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 FORGE_FILE = "forge.toml"
+_MANYLINUX_TAG = re.compile(r"^manylinux_[0-9]+_[0-9]+$")
 VARIANT_RULES = ("declared", "flashinfer")
+ARCH_ENFORCE_MODES = ("on", "check", "off")  # kforge.nvccwrap.MODES
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,38 @@ class GpuTests:
 
 
 @dataclass(frozen=True)
+class CiRunners:
+    """Where CI builds one platform's targets (``[ci.runners.<platform>]``)."""
+
+    hosted: str  # a GitHub-hosted runner label: builds that need no torch (fmha)
+    self_hosted: tuple[str, ...]  # labels of self-hosted build runners: torch-ABI builds
+    hosted_cuda: str  # how CUDA reaches a hosted runner: "pypi" (kforge provisions nvcc) | "action" (a pinned toolkit action)
+
+
+DEFAULT_CI_RUNNERS = {
+    "linux-x86_64": CiRunners("ubuntu-24.04", ("self-hosted", "linux", "x64", "build"), "pypi"),
+    "linux-aarch64": CiRunners("ubuntu-24.04-arm", ("self-hosted", "linux", "arm64", "build"), "pypi"),
+    "windows-amd64": CiRunners("windows-2022", ("self-hosted", "windows", "x64", "build"), "action"),
+}
+CI_PUBLISH = ("pages", "release")
+CI_CUDA = ("pypi", "action")
+
+
+@dataclass(frozen=True)
+class CiSettings:
+    """``[ci]``: what ``kforge ci generate`` writes into the GitHub Actions workflows."""
+
+    python: str = "3.12"  # the interpreter build jobs set up
+    publish: str = "pages"  # "pages" (a GitHub Pages site) | "release" (assets of the tag's release)
+    gpu_labels: tuple[str, ...] = ("self-hosted", "linux", "x64", "gpu")  # + "sm<NN>" of the target's arch
+    gpu_python: str = "python3"  # the GPU runner's interpreter (it has the torch the tests use)
+    build_timeout: int = 360  # minutes
+    test_timeout: int = 60
+    torch_index: str = "https://download.pytorch.org/whl/cu{cuda_nodot}"  # where torch of a CUDA variant comes from
+    runners: Mapping[str, CiRunners] = field(default_factory=lambda: MappingProxyType(dict(DEFAULT_CI_RUNNERS)))
+
+
+@dataclass(frozen=True)
 class Project:
     name: str
     description: str
@@ -113,7 +148,16 @@ class Project:
     compile_units: int | None
     profiles: Mapping[str, Profile]
     repair_exclude: tuple[str, ...]
+    # PEP 440 specifier: the upstream versions the knobs above (env, arch_knobs, threads_env,
+    # local_version_env, variant_rule) were checked against (`kforge audit`); plan refuses others.
+    knobs_valid_for: str | None = None
     platform_tag: str | None = None  # the oldest manylinux tag its Linux wheels must reach (repair enforces it)
+    #: archs (base spelling, ``sm_120``) that plan but cannot build yet, with the reason: CI leaves them out
+    unbuildable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    arch_enforce: str = "on"  # on | check | off: kforge's nvcc wrapper enforces the plan's archs (kforge.archenforce)
+
+    def unbuildable_reason(self, arch: Arch) -> str | None:
+        return self.unbuildable.get(arch.base.sm)
 
 
 @dataclass(frozen=True)
@@ -139,6 +183,7 @@ class Forge:
     projects: Mapping[str, Project]
     exclude: tuple[MatrixRule, ...]
     include: tuple[MatrixRule, ...]
+    ci: CiSettings = CiSettings()
 
     def project(self, name: str) -> Project:
         try:
@@ -250,7 +295,10 @@ class ProjectTable:
     compile_units: int | None = None
     profiles: Mapping[str, dict] = field(default_factory=_empty)  # each read as a Profile
     repair_exclude: tuple[str, ...] = ()
+    knobs_valid_for: str | None = None
     platform_tag: str | None = None  # the oldest manylinux tag the project's Linux wheels must reach
+    unbuildable: Mapping[str, str] = field(default_factory=_empty)  # arch -> why it can't build yet
+    arch_enforce: str = "on"  # on | check | off (kforge.archenforce)
 
 
 @dataclass(frozen=True)
@@ -267,11 +315,33 @@ class MatrixTable:
 
 
 @dataclass(frozen=True)
+class CiRunnersTable:
+    """``[ci.runners.PLATFORM]``: a key left out keeps the platform's default."""
+
+    hosted: str | None = None
+    self_hosted: tuple[str, ...] | None = None
+    hosted_cuda: str | None = None
+
+
+@dataclass(frozen=True)
+class CiTable:
+    python: str = CiSettings.python
+    publish: str = CiSettings.publish
+    gpu_labels: tuple[str, ...] = CiSettings.gpu_labels
+    gpu_python: str = CiSettings.gpu_python
+    build_timeout: int = CiSettings.build_timeout
+    test_timeout: int = CiSettings.test_timeout
+    torch_index: str = CiSettings.torch_index
+    runners: Mapping[str, CiRunnersTable] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True)
 class ForgeTable:
     platforms: Mapping[str, dict]  # each read as a Platform
     projects: Mapping[str, dict]  # each read as a ProjectTable
     toolchains: ToolchainsTable = field(default_factory=ToolchainsTable)
     matrix: MatrixTable = field(default_factory=MatrixTable)
+    ci: CiTable = field(default_factory=lambda: CiTable())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,7 +366,43 @@ def parse_forge(data: dict[str, Any], *, root: Path, path: Path) -> Forge:
         projects=MappingProxyType(projects),
         exclude=tuple(_rule(r, f"matrix.exclude[{i}]", t, projects, platforms) for i, t in enumerate(top.matrix.exclude)),
         include=tuple(_rule(r, f"matrix.include[{i}]", t, projects, platforms) for i, t in enumerate(top.matrix.include)),
+        ci=_ci(r, top.ci, platforms),
     )
+
+
+def _ci(r: Reader, t: CiTable, platforms: Mapping[str, Platform]) -> CiSettings:
+    _one_of(r, "ci.publish", t.publish, CI_PUBLISH)
+    for name in ("build_timeout", "test_timeout"):
+        if getattr(t, name) < 1:
+            raise r.error(f"ci.{name}", "must be a positive number of minutes")
+    if not t.gpu_labels or not all(t.gpu_labels):
+        raise r.error("ci.gpu_labels", "must list runner labels, none of them empty", fix=f"e.g. gpu_labels = {list(CiSettings.gpu_labels)!r}")
+    runners = dict(DEFAULT_CI_RUNNERS)
+    for name, rt in t.runners.items():
+        key = f"ci.runners.{name}"
+        _one_of(r, key, name, tuple(platforms), "is not a declared platform")
+        old = runners.get(name) or CiRunners("ubuntu-24.04", ("self-hosted", "build"), "pypi")
+        if rt.hosted_cuda is not None:
+            _one_of(r, f"{key}.hosted_cuda", rt.hosted_cuda, CI_CUDA)
+        if rt.self_hosted is not None and (not rt.self_hosted or not all(rt.self_hosted)):
+            raise r.error(f"{key}.self_hosted", "must list runner labels, none of them empty")
+        runners[name] = CiRunners(hosted=rt.hosted or old.hosted, self_hosted=rt.self_hosted or old.self_hosted,
+                                  hosted_cuda=rt.hosted_cuda or old.hosted_cuda)
+    return CiSettings(python=t.python, publish=t.publish, gpu_labels=t.gpu_labels, gpu_python=t.gpu_python,
+                      build_timeout=t.build_timeout, test_timeout=t.test_timeout, torch_index=t.torch_index,
+                      runners=MappingProxyType(runners))
+
+
+def _unbuildable(r: Reader, key: str, t: ProjectTable, archs: tuple[Arch, ...]) -> Mapping[str, str]:
+    out: dict[str, str] = {}
+    for text, reason in t.unbuildable.items():
+        arch = _arch(r, f"{key}.unbuildable.{text}", text)
+        if not any(a.base == arch.base for a in archs):
+            raise r.error(f"{key}.unbuildable.{text}", f"names {arch.sm}, which is not in archs")
+        if not reason.strip():
+            raise r.error(f"{key}.unbuildable.{text}", "must be the reason, as a non-empty string")
+        out[arch.base.sm] = normalise_env_value(reason)
+    return MappingProxyType(out)
 
 
 def _version(r: Reader, key: str, text: str) -> Version:
@@ -355,9 +461,11 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         _one_of(r, f"{key}.platforms[{i}]", p, tuple(platforms), f"'{p}' is not a declared platform")
     _one_of(r, f"{key}.backend", t.backend, tuple(BACKENDS), f"'{t.backend}' is not a backend")
     _one_of(r, f"{key}.variant_rule", t.variant_rule, VARIANT_RULES)
+    _one_of(r, f"{key}.arch_enforce", t.arch_enforce, ARCH_ENFORCE_MODES)
     if t.compile_units is not None and t.compile_units <= 0:
         raise r.error(f"{key}.compile_units", "must be a positive integer")
     git, sdist, local, source = _sources(r, f"{key}.source", t.source)
+    _upstream_versions(r, key, t, git)
     return Project(
         name=name, description=t.description, source=source, git=git, sdist=sdist, local=local,
         upstream_version=t.upstream_version, build_dir=t.build_dir, archs=archs, default_arch=default_arch,
@@ -367,20 +475,50 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         arch_knobs=tuple(_knob(r, f"{key}.arch_knobs[{i}]", k) for i, k in enumerate(t.arch_knobs)),
         env=t.env, local_version_env=t.local_version_env, threads_env=t.threads_env,
         patches=(root / t.patches).resolve() if t.patches else None, gpu_tests=t.gpu_tests,
-        compile_units=t.compile_units, repair_exclude=t.repair_exclude,
+        compile_units=t.compile_units, repair_exclude=t.repair_exclude, knobs_valid_for=t.knobs_valid_for,
+        arch_enforce=t.arch_enforce,
+        unbuildable=_unbuildable(r, key, t, archs),
         platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag),
         profiles=MappingProxyType({p: Profile(name=p, **r.values(Profile, d, f"{key}.profiles.{p}", skip=("name",)))
                                    for p, d in t.profiles.items()}),
     )
 
 
+def _upstream_versions(r: Reader, key: str, t: ProjectTable, git: GitSource | None) -> None:
+    """``upstream_version`` is a PEP 440 version (whose local label, if it is a commit, is the pin's);
+    ``knobs_valid_for`` a specifier that needs it."""
+    if t.upstream_version is not None:
+        try:
+            version = Version(t.upstream_version)
+        except InvalidVersion:
+            raise r.error(f"{key}.upstream_version", f"is not a PEP 440 version: {t.upstream_version!r}",
+                          fix="write the version upstream gives this pin, e.g. \"0.6.17\" or \"1.0.0+9241ae3\"") from None
+        label = (version.local or "").removeprefix("g")
+        if git is not None and re.fullmatch(r"[0-9a-f]{7,40}", label) and not git.commit.startswith(label):
+            raise r.error(f"{key}.upstream_version", f"names commit {label}, and the pin is {git.commit[:12]} (a pin "
+                          "bump that kept the old version would keep knobs checked for the old commit)",
+                          fix=f"run `kforge audit` on the new pin, then set upstream_version to its version "
+                              f"(e.g. {version.public}+{git.commit[:7]}) and widen knobs_valid_for")
+    if t.knobs_valid_for is not None:
+        try:
+            SpecifierSet(t.knobs_valid_for)
+        except InvalidSpecifier:
+            raise r.error(f"{key}.knobs_valid_for", f"is not a version specifier: {t.knobs_valid_for!r}",
+                          fix="write it like \">=0.6.17,<0.7\" or \"==3.0.0\"") from None
+        if t.upstream_version is None:
+            raise r.error(f"{key}.knobs_valid_for", "needs upstream_version (the version it is compared with)",
+                          fix="add upstream_version = \"...\" for the pinned source")
+
+
 def _platform_tag(r: Reader, key: str, text: str | None) -> str | None:
+    """The spelling only: config stays importable without auditwheel (nox imports it), so whether
+    auditwheel knows the tag is checked by kforge.platformtag when the plan is made."""
     if text is None:
         return None
-    try:
-        return parse_tag(text)
-    except ConfigError as exc:
-        raise r.error(key, exc.what, fix=exc.fix) from None
+    raw = text.strip()
+    if not _MANYLINUX_TAG.match(raw):
+        raise r.error(key, f"is not a manylinux platform tag: {text!r}", fix="write it like \"manylinux_2_28\"")
+    return raw
 
 
 def _archs(r: Reader, key: str, t: ProjectTable) -> tuple[tuple[Arch, ...], Arch]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kforge.arch import (
@@ -32,6 +33,8 @@ from kforge.arch import (
     render_torch_arch_list,
     require_supported,
 )
+from kforge.archenforce import ArchEnforcement, plan_enforcement
+from kforge.archrender import FLASHINFER_RULE_VALID_FOR
 from kforge.backends import BACKENDS
 from kforge.config import ArchKnob, Forge, GpuTests, Platform, Project, normalise_env_value
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
@@ -45,6 +48,7 @@ from kforge.repair import RepairPolicy, default_policy
 from kforge.series import PatchContext, Series, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 from kforge.targets import Target
+from kforge.toolchain import host_include_env
 
 __all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
 
@@ -99,6 +103,7 @@ class Plan:
     gpu_tests: GpuTests | None
     image: str | None = None  # the cibuildwheel backend's Linux image (None: not a cibuildwheel Linux build)
     platform_tag: str | None = None  # manylinux_2_28: the repair must reach it, or fail naming the symbols
+    enforce: ArchEnforcement | None = None  # kforge.archenforce: the archs (and threads) the nvcc wrapper enforces
 
     @property
     def id(self) -> str:
@@ -147,6 +152,7 @@ class Plan:
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
             "image": self.image,
             "platform_tag": self.platform_tag,
+            "arch_enforce": self.enforce.to_dict() if self.enforce else None,
         }
 
     def to_json(self) -> str:
@@ -176,6 +182,12 @@ class Plan:
             "  nvcc flags  " + " ".join(self.nvcc_flags),
             f"  platform    {self.platform_tag or 'the best tag the binaries allow'}"
             + (f" (image {self.image})" if self.image else ""),
+        ]
+        if self.enforce is not None:  # kforge.archenforce: what binaries hold, and how that is made true
+            held = "every CUDA binary holds exactly" if self.enforce.exact else "every CUDA binary holds at least"
+            lines += [f"  binaries    {held} {self.enforce.contents()} (the doctor checks it)",
+                      f"  enforce     {self.enforce.describe()}"]
+        lines += [
             "  env",
         ]
         lines += [f"    {key}={value}" for key, value in self.env.items()]
@@ -185,6 +197,34 @@ class Plan:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def require_current_knowledge(project: Project) -> None:
+    """Refuse a plan whose upstream version is outside what kforge's knowledge of it was checked for.
+
+    Two kinds: the project's knobs (``knobs_valid_for`` in forge.toml) and FlashInfer's arch-suffix
+    rule (:data:`kforge.archrender.FLASHINFER_RULE_VALID_FOR`). A pin bump that outdates either fails
+    here, loudly, instead of building with knobs upstream no longer reads.
+    """
+    version = Version(project.upstream_version) if project.upstream_version else None
+    if project.knobs_valid_for is not None and version is not None and version not in SpecifierSet(project.knobs_valid_for):
+        raise ConfigError(
+            f"{project.name}'s knobs in forge.toml were checked for upstream {project.knobs_valid_for}, "
+            f"and the pin is {project.upstream_version}",
+            why="upstream may have renamed, dropped or added the variables kforge sets",
+            fix=f"run `kforge audit {project.name}` on the new pin, fix the knobs it reports, then widen "
+                f"projects.{project.name}.knobs_valid_for",
+        )
+    if project.variant_rule == "flashinfer":
+        if version is None or version not in FLASHINFER_RULE_VALID_FOR:
+            raise ConfigError(
+                f"{project.name} uses FlashInfer's arch-suffix rule, which kforge knows for {FLASHINFER_RULE_VALID_FOR}, "
+                f"and the pin is {project.upstream_version or 'of unknown version'}",
+                why="the rule (flashinfer/compilation_context.py) changed between releases before; a wrong suffix "
+                "builds the wrong cubins",
+                fix="re-read compilation_context.py at the new pin and update kforge.archrender.default_variant "
+                "and FLASHINFER_RULE_VALID_FOR" + ("" if version else f"; set projects.{project.name}.upstream_version"),
+            )
 
 
 def effective_archs(project: Project, arch: Arch, cuda: Version) -> tuple[Arch, ...]:
@@ -239,6 +279,7 @@ def make_plan(
     """
     options = options or PlanOptions()
     project = forge.project(target.project)
+    require_current_knowledge(project)
     platform = forge.platforms[target.platform]
     profile = _profile_name(project, options.profile)
     toolchain, archs = _toolchain(forge, project, target, host, options)
@@ -251,12 +292,13 @@ def make_plan(
     series = load_series(project.patches)
     selected = Series(series.directory, series.select(ctx), series.header)
     kind, pin = _source(project)
+    nvcc_flags = render_gencode(archs)
     return Plan(
         target=target, project=project, root=forge.root, work_dir=work_root(forge.root) / target.id,
         profile=profile, source=project.source, source_kind=kind, source_pin=pin,
         patches_dir=str(project.patches.relative_to(forge.root)) if project.patches else None,
         series=selected, patch_context=ctx, series_hash=series_hash(series, ctx) if selected.entries else None,
-        archs=archs, env=env, nvcc_flags=render_gencode(archs), backend=backend, build_dir=project.build_dir,
+        archs=archs, env=env, nvcc_flags=nvcc_flags, backend=backend, build_dir=project.build_dir,
         build_isolation=project.build_isolation and options.build_isolation is not False,
         jobs=jobs, toolchain=toolchain, local_version=local_version,
         local_version_in_wheel=bool(local_version) and not project.local_version_env,
@@ -267,6 +309,7 @@ def make_plan(
         gpu_tests=project.gpu_tests,
         image=_image(backend, platform.os, options),
         platform_tag=_platform_tag(project, platform.os, options),
+        enforce=_enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads),
     )
 
 
@@ -288,6 +331,21 @@ def _platform_tag(project: Project, platform_os: str, options: PlanOptions) -> s
     if raw is None and options.image:
         raw = image_platform_tag(options.image)  # a kforge image promises its glibc's tag
     return parse_tag(raw) if raw else None
+
+
+def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str, flags: tuple[str, ...],
+                 threads: int) -> ArchEnforcement:
+    """Arch enforcement (kforge.archenforce), with the build scripts scanned where the source is on disk."""
+    src = project.source
+    tree, note = None, ""
+    if isinstance(src, (GitSource, LocalSource)):
+        tree = forge.root / src.path / project.build_dir
+    elif project.git is not None:  # an sdist build: the same upstream's submodule, if checked out, tells
+        tree = forge.root / project.git.path / project.build_dir
+    else:
+        note = "the sdist is scanned when fetched: the build log lists what the wrapper rewrote"
+    return plan_enforcement(project.arch_enforce, flags, threads, backend=backend, platform_os=platform_os,
+                            scripts_dir=tree, scan_note=note)
 
 
 def _profile_name(project: Project, asked: str | None) -> str | None:
@@ -382,6 +440,7 @@ def _env(project: Project, platform: Platform, profile: str | None, archs: tuple
         env["CUDA_HOME"] = host.cuda_home
         if host.nvcc_path:
             env["CUDACXX"] = host.nvcc_path
+        env.update(host_include_env(host.cuda_home, toolchain.cuda))  # a toolchain fact, for every project
     if local_version and project.local_version_env:
         env[project.local_version_env] = local_version
     env.update(extra)

@@ -119,6 +119,14 @@ def is_checkout(path: Path) -> bool:
     return proc.returncode == 0 and Path(proc.stdout.decode().strip()).resolve() == path.resolve()
 
 
+def is_repository(path: Path) -> bool:
+    """True if ``path`` is a git repository of any kind: a checkout or a bare mirror."""
+    if not Path(path).is_dir():
+        return False
+    proc = run_git(["rev-parse", "--git-dir"], cwd=path, check=False)
+    return proc.returncode == 0
+
+
 def head_commit(path: Path) -> str | None:
     proc = run_git(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], cwd=path, check=False)
     return proc.stdout.decode().strip() or None

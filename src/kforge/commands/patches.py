@@ -50,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--rev", help="an upstream commit (of the project's git source; default: the pinned commit)")
     g.add_argument("--sdist-version", help="an sdist version on the index (of the project's sdist source; "
                                            "default: the pinned version)")
+    c.add_argument("--repo", help="with --rev (or the pinned commit): a clone or bare mirror of the upstream to "
+                   "read it from (default: the project's submodule)")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -217,10 +219,17 @@ def run_check(args: argparse.Namespace) -> int:
     if args.rev:
         if project.git is None:
             raise PatchError(f"project {project.name} has no git source", fix="use --sdist-version")
-        repo = forge.root / project.git.path
-        if not sources.is_checkout(repo):
-            raise SourceError(f"{project.git.path} is not initialised",
-                              fix=f"kforge sources sync {project.name}, then re-run the check")
+        if args.repo:
+            repo = Path(args.repo)
+            if not sources.is_repository(repo):
+                raise SourceError(f"--repo {args.repo} is not a git repository",
+                                  fix="point --repo at a clone or a bare mirror of the project's upstream")
+        else:
+            repo = forge.root / project.git.path
+            if not sources.is_checkout(repo):
+                raise SourceError(f"{project.git.path} is not initialised",
+                                  fix=f"kforge sources sync {project.name}, then re-run the check "
+                                  "(or pass --repo with a clone or mirror of the upstream)")
         report = patches.check_rev(repo, args.rev, series, ctx)
     else:
         if project.sdist is None:
