@@ -3,7 +3,7 @@
 The hash covers what decides the wheel's bytes: the target, the source's identity (commit, sdist sha256,
 or the content hash of a local tree), the selected patches, the archs, the variant (CUDA, torch, Python),
 the build environment less the job counts and machine paths, the nvcc flags, backend, repair policy,
-platform tag, image and kforge's version. It leaves out what only changes how fast a build runs
+platform tag, image, arch enforcement and kforge's version. It leaves out what only changes how fast a build runs
 (MAX_JOBS, nvcc threads) and where (the work dir, the nvcc path), since builds are reproducible
 (kforge.reproducible): same inputs, same wheel.
 """
@@ -45,6 +45,7 @@ def inputs(plan: Plan, source_identity: str) -> dict[str, Any]:
         "platform": data["platform"],
         "platform_tag": data["platform_tag"],
         "image": data["image"],
+        "arch_enforce": data.get("arch_enforce"),  # the nvcc wrapper rewrites the compile flags
     }
 
 
