@@ -88,6 +88,8 @@ class ReleasePlan:
         return {"project": self.project, "platform": self.platform, "wheelhouse": str(self.wheelhouse),
                 "cost": self.cost(),
                 "builds": [{"target": i.plan.id, "arch": [a.sm for a in i.plan.archs], "variant": i.variant,
+                            "local_version": i.plan.local_version,
+                            "provisioning": i.plan.provisioning.to_dict() if i.plan.provisioning else None,
                             "inputs_hash": i.inputs_hash, "estimate_s": i.estimate_s, "estimate_note": i.estimate_note,
                             "published": i.published.filename if i.published else None} for i in self.items]}
 

@@ -55,7 +55,9 @@ def test_the_matrix_less_excludes_with_variants_and_arch_labels(setup, tmp_path)
     assert all(i.estimate_s is None for i in rplan.items)
     text = rplan.render()
     assert "2 to build, 0 already published" in text and "unknown (nothing measured yet" in text
-    assert json.loads(json.dumps(rplan.to_dict()))["builds"][0]["variant"] == "cu130-cp311"
+    first = json.loads(json.dumps(rplan.to_dict()))["builds"][0]
+    assert first["variant"] == "cu130-cp311" and first["local_version"] == "sm90a"
+    assert first["provisioning"]["python"]["present"] is True
 
 
 def test_a_published_wheel_with_the_same_inputs_is_skipped_and_another_is_not(setup, tmp_path):
