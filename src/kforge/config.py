@@ -16,7 +16,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from kforge.arch import RENDERERS, Arch, parse_arch
+from kforge.arch import Arch, parse_arch
+from kforge.archrender import RENDERERS
 from kforge.errors import ArchError, ConfigError, did_you_mean
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 
@@ -54,7 +55,7 @@ class Platform:
 class ArchKnob:
     """How a project reads its arch list: one environment variable (or a family of flags)."""
 
-    format: str  # a key of kforge.arch.RENDERERS
+    format: str  # a key of kforge.archrender.RENDERERS
     env: str | None = None  # the variable that receives the rendered list
     prefix: str | None = None  # disable-flags: FLASH_MLA_DISABLE_
     value: str = "1"  # disable-flags: the value written for a disabled family

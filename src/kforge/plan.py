@@ -17,19 +17,9 @@ from typing import Any
 
 from packaging.version import Version
 
-from kforge.arch import (
-    Arch,
-    as_cuda_version,
-    default_variant,
-    render_cmake_architectures,
-    render_disable_flags,
-    render_flashinfer,
-    render_gencode,
-    render_numbers,
-    render_torch_arch_list,
-    require_supported,
-)
-from kforge.config import BACKENDS, ArchKnob, Forge, GpuTests, Project, normalise_env_value
+from kforge.arch import Arch, as_cuda_version, require_supported
+from kforge.archrender import default_variant, render_gencode, render_knob
+from kforge.config import BACKENDS, Forge, GpuTests, Project, normalise_env_value
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.host import HostFacts
 from kforge.jobs import JobChoice, JobProfile, Resources, choose_jobs
@@ -170,29 +160,6 @@ def effective_archs(project: Project, arch: Arch, cuda: Version) -> tuple[Arch, 
     if project.variant_rule == "flashinfer" and not arch.variant:
         return (default_variant(arch, cuda),)
     return (arch,)
-
-
-def render_knob(knob: ArchKnob, archs: tuple[Arch, ...], cuda: Version) -> dict[str, str]:
-    """One arch knob of a project, rendered for these archs."""
-    if knob.format == "disable-flags":
-        flags = render_disable_flags(archs, knob.families, knob.prefix or "")
-        return {name: knob.value for name in flags}
-    chosen = tuple(a for a in archs if knob.only is None or a.major * 10 + a.minor in knob.only)
-    if not chosen:
-        return {}
-    if knob.format == "gencode":
-        value = " ".join(render_gencode(chosen))
-    elif knob.format == "flashinfer":
-        value = render_flashinfer(chosen, cuda)
-    elif knob.format == "numbers":
-        value = render_numbers(chosen)
-    elif knob.format == "torch":
-        value = render_torch_arch_list(chosen)
-    elif knob.format == "cmake":
-        value = render_cmake_architectures(chosen)
-    else:  # config.py validated the name against kforge.arch.RENDERERS
-        raise ConfigError(f"arch knob format '{knob.format}' has no renderer in plan.py", fix="report this as a kforge bug")
-    return {knob.env or "": value}
 
 
 def local_version_label(cuda: Version, torch: Version | None) -> str:

@@ -84,7 +84,7 @@ def resolve_arch(project: Project, requested: Arch) -> tuple[Arch, bool]:
                     raise ArchError(
                         f"{project.name} builds {requested.base.sm} as {declared.sm}, not {requested.sm}",
                         why="its forge.toml entry fixes the variant (upstream's sources need it)",
-                        fix=f"ask for {project.name}-sm{declared.number.rstrip('af')} (or change projects.{project.name}.archs)",
+                        fix=f"ask for {project.name}-sm{declared.number} (or change projects.{project.name}.archs)",
                     )
                 return requested, True
             return declared, False  # the declared variant, however it was spelled: one id per build

@@ -19,6 +19,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from kforge.archrender import render_cmake_architectures
 from kforge.backends import BuildRequest, BuildResult
 from kforge.backends._runner import (
     LAUNCHER_LANGS,
@@ -43,8 +44,6 @@ class CmakeBackend:
         value = request.env.get("CMAKE_CUDA_ARCHITECTURES", "").strip()
         if value:
             return value
-        from kforge.arch import render_cmake_architectures
-
         return render_cmake_architectures(request.plan.archs)
 
     def configure_command(self, request: BuildRequest, cmake: str, build_dir: Path, prefix: Path,

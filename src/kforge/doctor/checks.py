@@ -26,20 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from kforge.doctor.model import (
-    PTX,
-    BinaryReport,
-    CudaArch,
-    Finding,
-    WheelReport,
-    parse_arch,
-)
+from kforge.arch import PTX, Arch, code_kind, parse_arch
+from kforge.doctor.model import BinaryReport, Finding, WheelReport
 from kforge.errors import DoctorError
-
-if TYPE_CHECKING:
-    from kforge.repair import RepairPolicy
+from kforge.repairpolicy import RepairPolicy, unmangle
 
 NO_KERNEL_IMAGE = "'no kernel image is available for execution on the device'"
 
@@ -47,7 +38,7 @@ NO_KERNEL_IMAGE = "'no kernel image is available for execution on the device'"
 def check(
     report: WheelReport | BinaryReport,
     *,
-    expect_archs: Sequence[object] = (),
+    expect_archs: Sequence[str | Arch] = (),
     policy: RepairPolicy | None = None,
 ) -> list[Finding]:
     """Every finding for ``report``: errors first, then warnings, then info.
@@ -94,38 +85,31 @@ def check(
     return sorted(findings, key=lambda f: order.get(f.severity, 3))
 
 
-def expected(expect_archs: Sequence[object]) -> list[tuple[str, str | None, CudaArch]]:
+def expected(expect_archs: Sequence[str | Arch]) -> list[tuple[str, str | None, Arch]]:
     """``(label, kind, arch)`` for each expected arch: kind is PTX for ``compute_XY`` (PTX required),
-    None for SASS. ``sm_90+PTX`` (or a :class:`kforge.arch.Arch` with ``ptx``) asks for both.
+    None for SASS. ``sm_90+PTX`` (or an :class:`~kforge.arch.Arch` with ``ptx``) asks for both.
 
     Spellings go through :func:`kforge.arch.parse_arch`, the one table of known archs and suffixes,
     so a misspelt or unknown arch is an :class:`~kforge.errors.ArchError` with a suggestion.
     """
-    from kforge.arch import parse_arch as parse_known
-
-    out: list[tuple[str, str | None, CudaArch]] = []
+    out: list[tuple[str, str | None, Arch]] = []
     for item in expect_archs:
-        if isinstance(item, str):
-            text = item.strip().lower()
-            known = parse_known(text)
-            pair = CudaArch(known.major, known.minor, known.variant)
-            if text.startswith("compute_"):
-                kinds: tuple[str | None, ...] = (PTX,)
-            else:
-                kinds = (None, PTX) if known.ptx else (None,)
-        else:  # a kforge.arch.Arch from the plan
-            pair = CudaArch(item.major, item.minor, item.variant)  # type: ignore[attr-defined]
-            kinds = (None, PTX) if getattr(item, "ptx", False) else (None,)
+        arch = parse_arch(item) if isinstance(item, str) else item
+        if isinstance(item, str) and code_kind(item) == PTX:
+            kinds: tuple[str | None, ...] = (PTX,)
+        else:
+            kinds = (None, PTX) if arch.ptx else (None,)
+        want = arch.with_ptx(False)
         for kind in kinds:
-            label = pair.compute if kind == PTX else pair.sm
+            label = want.compute if kind == PTX else want.sm
             if all(label != w[0] for w in out):
-                out.append((label, kind, pair))
+                out.append((label, kind, want))
     return out
 
 
 def verify(
     report: WheelReport | BinaryReport,
-    expect_archs: Sequence[object] = (),
+    expect_archs: Sequence[str | Arch] = (),
     policy: RepairPolicy | None = None,
 ) -> list[Finding]:
     """Like :func:`check`, but raise :class:`DoctorError` when there is any error finding.
@@ -160,7 +144,7 @@ def _vendored(path: str) -> bool:
     return top.endswith(".libs") or "/.libs/" in f"/{path}"
 
 
-def _judge_arch(label: str, binary: BinaryReport, text: str, kind: str | None, want: CudaArch) -> Finding | None:
+def _judge_arch(label: str, binary: BinaryReport, text: str, kind: str | None, want: Arch) -> Finding | None:
     sass = {e.cuda_arch for e in binary.sass if not e.relocatable}
     ptx = {e.cuda_arch for e in binary.ptx}
     has = _describe(binary)
@@ -207,7 +191,7 @@ def _judge_arch(label: str, binary: BinaryReport, text: str, kind: str | None, w
     )
 
 
-def _ptx_runs_on(ptx: CudaArch, device: CudaArch) -> bool:
+def _ptx_runs_on(ptx: Arch, device: Arch) -> bool:
     if ptx.variant == "a":
         return (ptx.major, ptx.minor) == (device.major, device.minor)
     if ptx.variant == "f":
@@ -216,8 +200,8 @@ def _ptx_runs_on(ptx: CudaArch, device: CudaArch) -> bool:
 
 
 def _describe(binary: BinaryReport) -> str:
-    sass = [e.arch for e in binary.sass if not e.relocatable]
-    sass_names = sorted(set(sass), key=lambda n: parse_arch(n)[1])
+    sass = {e.arch: e.cuda_arch for e in binary.sass if not e.relocatable}
+    sass_names = sorted(sass, key=lambda n: sass[n])
     parts = [f"it has {', '.join(sass_names)}" if sass_names else "it has no SASS"]
     if binary.ptx_archs:
         parts.append(f"PTX {', '.join(binary.ptx_archs)}")
@@ -225,8 +209,6 @@ def _describe(binary: BinaryReport) -> str:
 
 
 def _library_findings(label: str, binaries: Sequence[BinaryReport], files: Sequence[str], policy: RepairPolicy) -> list[Finding]:
-    from kforge.repair import unmangle
-
     findings = []
     basenames = {f.rsplit("/", 1)[-1] for f in files} | {b.path.rsplit("/", 1)[-1] for b in binaries}
     for f in files:

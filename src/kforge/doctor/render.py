@@ -11,7 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kforge.doctor.model import PTX, SASS, BinaryReport, CudaArch, Finding, WheelReport
+from kforge.arch import PTX, SASS, Arch
+from kforge.doctor.model import BinaryReport, Finding, WheelReport
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -48,12 +49,12 @@ def render_text(report: WheelReport | BinaryReport | Sequence[WheelReport | Bina
 
 
 def _arch_table(binaries: Sequence[BinaryReport]) -> Table:
-    columns: set[CudaArch] = {e.cuda_arch for b in binaries for e in b.fatbins if e.kind in (SASS, PTX)}
+    columns: set[Arch] = {e.cuda_arch for b in binaries for e in b.fatbins if e.kind in (SASS, PTX)}
     ordered = sorted(columns)
     table = Table(show_lines=False)
     table.add_column("binary")
     for arch in ordered:
-        table.add_column(f"{arch.number}{arch.variant}", justify="center")
+        table.add_column(arch.suffixed, justify="center")
     table.add_column("device code")
     for b in binaries:
         cells = []
