@@ -41,13 +41,10 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-# Running a build and measuring its units live in kforge.buildrun; re-exported here, where the
-# backends and ``python -m kforge.jobs measure`` find them.
 from kforge.buildrun import (
     OOM_PATTERNS,
     Attempt,
@@ -61,6 +58,10 @@ from kforge.buildrun import (
     run_with_oom_retry,
 )
 from kforge.errors import BuildError
+
+# Running a build and measuring its units live in kforge.buildrun; re-exported here, where the
+# backends and ``python -m kforge.jobs measure`` find them.
+from kforge.fsutil import atomic_write_text
 
 GiB = 1024**3
 GB = 1000**3
@@ -301,11 +302,7 @@ def record(cache_dir: Path, project: str, arch_count: int, units: Sequence[UnitM
         "history": history,
     }
     entries[str(arch_count)] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"project": project, "arch_counts": entries}, fh, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps({"project": project, "arch_counts": entries}, indent=2, sort_keys=True))
     return _from_entry(project, arch_count, entry)
 
 

@@ -29,6 +29,7 @@ from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist
 from packaging.version import InvalidVersion, Version
 
 from kforge.errors import SourceError
+from kforge.fsutil import atomic_write_bytes, sha256_file
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
 _ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
@@ -139,14 +140,6 @@ def _version(text: str) -> Version:
         raise SourceError(f"'{text}' is not a valid version", fix="use a PEP 440 version in forge.toml") from exc
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def resolve(name: str, version: str, *, index_url: str | None = None, opener: Opener | None = None) -> IndexFile:
     """Find the sdist's URL (and the index's sha256, if it gives one)."""
     opener = opener or default_opener
@@ -193,25 +186,11 @@ def fetch(
             why="forge.toml pins none and the index lists none",
             fix="pin sha256 for this sdist in forge.toml",
         )
-    target_dir = cache_path(cache_dir, name, version, expected)
-    target_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=target_dir)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write((opener or default_opener)(entry.url, "*/*"))
-        actual = sha256_file(Path(tmp))
-        if actual != expected:
-            raise _mismatch(name, version, expected, actual, entry.url, source="the download has")
-        final = target_dir / Path(entry.filename).name
-        os.replace(tmp, final)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        try:  # leave no empty cache directory behind (another process may be filling it: fine)
-            if not any(target_dir.iterdir()):
-                target_dir.rmdir()
-        except OSError:
-            pass
+    data = (opener or default_opener)(entry.url, "*/*")
+    actual = hashlib.sha256(data).hexdigest()  # checked in memory: a bad download never reaches the cache
+    if actual != expected:
+        raise _mismatch(name, version, expected, actual, entry.url, source="the download has")
+    final = atomic_write_bytes(cache_path(cache_dir, name, version, expected) / Path(entry.filename).name, data)
     return FetchedSdist(final, expected, entry.url, from_cache=False)
 
 

@@ -8,11 +8,10 @@ self-hosted runners labelled ``gpu`` and ``sm<NN>`` after the builds, from the u
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from kforge.config import Forge
+from kforge.fsutil import atomic_write_text
 from kforge.targets import expand_matrix
 
 WORKFLOW = Path(".github/workflows/kforge.yml")
@@ -108,9 +107,5 @@ def write_workflow(forge: Forge, *, check: bool = False) -> tuple[Path, bool]:
     current = path.read_text(encoding="utf-8") if path.is_file() else None
     changed = current != text
     if changed and not check:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kforge-", suffix=".yml")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        atomic_write_text(path, text)
     return path, changed
