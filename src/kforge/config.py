@@ -29,6 +29,7 @@ else:  # pragma: no cover
 FORGE_FILE = "forge.toml"
 BACKENDS = ("native", "cibuildwheel", "cmake")
 VARIANT_RULES = ("declared", "flashinfer")
+RELEASE_SET = "release"  # the arch set whose wheels carry no arch label (docs/forge-toml.md, "Wheel names")
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,13 @@ class Project:
     compile_units: int | None
     profiles: Mapping[str, Profile]
     repair_exclude: tuple[str, ...]
+    arch_sets: Mapping[str, tuple[Arch, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """Named sets of declared archs, usable as a target (``flash-attn-release``); ``release`` is the default set."""
+
+    @property
+    def release_set(self) -> tuple[Arch, ...] | None:
+        """The project's default release set (``arch_sets.release``): its wheels carry no arch label."""
+        return self.arch_sets.get(RELEASE_SET)
 
 
 @dataclass(frozen=True)
@@ -353,7 +361,7 @@ def parse_forge(data: dict[str, Any], *, root: Path, path: Path) -> Forge:
 _PROJECT_KEYS = (
     "description", "source", "upstream_version", "build_dir", "archs", "default_arch", "platforms", "backend",
     "torch_abi", "build_isolation", "min_cuda", "variant_rule", "arch_knobs", "env", "local_version_env",
-    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude",
+    "threads_env", "patches", "gpu_tests", "compile_units", "profiles", "repair_exclude", "arch_sets",
 )  # fmt: skip
 
 
@@ -504,7 +512,46 @@ def _parse_project(parent: _Table, name: str, platforms: Mapping[str, Platform],
         compile_units=units,
         profiles=MappingProxyType(profiles),
         repair_exclude=t.str_list("repair_exclude", ()),
+        arch_sets=_parse_arch_sets(t, archs, platforms),
     )
+
+
+def _parse_arch_sets(t: _Table, archs: list[Arch], platforms: Mapping[str, Platform]) -> Mapping[str, tuple[Arch, ...]]:
+    """``arch_sets = { release = ["sm_80", "sm_90"] }``: each name a target token, each arch a declared one."""
+    sets: dict[str, tuple[Arch, ...]] = {}
+    for name in t.get("arch_sets", dict, {}):
+        key = f"{t.key('arch_sets')}.{name}"
+        if not name or not name[0].isalpha() or not all(c.isalnum() or c == "_" for c in name) or name != name.lower():
+            raise t.error(key, "is not a valid arch set name",
+                          fix="use lower-case letters, digits and '_', starting with a letter (it becomes part of target ids)")
+        if _is_arch_spelling(name) or name in {n for p in platforms.values() for n in p.suffix_names}:
+            raise t.error(key, f"'{name}' reads as an arch or a platform in a target id", fix="pick another name, e.g. release")
+        texts = t.sub("arch_sets", tuple(t.data["arch_sets"])).str_list(name, ...)
+        chosen: list[Arch] = []
+        for i, text in enumerate(texts):
+            arch = _arch(t, f"{key}[{i}]", text)
+            declared = next((a for a in archs if a.base == arch.base), None)
+            if declared is None:
+                raise t.error(f"{key}[{i}]", f"is {arch.sm}, which is not in {t.key('archs')}",
+                              fix=f"use archs the project declares: {', '.join(a.sm for a in archs)}")
+            if arch.variant and arch.variant != declared.variant:
+                raise t.error(f"{key}[{i}]", f"is {arch.sm}, but {t.key('archs')} declares {declared.sm}",
+                              fix=f"write {declared.sm} (or the plain {declared.base.sm})")
+            if any(a.base == declared.base for a in chosen):
+                raise t.error(f"{key}[{i}]", f"lists {declared.base.sm} twice")
+            chosen.append(declared)
+        if not chosen:
+            raise t.error(key, "is empty", fix="name at least one arch")
+        sets[name] = tuple(sorted(chosen))
+    return MappingProxyType(sets)
+
+
+def _is_arch_spelling(text: str) -> bool:
+    try:
+        parse_arch(text)
+    except ArchError:
+        return False
+    return True
 
 
 def _parse_rules(m: _Table, key: str, projects: Mapping[str, Project], platforms: Mapping[str, Platform]) -> tuple[MatrixRule, ...]:

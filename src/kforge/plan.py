@@ -26,6 +26,7 @@ from kforge.jobs import JobChoice, JobProfile, Resources, choose_jobs
 from kforge.series import PatchContext, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource
 from kforge.targets import Target
+from kforge.wheelname import local_version_label
 
 #: The KFORGE_* variables that take part in the cascade, and the option each one sets.
 ENV_OPTIONS = {
@@ -156,18 +157,10 @@ class Plan:
 # ---------------------------------------------------------------------------------------------
 
 
-def effective_archs(project: Project, arch: Arch, cuda: Version) -> tuple[Arch, ...]:
-    if project.variant_rule == "flashinfer" and not arch.variant:
-        return (default_variant(arch, cuda),)
-    return (arch,)
-
-
-def local_version_label(cuda: Version, torch: Version | None) -> str:
-    """FA2's convention: ``cu130torch2.11``."""
-    label = f"cu{cuda.major}{cuda.minor}"
-    if torch is not None:
-        label += f"torch{torch.major}.{torch.minor}"
-    return label
+def effective_archs(project: Project, archs: tuple[Arch, ...], cuda: Version) -> tuple[Arch, ...]:
+    if project.variant_rule == "flashinfer":
+        return tuple(a if a.variant else default_variant(a, cuda) for a in archs)
+    return archs
 
 
 def _select_cuda(forge: Forge, host: HostFacts, options: PlanOptions, environ_cuda: bool) -> tuple[Version, str]:
@@ -223,7 +216,7 @@ def make_plan(
 
     # --- toolchain: which CUDA, and can it compile these archs?
     cuda, cuda_from = _select_cuda(forge, host, options, cuda_from_env)
-    archs = effective_archs(project, target.arch, cuda)
+    archs = effective_archs(project, target.archs, cuda)
     native = target.platform == host.platform  # a Windows target planned on Linux uses that host's toolkit
     same_as_installed = native and host.cuda_version is not None and cuda == as_cuda_version(host.cuda_version)
     require_supported(archs, cuda, nvcc_archs=host.nvcc_archs if same_as_installed else None,
@@ -253,7 +246,7 @@ def make_plan(
     torch = None
     if project.torch_abi:
         torch = (host.torch_version if native else None) or (forge.toolchains.torch[0] if forge.toolchains.torch else None)
-    local_version = local_version_label(cuda, torch) if project.torch_abi else None
+    local_version = local_version_label(project, target.archs, cuda, torch)
 
     # --- jobs
     resources = Resources(cpus=host.cpus, mem_available=host.mem_available, mem_total=host.mem_total)
