@@ -50,7 +50,7 @@ def handler(args: argparse.Namespace) -> int:
     )
     from kforge.doctor.checks import expected
     from kforge.doctor.wheel import BINARY_NAME
-    from kforge.repair import default_policy
+    from kforge.repairpolicy import default_policy
 
     expect = [a.strip() for item in args.expect_arch for a in item.split(",") if a.strip()]
     expected(expect)  # an ArchError for a misspelt arch, before any work
