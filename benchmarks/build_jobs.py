@@ -15,7 +15,7 @@ What it does, in order:
    (a) upstream's default: MAX_JOBS = max(1, min(cpu // 2, int(available_GiB / 9))), NVCC_THREADS=4;
    (b) kforge: ``choose_jobs(detect_resources(), load_profile(..., "flash-attn", 1))``, with the
    compiler cache from ``compiler_cache()`` (so (b) pays ccache's cold-miss overhead).
-   Every compile runs under ``python -m kforge.jobs measure`` (time and peak RSS per unit);
+   Every compile runs under ``python -m kforge.measure measure`` (time and peak RSS per unit);
    the system's used memory is sampled every 0.5 s.
 4. Rebuilds (b) from an empty object dir with the warm compiler cache.
 5. Writes results.json, the two timelines, and prints a summary.
@@ -45,7 +45,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kforge import jobs, report, toolchain
+from kforge import buildrun, jobs, measure, report, toolchain
+from kforge.host import detect_resources
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -144,7 +145,7 @@ def make_variant(text: str, vdir: Path, units: list[str], threads: int, nvcc: st
     objdir = objdir[: objdir.index("/csrc")] if "/csrc" in objdir else objdir
     text = text.replace(objdir, str(vdir / "obj"))
     text = re.sub(r"--threads\s+\d+", f"--threads {threads}", text)
-    measure = f"{sys.executable} -m kforge.jobs measure --log {vdir / 'units.jsonl'} --threads {threads} --output $out --"
+    measure = f"{sys.executable} -m kforge.measure measure --log {vdir / 'units.jsonl'} --threads {threads} --output $out --"
     text = re.sub(r"^(\s+command = )\$nvcc ", rf"\1{measure} $nvcc ", text, flags=re.MULTILINE)
     if nvcc:
         text = re.sub(r"^nvcc = .*$", f"nvcc = {nvcc}", text, flags=re.MULTILINE)
@@ -186,12 +187,12 @@ def run_ninja(vdir: Path, targets: list[str], njobs: int, env: dict[str, str], t
     peak = sampler.stop()
     text = "".join(lines)
     return {"rc": rc, "wall_s": wall, "sys_used_peak": peak, "sys_used_base": sampler.base,
-            "oom": rc != 0 and jobs.looks_oom(rc, text), "timed_out": rc == -9 and wall >= timeout - 1,
+            "oom": rc != 0 and buildrun.looks_oom(rc, text), "timed_out": rc == -9 and wall >= timeout - 1,
             "tail": text[-1500:] if rc else ""}
 
 
 def summarize(vdir: Path, title: str) -> dict:
-    measures = {m.output: m for m in jobs.read_measures(vdir / "units.jsonl")}
+    measures = {m.output: m for m in measure.read_measures(vdir / "units.jsonl")}
     entries = report.parse_ninja_log(vdir / ".ninja_log")
     rep = report.build_report(entries, {k: m.peak_rss for k, m in measures.items()}, title=title)
     report.write_report(rep, vdir)
@@ -253,7 +254,7 @@ def main() -> int:
         with tarfile.open(args.sdist) as tar:
             tar.extractall(args.work, filter="data")
         src = next(args.work.glob("flash_attn-*"))
-    host = jobs.detect_resources()
+    host = detect_resources()
     nvcc = toolchain.find_nvcc(os.environ)
     torch_info = toolchain.detect_torch(sys.executable)
     cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -321,7 +322,7 @@ def main() -> int:
     log(f"(b) rc={rb['rc']} wall {rb['wall_s']:.1f}s sys peak {rb['sys_used_peak'] / 1e9:.1f} GB")
     if cc:
         results["ccache_cold_stats"] = ccache_stats(env_cc)
-    measured = jobs.read_measures(vb / "units.jsonl")
+    measured = measure.read_measures(vb / "units.jsonl")
     updated = jobs.record(cache, "flash-attn", 1, measured)
     results["profile_after"] = {"peak_rss_per_unit": updated.peak_rss_per_unit, "unit_seconds": updated.unit_seconds,
                                 "samples": updated.samples, "source": updated.source}

@@ -1,4 +1,8 @@
-"""Shared test setup: the GPU rule (skip without a GPU, fail instead when KFORGE_REQUIRE_GPU=1)."""
+"""Shared test setup: the GPU rule (skip without a GPU, fail instead when KFORGE_REQUIRE_GPU=1), and shared fixtures.
+
+The forge.toml builder and the ``kforge()`` CLI runner live in tests/fixtures/kforge_testkit.py;
+``forge_and_plan`` turns such a forge.toml into plans on a fixed, fake host.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "fixtures"))  # kforge_gitfixtures, kforge_doctor_builders
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))  # kforge_testkit, kforge_gitfixtures, kforge_doctor_builders
+
+from kforge.arch import parse_arch  # noqa: E402
+from kforge.config import load_forge  # noqa: E402
+from kforge.host import HostFacts, Resources, detect_host  # noqa: E402
+from kforge.jobs import load_profile  # noqa: E402
+from kforge.plan import PlanOptions, make_plan  # noqa: E402
+from kforge.targets import parse_target  # noqa: E402
 
 
 @functools.cache
@@ -61,8 +73,6 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def nvcc_env_and_host():
     """The environment and host facts a real build sees; skips where no nvcc is found."""
-    from kforge.host import detect_host
-
     environ = dict(os.environ)
     if not environ.get("CUDA_HOME") and Path("/usr/local/cuda-13.0/bin/nvcc").is_file():
         environ["CUDA_HOME"] = "/usr/local/cuda-13.0"
@@ -70,3 +80,23 @@ def nvcc_env_and_host():
     if host.nvcc_path is None:
         pytest.skip("no nvcc found (set CUDA_HOME): these tests compile real CUDA")
     return environ, host
+
+
+@pytest.fixture()
+def forge_and_plan():
+    """``setup(root, forge_toml_text, gpu_arch=None)`` writes forge.toml and returns ``make(target, **options)``,
+    which gives ``(plan, host)`` for a fixed fake Linux host (2 cpus, 16 GiB free, nvcc 13.0 at /opt/cuda)."""
+    def setup(root: Path, text: str, *, gpu_arch: str | None = None):  # type: ignore[no-untyped-def]
+        (root / "forge.toml").write_text(text)
+        forge = load_forge(root)
+        host = HostFacts(platform="linux-x86_64", python="3.11", resources=Resources(2, 16 * 2**30, 24 * 2**30),
+                         cuda_version=Version("13.0"), nvcc_path="/opt/cuda/bin/nvcc", cuda_home="/opt/cuda",
+                         gpu_arch=parse_arch(gpu_arch) if gpu_arch else None,
+                         gpu_name=f"fake {gpu_arch} GPU" if gpu_arch else None)
+
+        def make(target: str, **options):  # type: ignore[no-untyped-def]
+            t = parse_target(forge, target, host.platform)
+            profile = load_profile(root / "cache", t.project, 1)
+            return make_plan(forge, t, host, PlanOptions(**options), job_profile=profile), host
+        return make
+    return setup

@@ -1,42 +1,24 @@
-"""Running a build: the one retry after an out-of-memory kill, and measuring each compile unit.
+"""Run a build command with a job choice, and retry it once with half the jobs after an out-of-memory kill.
 
-:func:`run_with_oom_retry` runs a build command with a :class:`~kforge.jobs.JobChoice`'s knobs
-and retries once with half the jobs when a unit was OOM-killed. :func:`measure_command` (and
-its command-line form ``python -m kforge.jobs measure``) wraps one compile and records its
-time and peak RSS, which :func:`kforge.jobs.record` folds into the project's profile.
+:func:`run_with_oom_retry` puts a :class:`~kforge.jobs.JobChoice`'s knobs (``MAX_JOBS``, every
+thread variable of the plan, ``CMAKE_BUILD_PARALLEL_LEVEL``) into the command's environment, and
+on an OOM kill runs it once more with :meth:`~kforge.jobs.JobChoice.halved`. Measuring compile
+units is :mod:`kforge.measure`'s job.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
 from kforge.errors import BuildError
-
-if TYPE_CHECKING:
-    from kforge.jobs import JobChoice
-
-
-@dataclass(frozen=True)
-class UnitMeasure:
-    """One compile unit as measured by :func:`measure_command` (or taken from a report)."""
-
-    output: str
-    seconds: float
-    peak_rss: int  # bytes
-    returncode: int = 0
-    nvcc_threads: int = 1
-
-
-# ---------------------------------------------------------------------------- running a build
+from kforge.jobs import JobChoice
 
 #: Output that means a compile unit ran out of memory (rather than failed to compile).
 OOM_PATTERNS = (
@@ -140,98 +122,3 @@ def _run_capture(argv, env, cwd, echo) -> tuple[int, str]:
         if echo:
             echo(line.rstrip("\n"))
     return proc.wait(), "".join(chunks)
-
-
-# ---------------------------------------------------------------------------- measuring one unit
-
-
-def process_tree(root_pid: int, page: int | None = None) -> tuple[int, set[str]]:
-    """RSS summed over ``root_pid`` and its descendants, and their process names, from /proc."""
-    page = page or os.sysconf("SC_PAGE_SIZE")
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        left, right = stat.find("("), stat.rfind(")")
-        fields = stat[right + 2:].split()
-        pid = int(entry.name)
-        names[pid] = stat[left + 1:right]
-        children.setdefault(int(fields[1]), []).append(pid)
-        rss[pid] = int(fields[21]) * page
-    total, seen, todo = 0, set(), [root_pid]
-    while todo:
-        pid = todo.pop()
-        total += rss.get(pid, 0)
-        seen.add(names.get(pid, ""))
-        todo.extend(children.get(pid, ()))
-    return total, seen
-
-
-def _tree_rss(root_pid: int) -> int:
-    """Sum of RSS over ``root_pid`` and its descendants (0 where unreadable)."""
-    return process_tree(root_pid)[0]
-
-
-def measure_command(argv: Sequence[str], *, output: str = "", interval: float = 0.2,
-                    nvcc_threads: int = 1) -> UnitMeasure:
-    """Run one compile command; return its time and peak RSS.
-
-    The peak is the larger of wait4's ``ru_maxrss`` (the largest single process in the tree,
-    exact) and the sampled sum over the process tree (catches nvcc's concurrent threads).
-    """
-    start = time.monotonic()
-    proc = subprocess.Popen(list(argv))
-    peak_sum = 0
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        peak_sum = max(peak_sum, _tree_rss(proc.pid))
-        time.sleep(interval)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    peak = max(peak_sum, usage.ru_maxrss * 1024)
-    return UnitMeasure(output=output, seconds=time.monotonic() - start, peak_rss=peak,
-                       returncode=proc.returncode, nvcc_threads=nvcc_threads)
-
-
-def read_measures(path: Path) -> tuple[UnitMeasure, ...]:
-    """Units appended by ``python -m kforge.jobs measure --log PATH`` (last one per output wins)."""
-    found: dict[str, UnitMeasure] = {}
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError:
-        return ()
-    for line in lines:
-        try:
-            found[json.loads(line)["output"]] = UnitMeasure(**json.loads(line))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return tuple(found.values())
-
-
-def _main(argv: Iterable[str]) -> int:
-    """``python -m kforge.jobs measure --log FILE [--output NAME] [--threads N] -- CMD...``: a compile wrapper."""
-    args = list(argv)
-    if not args or args[0] != "measure" or "--" not in args:
-        print("usage: python -m kforge.jobs measure --log FILE [--output NAME] [--threads N] -- CMD...", file=sys.stderr)
-        return 2
-    sep = args.index("--")
-    opts, cmd = args[1:sep], args[sep + 1:]
-    kv = dict(zip(opts[::2], opts[1::2], strict=False))
-    m = measure_command(cmd, output=kv.get("--output", cmd[-1] if cmd else ""),
-                        nvcc_threads=int(kv.get("--threads", "1")))
-    if "--log" in kv:
-        line = json.dumps(asdict(m)) + "\n"
-        fd = os.open(kv["--log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())  # one write with O_APPEND: concurrent jobs don't interleave
-        finally:
-            os.close(fd)
-    return m.returncode if m.returncode >= 0 else 128 - m.returncode

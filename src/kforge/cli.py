@@ -1,4 +1,4 @@
-"""The ``kforge`` command.
+"""The ``kforge`` command: wire the subcommands together, turn a KforgeError into a message and an exit code.
 
 Each subcommand lives in ``kforge.commands.<name>`` and exposes ``register(subparsers)``,
 which adds its parser and sets ``func`` to a handler ``(args) -> int``. This module only

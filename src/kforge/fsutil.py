@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 PUBLIC_FILE_MODE = 0o644
@@ -59,3 +60,13 @@ def atomic_write_text(path: Path, text: str, *, mode: int | None = PUBLIC_FILE_M
 def work_root(root: Path) -> Path:
     """The monorepo's scratch space, ``<root>/.kforge/work`` (build trees, locks, reports)."""
     return Path(root) / ".kforge" / "work"
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """kforge's cache (toolkits, sdists, job profiles): ``$KFORGE_CACHE``, else ``$XDG_CACHE_HOME/kforge``,
+    else ``~/.cache/kforge`` (``environ`` defaults to the process's environment)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("KFORGE_CACHE"):
+        return Path(environ["KFORGE_CACHE"]).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kforge"

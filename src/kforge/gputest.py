@@ -1,4 +1,4 @@
-"""``test-<target>``: install the target's wheel from the wheelhouse index and run its GPU tests.
+"""Test a target's published wheel on this GPU: pip install it from the wheelhouse index, run its GPU tests.
 
 The wheel comes from the generated PEP 503 index through real pip, into the interpreter that runs
 kforge (the nox session's fresh venv, which sees the machine's torch). Run outside nox, it installs
@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
 from kforge import doctor, sources, wheelhouse
-from kforge.config import Forge
 from kforge.errors import ConfigError, GPUError, GpuTestError, PublishError
+from kforge.fsutil import cache_dir, work_root
 from kforge.host import HostFacts
 from kforge.log import StepLog
 from kforge.plan import Plan
@@ -44,22 +44,42 @@ def latest_wheel(wheelhouse_root: Path, plan: Plan) -> wheelhouse.PublishedWheel
     return max(mine, key=lambda w: w.record.built_at or "")
 
 
-def gpu_problem(host: HostFacts, wheel: Path) -> str | None:
+def gpu_problem(host: HostFacts, wheel: Path,
+                inspect_wheel: Callable[[Path], doctor.WheelReport] = doctor.inspect_wheel) -> str | None:
     """Why this machine's GPU can't run the wheel, or None when it can."""
     if host.gpu_arch is None:
         if host.gpu_name:
             return f"this machine's GPU, {host.gpu_name}, is not one the wheel can target"
         return "no NVIDIA GPU on this machine (nvidia-smi found none)"
     want = host.gpu_arch.base.sm
-    findings = doctor.check(doctor.inspect_wheel(wheel), expect_archs=[want])
+    findings = doctor.check(inspect_wheel(wheel), expect_archs=[want])
     errors = [f for f in findings if f.is_error and f.arch == want]
     if errors:
         return f"this machine's GPU ({host.gpu_name or want}, {want}) cannot run the wheel: {errors[0].message}"
     return None
 
 
+def skip_or_fail(problem: str, environ: Mapping[str, str]) -> None:
+    """The GPU rule: a problem skips the tests, or fails them when ``KFORGE_REQUIRE_GPU=1``."""
+    if environ.get("KFORGE_REQUIRE_GPU") == "1":
+        raise GPUError(problem, why="KFORGE_REQUIRE_GPU=1 turns a skip into a failure",
+                       fix="run this on a machine whose GPU is one of the wheel's archs, or unset KFORGE_REQUIRE_GPU")
+
+
+def run_command(cmd: Sequence[str], environ: Mapping[str, str], *, cwd: Path | None = None,
+                capture: bool = False) -> tuple[int, str]:
+    """Run a command (its output captured, or straight to the console); its exit code and captured output."""
+    if not capture:
+        return subprocess.call(list(cmd), cwd=cwd, env=dict(environ)), ""
+    proc = subprocess.run(list(cmd), env=dict(environ), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    return proc.returncode, proc.stdout
+
+
+Runner = Callable[..., "tuple[int, str]"]
+
+
 def run_gpu_tests(
-    forge: Forge,
     plan: Plan,
     host: HostFacts,
     *,
@@ -67,51 +87,45 @@ def run_gpu_tests(
     environ: Mapping[str, str],
     python: str = sys.executable,
     log: StepLog | None = None,
+    runner: Runner = run_command,
+    inspect_wheel: Callable[[Path], doctor.WheelReport] = doctor.inspect_wheel,
 ) -> GpuTestOutcome:
+    """Install the target's newest published wheel from the wheelhouse index and run its GPU tests."""
     log = log or StepLog(total=3, title=f"test-{plan.id}")
     if plan.gpu_tests is None:
         raise ConfigError(f"{plan.project.name} declares no GPU tests", fix=f"add gpu_tests = {{ paths = [...] }} to projects.{plan.project.name}")
     published = latest_wheel(wheelhouse_root, plan)
-    problem = gpu_problem(host, published.wheel)
+    problem = gpu_problem(host, published.wheel, inspect_wheel)
     if problem:
-        if environ.get("KFORGE_REQUIRE_GPU") == "1":
-            raise GPUError(problem, why="KFORGE_REQUIRE_GPU=1 turns a skip into a failure",
-                           fix="run this on a machine whose GPU is one of the wheel's archs, or unset KFORGE_REQUIRE_GPU")
+        skip_or_fail(problem, environ)
         log.warning(f"skipped: {problem}")
         return GpuTestOutcome("skipped", problem, published.wheel)
-
-    name, version, _, _ = parse_wheel_filename(published.wheel.name)
-    index = (Path(wheelhouse_root) / "simple").resolve().as_uri()
-    with log.step("install", f"{name}=={version} from {index}"):
-        _run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", "--no-cache-dir",
-              "--index-url", index, f"{name}=={version}"], environ, "pip install from the wheelhouse index")
-
-    work = forge.root / ".kforge" / "work" / f"test-{plan.id}"
+    with log.step("install", f"from {wheelhouse_root / 'simple'}"):
+        _install(published.wheel, wheelhouse_root, python, environ, runner)
+    work = work_root(plan.root) / f"test-{plan.id}"
     with log.step("source", "the project's tests"):
-        prepared = sources.prepare(forge.root, plan.project.source, work / "src", cache_dir=_cache(environ),
+        prepared = sources.prepare(plan.root, plan.source, work / "src", cache_dir=cache_dir(environ),
                                    allow_dirty=True, name=plan.project.name)
-        paths = [str(prepared.tree / p) for p in plan.gpu_tests.paths]
-
     with log.step("pytest", " ".join(plan.gpu_tests.paths)):
         # Run from the work dir, not the source tree, so the installed wheel is imported, not the sources.
-        code = subprocess.call([python, "-m", "pytest", *paths, *plan.gpu_tests.args, "-p", "no:cacheprovider"],
-                               cwd=work, env=dict(environ))
+        paths = [str(prepared.tree / p) for p in plan.gpu_tests.paths]
+        code, _ = runner([python, "-m", "pytest", *paths, *plan.gpu_tests.args, "-p", "no:cacheprovider"], environ,
+                         cwd=work)
         if code != 0:
             raise GpuTestError(f"the GPU tests of {plan.id} failed (pytest exit code {code})",
-                             why="pytest exits 5 when it collected no tests" if code == 5 else None,
-                             fix="read the pytest output above")
+                               why="pytest exits 5 when it collected no tests" if code == 5 else None,
+                               fix="read the pytest output above")
     return GpuTestOutcome("passed", "", published.wheel)
 
 
-def _cache(environ: Mapping[str, str]) -> Path:
-    from kforge.commands._common import cache_dir
-
-    return cache_dir(environ)
-
-
-def _run(cmd: list[str], environ: Mapping[str, str], what: str) -> None:
-    proc = subprocess.run(cmd, env=dict(environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.splitlines()[-15:])
-        raise GpuTestError(f"{what} failed: {' '.join(cmd)} exited {proc.returncode}", why=tail,
+def _install(wheel: Path, wheelhouse_root: Path, python: str, environ: Mapping[str, str], runner: Runner) -> None:
+    """pip install the wheel by name and version from the wheelhouse's PEP 503 index (as a user would)."""
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    index = (Path(wheelhouse_root) / "simple").resolve().as_uri()
+    cmd = [python, "-m", "pip", "install", "--force-reinstall", "--no-deps", "--no-cache-dir",
+           "--index-url", index, f"{name}=={version}"]
+    code, output = runner(cmd, environ, capture=True)
+    if code != 0:
+        tail = "\n".join(output.splitlines()[-15:])
+        raise GpuTestError(f"pip install from the wheelhouse index failed: {' '.join(cmd)} exited {code}", why=tail,
                            fix="check that the wheelhouse index lists the wheel (kforge wheelhouse index)")

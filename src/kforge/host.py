@@ -1,36 +1,141 @@
-"""Facts about the machine a plan is made on, gathered once and passed in (never at import time)."""
+"""Gather the facts about this machine a plan needs (platform, cores, memory, nvcc, torch, GPU), once, passed in.
+
+Nothing is detected at import time: :func:`detect_host` returns a frozen :class:`HostFacts` that the
+caller hands to the plan, and tests build their own. :class:`Resources` (cores and memory) is the
+part the job model (:mod:`kforge.jobs`) reads.
+"""
 
 from __future__ import annotations
 
+import os
 import platform as _platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from packaging.version import Version
 
+from kforge import toolchain
 from kforge.arch import Arch, host_arch
-from kforge.errors import KforgeError
+from kforge.errors import KforgeError, ToolchainError
+
+GiB = 1024**3
+GB = 1000**3
+
+@dataclass(frozen=True)
+class Resources:
+    """What the build machine offers right now."""
+
+    cpus: int
+    mem_available: int  # bytes, usable now (MemAvailable, or the cgroup's room if lower)
+    mem_total: int  # bytes
+    source: str = "given"
+
+    def describe(self) -> str:
+        return (
+            f"{self.cpus} cpus, {self.mem_available / GB:.1f} GB available of "
+            f"{self.mem_total / GB:.1f} GB ({self.source})"
+        )
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text in ("", "max"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _meminfo(proc: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in (proc / "meminfo").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts:
+            value = int(parts[0])
+            out[key.strip()] = value * 1024 if len(parts) > 1 and parts[1].lower() == "kb" else value
+    return out
+
+
+def _cgroup_room(proc: Path, sys_fs_cgroup: Path) -> tuple[int | None, int | None]:
+    """(room left, limit) from the cgroup v2 (or v1) memory controller of this process."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        rel = path.lstrip("/")
+        if hier == "0" and controllers == "":  # v2 unified
+            base = sys_fs_cgroup / rel
+            limit, current = _read_int(base / "memory.max"), _read_int(base / "memory.current")
+        elif "memory" in controllers.split(","):  # v1
+            base = sys_fs_cgroup / "memory" / rel
+            limit, current = _read_int(base / "memory.limit_in_bytes"), _read_int(base / "memory.usage_in_bytes")
+            if limit is not None and limit >= 1 << 60:  # v1 says "unlimited" with a huge number
+                limit = None
+        else:
+            continue
+        if limit is not None:
+            return max(0, limit - (current or 0)), limit
+    return None, None
+
+
+def detect_resources(
+    *,
+    proc: Path = Path("/proc"),
+    sys_fs_cgroup: Path = Path("/sys/fs/cgroup"),
+    affinity: Callable[[int], set[int]] | None = None,
+) -> Resources:
+    """Read cpus (scheduler affinity) and memory (MemAvailable, lowered to the cgroup's room)."""
+    aff = affinity or getattr(os, "sched_getaffinity", None)
+    cpus = len(aff(0)) if aff else (os.cpu_count() or 1)
+    info = _meminfo(proc)
+    total = info.get("MemTotal", 0)
+    available = info.get("MemAvailable", info.get("MemFree", 0))
+    source = "/proc/meminfo MemAvailable"
+    room, limit = _cgroup_room(proc, sys_fs_cgroup)
+    if room is not None and room < available:
+        available, source = room, "cgroup memory limit"
+    if limit is not None and limit < total:
+        total = limit
+    return Resources(cpus=max(1, cpus), mem_available=available, mem_total=total, source=source)
+
 
 
 @dataclass(frozen=True)
 class HostFacts:
     platform: str  # a forge.toml platform name, e.g. linux-x86_64
     python: str  # "3.11"
-    cpus: int
-    mem_available: int  # bytes, now
-    mem_total: int
+    resources: Resources  # cores and memory, now
     cuda_version: Version | None = None  # the nvcc kforge found, if any
     nvcc_path: str | None = None
     cuda_home: str | None = None
     nvcc_archs: frozenset[str] | None = None  # `nvcc --list-gpu-arch`
     torch_version: Version | None = None
-    torch_cuda: str | None = None
-    torch_cxx11_abi: bool | None = None
     gpu_arch: Arch | None = None  # the first visible GPU, if any
     gpu_name: str | None = None
+
+    @property
+    def cpus(self) -> int:
+        return self.resources.cpus
+
+    @property
+    def mem_available(self) -> int:
+        return self.resources.mem_available
+
+    @property
+    def mem_total(self) -> int:
+        return self.resources.mem_total
 
     def with_(self, **changes: object) -> HostFacts:
         return replace(self, **changes)
@@ -74,16 +179,10 @@ def detect_gpu(which=shutil.which) -> tuple[Arch | None, str | None]:
 
 def detect_host(environ: Mapping[str, str], *, python: str | None = None, probe_torch: bool = False) -> HostFacts:
     """Gather every fact a plan needs: nvcc, torch, cores and memory, and the GPU."""
-    from kforge import jobs, toolchain
-    from kforge.errors import ToolchainError
-
-    res = jobs.detect_resources()
     facts = HostFacts(
         platform=platform_name(),
         python=f"{sys.version_info.major}.{sys.version_info.minor}",
-        cpus=res.cpus,
-        mem_available=res.mem_available,
-        mem_total=res.mem_total,
+        resources=detect_resources(),
     )
     try:
         nvcc = toolchain.find_nvcc(environ)
@@ -101,9 +200,5 @@ def detect_host(environ: Mapping[str, str], *, python: str | None = None, probe_
 
 def with_torch(facts: HostFacts, python: str) -> HostFacts:
     """Add the torch that ``python`` imports (a subprocess: seconds, so only for torch-ABI projects)."""
-    from kforge import toolchain
-
     torch = toolchain.detect_torch(python)
-    if torch is None:
-        return facts
-    return facts.with_(torch_version=torch.version, torch_cuda=torch.cuda, torch_cxx11_abi=torch.cxx11_abi)
+    return facts if torch is None else facts.with_(torch_version=torch.version)

@@ -38,30 +38,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kforge.buildrun import (
-    OOM_PATTERNS,
-    Attempt,
-    BuildRun,
-    Command,
-    UnitMeasure,
-    _main,
-    looks_oom,
-    measure_command,
-    read_measures,
-    run_with_oom_retry,
-)
 from kforge.errors import BuildError
-
-# Running a build and measuring its units live in kforge.buildrun; re-exported here, where the
-# backends and ``python -m kforge.jobs measure`` find them.
 from kforge.fsutil import atomic_write_text
+from kforge.host import Resources
+from kforge.measure import UnitMeasure
 
 GiB = 1024**3
 GB = 1000**3
@@ -74,95 +59,6 @@ DEFAULT_PEAK_RSS = int(3 * GiB)
 DEFAULT_UNIT_SECONDS = 60.0
 #: How many recent builds a profile remembers.
 HISTORY = 8
-
-
-# ---------------------------------------------------------------------------- host facts
-
-
-@dataclass(frozen=True)
-class Resources:
-    """What the build machine offers right now."""
-
-    cpus: int
-    mem_available: int  # bytes, usable now (MemAvailable, or the cgroup's room if lower)
-    mem_total: int  # bytes
-    source: str = "given"
-
-    def describe(self) -> str:
-        return (
-            f"{self.cpus} cpus, {self.mem_available / GB:.1f} GB available of "
-            f"{self.mem_total / GB:.1f} GB ({self.source})"
-        )
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if text in ("", "max"):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def _meminfo(proc: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in (proc / "meminfo").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts:
-            value = int(parts[0])
-            out[key.strip()] = value * 1024 if len(parts) > 1 and parts[1].lower() == "kb" else value
-    return out
-
-
-def _cgroup_room(proc: Path, sys_fs_cgroup: Path) -> tuple[int | None, int | None]:
-    """(room left, limit) from the cgroup v2 (or v1) memory controller of this process."""
-    try:
-        lines = (proc / "self" / "cgroup").read_text().splitlines()
-    except OSError:
-        return None, None
-    for line in lines:
-        hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        rel = path.lstrip("/")
-        if hier == "0" and controllers == "":  # v2 unified
-            base = sys_fs_cgroup / rel
-            limit, current = _read_int(base / "memory.max"), _read_int(base / "memory.current")
-        elif "memory" in controllers.split(","):  # v1
-            base = sys_fs_cgroup / "memory" / rel
-            limit, current = _read_int(base / "memory.limit_in_bytes"), _read_int(base / "memory.usage_in_bytes")
-            if limit is not None and limit >= 1 << 60:  # v1 says "unlimited" with a huge number
-                limit = None
-        else:
-            continue
-        if limit is not None:
-            return max(0, limit - (current or 0)), limit
-    return None, None
-
-
-def detect_resources(
-    *,
-    proc: Path = Path("/proc"),
-    sys_fs_cgroup: Path = Path("/sys/fs/cgroup"),
-    affinity: Callable[[int], set[int]] | None = None,
-) -> Resources:
-    """Read cpus (scheduler affinity) and memory (MemAvailable, lowered to the cgroup's room)."""
-    aff = affinity or getattr(os, "sched_getaffinity", None)
-    cpus = len(aff(0)) if aff else (os.cpu_count() or 1)
-    info = _meminfo(proc)
-    total = info.get("MemTotal", 0)
-    available = info.get("MemAvailable", info.get("MemFree", 0))
-    source = "/proc/meminfo MemAvailable"
-    room, limit = _cgroup_room(proc, sys_fs_cgroup)
-    if room is not None and room < available:
-        available, source = room, "cgroup memory limit"
-    if limit is not None and limit < total:
-        total = limit
-    return Resources(cpus=max(1, cpus), mem_available=available, mem_total=total, source=source)
 
 
 # ---------------------------------------------------------------------------- profiles
@@ -316,14 +212,15 @@ class JobChoice:
     reason: str
     est_peak_memory: int = 0  # bytes, max_jobs * peak of one unit at nvcc_threads
     est_unit_seconds: float = 0.0
+    #: Every variable that carries the nvcc thread count (the plan adds a project's own, e.g.
+    #: FLASHINFER_NVCC_THREADS), so that an OOM retry lowers all of them, not only the generic one.
+    thread_vars: tuple[str, ...] = ("NVCC_THREADS",)
 
     def env(self) -> dict[str, str]:
-        """The generic knobs (project-specific names are the plan's business)."""
-        return {
-            "MAX_JOBS": str(self.max_jobs),
-            "NVCC_THREADS": str(self.nvcc_threads),
-            "CMAKE_BUILD_PARALLEL_LEVEL": str(self.max_jobs),
-        }
+        """``MAX_JOBS``, ``CMAKE_BUILD_PARALLEL_LEVEL`` and every thread variable, as the build sees them."""
+        out = {"MAX_JOBS": str(self.max_jobs), "CMAKE_BUILD_PARALLEL_LEVEL": str(self.max_jobs)}
+        out.update({var: str(self.nvcc_threads) for var in self.thread_vars})
+        return out
 
     def halved(self) -> JobChoice | None:
         """Half the memory: half the jobs, or half the nvcc threads once jobs is 1; None if nothing is left to halve."""
@@ -420,30 +317,3 @@ def _overridden(host, profile, budget, what, jobs, threads, units) -> JobChoice:
                 f"after headroom; an OOM is retried once with half the jobs")
     return JobChoice(jobs, t, f"{jobs} jobs x {t} nvcc threads (user override){warn}: {what}",
                      mem, unit_seconds(profile, t))
-
-
-__all__ = [
-    "OOM_PATTERNS",
-    "SEEDS",
-    "Attempt",
-    "BuildRun",
-    "Command",
-    "Resources",
-    "JobChoice",
-    "JobProfile",
-    "UnitMeasure",
-    "choose_jobs",
-    "detect_resources",
-    "headroom",
-    "load_profile",
-    "looks_oom",
-    "measure_command",
-    "read_measures",
-    "record",
-    "run_with_oom_retry",
-    "unit_memory",
-    "unit_seconds",
-]
-
-if __name__ == "__main__":  # pragma: no cover - exercised through subprocess in tests
-    sys.exit(_main(sys.argv[1:]))

@@ -1,8 +1,14 @@
-"""The build chain: plan -> source -> patches -> toolchain -> build -> repair -> doctor -> report -> publish.
+"""Run a plan's build as a list of steps: source -> patches -> toolchain -> build -> report -> repair -> doctor -> publish.
 
-Each step takes the plan (and the previous step's frozen result) and nothing else. A failure in any
-step raises its own :class:`~kforge.errors.KforgeError`; nothing reaches the wheelhouse unless every
-step before publish passed, and publish itself is atomic.
+Each step is a small function ``(plan, run, done) -> result``: it reads the :class:`~kforge.plan.Plan`, the
+:class:`Run` (host, environment, paths and the injected :class:`Services`: backend, repairer, nvcc finder,
+doctor) and the frozen results of the steps before it (:class:`Done`), and returns its own frozen result.
+:func:`run_build` is the loop: the per-target lock around it, a logged and timed step per entry of
+:data:`STEPS`. A failure in any step raises its own :class:`~kforge.errors.KforgeError`; nothing reaches
+the wheelhouse unless every step before publish passed, and publish itself is atomic.
+
+To add a step: write ``def my_step(plan, run, done) -> MyResult``, give :class:`Done` a ``my`` field and
+put ``Step("my", my_step, ...)`` where it belongs in :data:`STEPS`.
 """
 
 from __future__ import annotations
@@ -12,23 +18,118 @@ import platform as _platform
 import shutil
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from types import MappingProxyType
 
 from filelock import FileLock
 
 from kforge import doctor, jobs, patches, repair, report, sources, toolchain, wheelhouse
-from kforge.backends import BuildRequest, BuildResult, get_backend
-from kforge.config import Forge
+from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
+from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import BuildError, DoctorError, ToolchainError
 from kforge.host import HostFacts
 from kforge.log import StepLog
 from kforge.plan import PROVISIONABLE_FROM, Plan
-from kforge.series import load_series
 
-STEPS = ("source", "patches", "toolchain", "build", "report", "repair", "doctor", "publish")
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+def locate_nvcc(plan: Plan, environ: Mapping[str, str], cache_dir: Path, say: Callable[[str], None]) -> toolchain.Nvcc:
+    """The plan's nvcc: the installed one of that CUDA, else (13.0 and newer) provisioned from PyPI."""
+    cuda = str(plan.toolchain.cuda)
+    try:
+        return toolchain.find_nvcc(environ, cuda=cuda)
+    except ToolchainError:
+        if plan.toolchain.cuda < PROVISIONABLE_FROM:
+            raise
+        say(f"CUDA {cuda} is not installed: provisioning nvidia-cuda-nvcc=={cuda}.* from PyPI")
+        return toolchain.provision_cuda(cuda, cache_dir / "toolkits")
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the steps call out to. :meth:`real` gives the real tools; a test passes fakes."""
+
+    backend: Backend
+    repair_wheel: Callable[..., repair.RepairResult] = repair.repair_wheel  # the repairer (auditwheel/delvewheel)
+    find_nvcc: Callable[[Plan, Mapping[str, str], Path, Callable[[str], None]], toolchain.Nvcc] = locate_nvcc
+    detect_torch: Callable[[str], toolchain.TorchInfo | None] = toolchain.detect_torch
+    inspect_wheel: Callable[[Path], doctor.WheelReport] = doctor.inspect_wheel
+    inspect_binary: Callable[[Path], doctor.BinaryReport] = doctor.inspect_binary
+
+    @classmethod
+    def real(cls, plan: Plan) -> Services:
+        return cls(backend=get_backend(plan.backend))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One build's inputs besides the plan: the host, the environment, where things go, and the services."""
+
+    host: HostFacts
+    environ: Mapping[str, str]
+    wheelhouse_root: Path
+    cache_dir: Path
+    services: Services
+    log: StepLog
+    python: str = sys.executable
+    allow_dirty: bool = False
+    progress: bool = True
+    ctest: bool = False
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class ToolchainResult:
+    env: Mapping[str, str]  # the build's whole environment: os.environ + plan.env + nvcc + compiler cache
+    nvcc: toolchain.Nvcc
+    torch: toolchain.TorchInfo | None
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    json: Path
+    timeline: Path
+
+
+@dataclass(frozen=True)
+class RepairedWheel:
+    wheel: Path
+    tag: str
+
+
+@dataclass(frozen=True)
+class CheckedWheel:
+    wheel: Path
+    tag: str
+    report: doctor.WheelReport
+    findings: tuple[doctor.Finding, ...]
+
+
+@dataclass(frozen=True)
+class DoctorResult:
+    wheels: tuple[CheckedWheel, ...] = ()  # wheel builds
+    binaries: tuple[Path, ...] = ()  # the cmake backend's installed libraries
+
+
+@dataclass(frozen=True)
+class Done:
+    """The frozen results of the steps run so far, by step name (None: not run, or not part of this build)."""
+
+    source: sources.PreparedSource | None = None
+    patches: patches.ApplyResult | None = None
+    toolchain: ToolchainResult | None = None
+    build: BuildResult | None = None
+    report: ReportResult | None = None
+    repair: tuple[RepairedWheel, ...] | None = None
+    doctor: DoctorResult | None = None
+    publish: tuple[wheelhouse.PublishedWheel, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -42,31 +143,51 @@ class BuildOutcome:
     seconds: float
     repaired_tag: str
     wheels: tuple[Path, ...] = ()  # every published wheel (cibuildwheel: one per Python)
+    done: Done = field(default_factory=Done, repr=False)
 
 
-def work_dir_for(root: Path, plan: Plan) -> Path:
-    """Scratch space of one target (source copy, build dirs, logs, report): <root>/.kforge/work/<target>."""
-    return root / ".kforge" / "work" / plan.id
+# ---------------------------------------------------------------------------------------------- steps
 
 
-def _toolchain_env(plan: Plan, environ: Mapping[str, str], cache_dir: Path, log: StepLog) -> tuple[dict[str, str], toolchain.Nvcc]:
-    cuda = str(plan.toolchain.cuda)
-    try:
-        nvcc = toolchain.find_nvcc(environ, cuda=cuda)
-    except ToolchainError:
-        if plan.toolchain.cuda < PROVISIONABLE_FROM:
-            raise
-        log.info(f"CUDA {cuda} is not installed: provisioning nvidia-cuda-nvcc=={cuda}.* from PyPI")
-        nvcc = toolchain.provision_cuda(cuda, cache_dir / "toolkits")
-    log.info(f"nvcc {nvcc.version} at {nvcc.path}")
-    env = dict(environ)
-    env.update(plan.env)
-    env.update(nvcc.env())
+def source_step(plan: Plan, run: Run, done: Done) -> sources.PreparedSource:
+    prepared = sources.prepare(plan.root, plan.source, plan.work_dir / "src", allow_dirty=run.allow_dirty,
+                               cache_dir=run.cache_dir, name=plan.project.name)
+    run.log.info(f"scratch copy at {prepared.tree}" + (f" ({prepared.note})" if prepared.note else ""))
+    return prepared
+
+
+def patches_step(plan: Plan, run: Run, done: Done) -> patches.ApplyResult:
+    assert done.source is not None
+    if not plan.series.entries:
+        return patches.ApplyResult(done.source.tree, (), (), "")
+    applied = patches.apply(done.source.tree, plan.series, plan.patch_context)
+    for name in applied.applied:
+        run.log.info(f"applied {name}")
+    for name in applied.already:
+        run.log.info(f"already applied: {name}")
+    return applied
+
+
+def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
+    nvcc = run.services.find_nvcc(plan, run.environ, run.cache_dir, run.log.info)
+    run.log.info(f"nvcc {nvcc.version} at {nvcc.path}")
+    env = {**run.environ, **plan.env, **nvcc.env()}
     env["PATH"] = str(nvcc.home / "bin") + (":" + env["PATH"] if env.get("PATH") else "")
-    return env, nvcc
+    isolate_git(env, plan.work_dir)
+    torch = run.services.detect_torch(run.python) if plan.project.torch_abi else None
+    if plan.project.torch_abi and torch is None:
+        raise ToolchainError(
+            f"{plan.project.name} builds against torch, and {run.python} has no torch",
+            fix=f"install torch {plan.toolchain.torch or ''} into that interpreter (the build uses no isolation)".replace("  ", " "),
+        )
+    cache = toolchain.compiler_cache(env, wrapper_dir=plan.work_dir / "cc-wrappers", nvcc=nvcc.path)
+    if cache is not None:
+        env.update(cache.env)
+        run.log.info(f"compiler cache: {cache.tool} ({cache.path})")
+    return ToolchainResult(MappingProxyType(env), nvcc, torch)
 
 
-def _isolate_git(env: dict[str, str], work: Path) -> None:
+def isolate_git(env: dict[str, str], work: Path) -> None:
     """Upstream setup.py files run git (FlashMLA: `git submodule update`, versions from `git describe`).
 
     The scratch tree is an export without .git, under the monorepo: stop git from finding the
@@ -74,6 +195,163 @@ def _isolate_git(env: dict[str, str], work: Path) -> None:
     """
     ceiling = str(work.parent)
     env["GIT_CEILING_DIRECTORIES"] = ceiling + (os.pathsep + env["GIT_CEILING_DIRECTORIES"] if env.get("GIT_CEILING_DIRECTORIES") else "")
+
+
+def build_step(plan: Plan, run: Run, done: Done) -> BuildResult:
+    assert done.source is not None and done.toolchain is not None
+    request = BuildRequest(plan=plan, tree=done.source.tree / plan.build_dir, out_dir=plan.work_dir / "dist",
+                           work_dir=plan.work_dir / "build", env=done.toolchain.env, python=run.python,
+                           forge_pythons=plan.pythons, progress=run.progress, ctest=run.ctest)
+    result = run.services.backend.build(request)
+    if result.retried_with_jobs:
+        run.log.warning(f"a compile unit ran out of memory; the build was retried with MAX_JOBS={result.retried_with_jobs}")
+    if result.units:
+        jobs.record(run.cache_dir, plan.project.name, len(plan.archs), result.units)
+    run.log.info(f"built {result.artifact.name} in {result.seconds:.0f} s, peak RSS {result.peak_rss / 2**30:.2f} GiB")
+    return result
+
+
+def report_step(plan: Plan, run: Run, done: Done) -> ReportResult:
+    assert done.build is not None
+    entries = [e for path in done.build.ninja_logs for e in report.parse_ninja_log(path)]
+    peaks = {u.output: u.peak_rss for u in done.build.units}
+    build_report = report.build_report(entries, peaks, title=plan.id)
+    report_json, timeline = report.write_report(build_report, plan.work_dir / "report")
+    run.log.info(f"{len(build_report.units)} compile units; timeline {timeline}")
+    return ReportResult(report_json, timeline)
+
+
+def repair_step(plan: Plan, run: Run, done: Done) -> tuple[RepairedWheel, ...]:
+    assert done.build is not None and done.toolchain is not None
+    wheels = list(done.build.artifacts or (done.build.artifact,))
+    if plan.local_version_in_wheel:
+        wheels = [repair.apply_local_version(w, plan.local_version, out_dir=plan.work_dir / "versioned") for w in wheels]
+    if done.build.repaired:
+        return tuple(RepairedWheel(w, repair.platform_tag(w.name)) for w in wheels)
+    home = done.toolchain.nvcc.home
+    out = []
+    for wheel in wheels:
+        fixed = run.services.repair_wheel(wheel, plan.work_dir / "repaired", platform=plan.platform_os,
+                                          policy=plan.repair_policy, lib_paths=[home / "lib64", home / "lib"],
+                                          python=run.python)
+        run.log.info(f"{fixed.wheel.name}: {fixed.tag}" + ("" if fixed.repaired else " (no binaries to repair)"))
+        out.append(RepairedWheel(fixed.wheel, fixed.tag))
+    return tuple(out)
+
+
+def doctor_wheels_step(plan: Plan, run: Run, done: Done) -> DoctorResult:
+    assert done.repair is not None
+    checked = []
+    for fixed in done.repair:
+        wheel_report = run.services.inspect_wheel(fixed.wheel)
+        findings = tuple(doctor.verify(wheel_report, plan.archs, plan.repair_policy))
+        for finding in findings:
+            run.log.info(str(finding))
+        checked.append(CheckedWheel(fixed.wheel, fixed.tag, wheel_report, findings))
+    return DoctorResult(wheels=tuple(checked))
+
+
+def doctor_library_step(plan: Plan, run: Run, done: Done) -> DoctorResult:
+    """The cmake backend: a standalone C library, verified but not a wheel to index."""
+    assert done.build is not None
+    prefix = plan.work_dir / "build" / "prefix"
+    binaries = tuple(sorted(p for p in prefix.glob("**/*") if p.is_file() and not p.is_symlink()
+                            and BINARY_NAME.search(p.name)))
+    if not binaries:
+        raise DoctorError(f"the {plan.backend} build installed no shared library", fix="check the project's install() rules")
+    for binary in binaries:
+        for finding in doctor.verify(run.services.inspect_binary(binary), plan.archs, plan.repair_policy):
+            run.log.info(str(finding))
+        run.log.info(f"{binary.name}: has {', '.join(a.sm for a in plan.archs)}")
+    run.log.info(f"C library archive: {done.build.artifact} (the wheelhouse indexes wheels only; --backend native for one)")
+    return DoctorResult(binaries=binaries)
+
+
+def publish_step(plan: Plan, run: Run, done: Done) -> tuple[wheelhouse.PublishedWheel, ...]:
+    assert done.doctor is not None and done.report is not None
+    published = []
+    for checked in done.doctor.wheels:
+        # A rebuild of the same version replaces the older wheel (atomically, with its manifest).
+        one = wheelhouse.publish(run.wheelhouse_root, plan.project.name, checked.wheel, manifest(plan, run, done, checked),
+                                 replace=True, attachments=(done.report.json, done.report.timeline))
+        run.log.info(f"{one.wheel} (index: {one.index})")
+        published.append(one)
+    return tuple(published)
+
+
+def manifest(plan: Plan, run: Run, done: Done, checked: CheckedWheel) -> wheelhouse.Manifest:
+    """The provenance published next to a wheel."""
+    assert done.source is not None and done.toolchain is not None and done.build is not None
+    src, tc, host = done.source, done.toolchain, run.host
+    return wheelhouse.Manifest(
+        target=plan.id, project=plan.project.name, archs=tuple(a.sm for a in plan.archs),
+        source_kind=plan.source_kind, source_pin=src.pin if src.kind != "sdist" else plan.source_pin,
+        source_dirty=src.dirty, patch_series_hash=plan.series_hash, patches=plan.patches,
+        toolchain={"nvcc": str(tc.nvcc.version), "cuda": str(plan.toolchain.cuda),
+                   "torch": str(tc.torch.version) if tc.torch else None, "python": host.python,
+                   "max_jobs": plan.jobs.max_jobs, "nvcc_threads": plan.jobs.nvcc_threads},
+        host={"platform": host.platform, "machine": _platform.node(), "cpus": host.cpus, "mem_total": host.mem_total},
+        built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        build_seconds=round(done.build.seconds, 1), peak_rss=done.build.peak_rss, repaired_tag=checked.tag,
+        doctor=doctor.to_dict(checked.report, list(checked.findings)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+
+
+def _always(plan: Plan) -> bool:
+    return True
+
+
+def _no_detail(plan: Plan, run: Run, done: Done) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str  # the Done field its result goes into, and the log's step name
+    run: Callable[[Plan, Run, Done], object]
+    detail: Callable[[Plan, Run, Done], str] = _no_detail  # the log line's detail
+    when: Callable[[Plan], bool] = _always  # does this build have this step?
+
+
+def _expects(plan: Plan, run: Run, done: Done) -> str:
+    return "expects " + " ".join(a.sm for a in plan.archs)
+
+
+def _repair_detail(plan: Plan, run: Run, done: Done) -> str:
+    if done.build is not None and done.build.repaired:
+        return "done by the backend"
+    return "auditwheel" if plan.platform_os == "linux" else "delvewheel"
+
+
+def _makes_wheel(plan: Plan) -> bool:
+    return plan.makes_wheel
+
+
+def _makes_library(plan: Plan) -> bool:
+    return not plan.makes_wheel
+
+
+#: The chain, in order. The faults helper's preflight (or any new step) goes in here.
+STEPS: tuple[Step, ...] = (
+    Step("source", source_step, lambda plan, run, done: plan.source_pin),
+    Step("patches", patches_step, lambda plan, run, done: f"{len(plan.patches)} to apply" if plan.patches else "none"),
+    Step("toolchain", toolchain_step, lambda plan, run, done: f"CUDA {plan.toolchain.cuda}"),
+    Step("build", build_step, lambda plan, run, done: f"{plan.backend}, MAX_JOBS={plan.jobs.max_jobs} "
+         + " ".join(f"{v}={plan.jobs.nvcc_threads}" for v in plan.jobs.thread_vars)),
+    Step("report", report_step),
+    Step("repair", repair_step, _repair_detail, when=_makes_wheel),
+    Step("doctor", doctor_wheels_step, _expects, when=_makes_wheel),
+    Step("doctor", doctor_library_step, _expects, when=_makes_library),
+    Step("publish", publish_step, lambda plan, run, done: str(run.wheelhouse_root), when=_makes_wheel),
+)
+
+
+def steps_for(plan: Plan, steps: Sequence[Step] = STEPS) -> tuple[Step, ...]:
+    """The steps this plan's build runs (the cmake backend has no repair and no publish)."""
+    return tuple(s for s in steps if s.when(plan))
 
 
 def check_buildable_here(plan: Plan, host: HostFacts) -> None:
@@ -86,179 +364,39 @@ def check_buildable_here(plan: Plan, host: HostFacts) -> None:
         )
 
 
-def run_build(
-    forge: Forge,
-    plan: Plan,
-    host: HostFacts,
-    *,
-    wheelhouse_root: Path,
-    cache_dir: Path,
-    environ: Mapping[str, str],
-    allow_dirty: bool = False,
-    python: str = sys.executable,
-    progress: bool = True,
-    ctest: bool = False,
-    log: StepLog | None = None,
-) -> BuildOutcome:
-    log = log or StepLog(total=len(STEPS), title=plan.id)
+@contextmanager
+def target_lock(plan: Plan, log: StepLog) -> Iterator[None]:
+    """Two builds of the same target take turns; different targets build side by side."""
+    plan.work_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(plan.work_dir) + ".lock"):
+        yield
+
+
+def run_build(plan: Plan, run: Run, *, steps: Sequence[Step] = STEPS) -> BuildOutcome:
+    """Run the plan's steps in order, under the target's lock, each logged and timed."""
     started = time.monotonic()
-    check_buildable_here(plan, host)
-    work = work_dir_for(forge.root, plan)
-    work.parent.mkdir(parents=True, exist_ok=True)
-    # Two builds of the same target take turns; different targets build side by side.
-    with FileLock(str(work) + ".lock"):
-        return _run_locked(forge, plan, host, work, started, wheelhouse_root=wheelhouse_root, cache_dir=cache_dir,
-                           environ=environ, allow_dirty=allow_dirty, python=python, progress=progress, ctest=ctest,
-                           log=log)
+    check_buildable_here(plan, run.host)
+    done = Done()
+    with target_lock(plan, run.log):
+        if plan.work_dir.exists():
+            shutil.rmtree(plan.work_dir)
+        plan.work_dir.mkdir(parents=True)
+        for step in steps_for(plan, steps):
+            with run.log.step(step.name, step.detail(plan, run, done)):
+                done = replace(done, **{step.name: step.run(plan, run, done)})
+    return outcome(plan, done, time.monotonic() - started)
 
 
-def _run_locked(forge: Forge, plan: Plan, host: HostFacts, work: Path, started: float, *, wheelhouse_root: Path,
-                cache_dir: Path, environ: Mapping[str, str], allow_dirty: bool, python: str, progress: bool,
-                ctest: bool, log: StepLog) -> BuildOutcome:
-    project = plan.project
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-
-    with log.step("source", plan.source_pin):
-        prepared = sources.prepare(forge.root, project.source, work / "src", allow_dirty=allow_dirty,
-                                   cache_dir=cache_dir, name=project.name)
-        log.info(f"scratch copy at {prepared.tree}" + (f" ({prepared.note})" if prepared.note else ""))
-
-    with log.step("patches", f"{len(plan.patches)} to apply" if plan.patches else "none"):
-        if plan.patches:
-            applied = patches.apply(prepared.tree, load_series(project.patches), plan.patch_context)
-            for name in applied.applied:
-                log.info(f"applied {name}")
-            for name in applied.already:
-                log.info(f"already applied: {name}")
-
-    with log.step("toolchain", f"CUDA {plan.toolchain.cuda}"):
-        env, nvcc = _toolchain_env(plan, environ, cache_dir, log)
-        _isolate_git(env, work)
-        torch_info = toolchain.detect_torch(python) if project.torch_abi else None
-        if project.torch_abi and torch_info is None:
-            raise ToolchainError(
-                f"{project.name} builds against torch, and {python} has no torch",
-                fix=f"install torch {plan.toolchain.torch or ''} into that interpreter (the build uses no isolation)".replace("  ", " "),
-            )
-        cache = toolchain.compiler_cache(env, wrapper_dir=work / "cc-wrappers", nvcc=nvcc.path)
-        if cache is not None:
-            env.update(cache.env)
-            log.info(f"compiler cache: {cache.tool} ({cache.path})")
-
-    with log.step("build", f"{plan.backend}, MAX_JOBS={plan.jobs.max_jobs} NVCC_THREADS={plan.jobs.nvcc_threads}"):
-        request = BuildRequest(
-            ctest=ctest,
-            plan=plan,
-            tree=prepared.tree / plan.build_dir,
-            out_dir=work / "dist",
-            work_dir=work / "build",
-            env=env,
-            python=python,
-            forge_pythons=forge.toolchains.python,
-            progress=progress,
-        )
-        result: BuildResult = get_backend(plan.backend).build(request)
-        if result.retried_with_jobs:
-            log.warning(f"a compile unit ran out of memory; the build was retried with MAX_JOBS={result.retried_with_jobs}")
-        if result.units:
-            jobs.record(cache_dir, project.name, len(plan.archs), result.units)
-        log.info(f"built {result.artifact.name} in {result.seconds:.0f} s, peak RSS {result.peak_rss / 2**30:.2f} GiB")
-    with log.step("report"):
-        entries = [e for path in result.ninja_logs for e in report.parse_ninja_log(path)]
-        peaks = {u.output: u.peak_rss for u in result.units}
-        build_report = report.build_report(entries, peaks, title=plan.id)
-        report_json, timeline = report.write_report(build_report, work / "report")
-        log.info(f"{len(build_report.units)} compile units; timeline {timeline}")
-
-    # torch extensions link the CUDA runtime shared (torch's own): never bundle it; ours link it statically.
-    policy = repair.default_policy(project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
-                                   extra=project.repair_exclude)
-    expect = [a.sm for a in plan.archs]
-    if result.kind != "wheel":  # the cmake backend: a standalone C library, verified but not a wheel to index
-        with log.step("doctor", "expects " + " ".join(expect)):
-            binaries = sorted(p for p in (work / "build" / "prefix").glob("**/*") if not p.is_symlink() and (p.suffix in (".so", ".dll")
-                              or ".so." in p.name))
-            if not binaries:
-                raise DoctorError(f"the {plan.backend} build installed no shared library", fix="check the project's install() rules")
-            for binary in binaries:
-                for finding in doctor.verify(doctor.inspect_binary(binary), plan.archs, policy):
-                    log.info(str(finding))
-                log.info(f"{binary.name}: has {', '.join(expect)}")
-        log.info(f"C library archive: {result.artifact} (the wheelhouse indexes wheels only; --backend native for one)")
-        return BuildOutcome(plan=plan, wheel=result.artifact, manifest=None, doctor=None, report_json=report_json,
-                            timeline=timeline, seconds=time.monotonic() - started, repaired_tag="",
-                            wheels=(result.artifact,))
-
-    wheels = list(result.artifacts or (result.artifact,))
-    if plan.local_version and not project.local_version_env:
-        wheels = [repair.apply_local_version(w, plan.local_version, out_dir=work / "versioned") for w in wheels]
-
-    repaired: list[tuple[Path, str]] = []
-    with log.step("repair", "done by the backend" if result.repaired else
-                  "auditwheel" if plan.platform_os == "linux" else "delvewheel"):
-        for wheel in wheels:
-            if result.repaired:
-                repaired.append((wheel, repair.platform_tag(wheel.name)))
-                continue
-            fixed = repair.repair_wheel(wheel, work / "repaired", platform=plan.platform_os, policy=policy,
-                                        lib_paths=[nvcc.home / "lib64", nvcc.home / "lib"], python=python)
-            log.info(f"{fixed.wheel.name}: {fixed.tag}" + ("" if fixed.repaired else " (no binaries to repair)"))
-            repaired.append((fixed.wheel, fixed.tag))
-
-    checked: list[tuple[Path, str, doctor.WheelReport, list]] = []
-    with log.step("doctor", "expects " + " ".join(expect)):
-        for wheel, tag in repaired:
-            wheel_report = doctor.inspect_wheel(wheel)
-            findings = doctor.verify(wheel_report, plan.archs, policy)
-            for finding in findings:
-                log.info(str(finding))
-            checked.append((wheel, tag, wheel_report, findings))
-
-    published: list[wheelhouse.PublishedWheel] = []
-    with log.step("publish", str(wheelhouse_root)):
-        for wheel, tag, wheel_report, findings in checked:
-            manifest = wheelhouse.Manifest(
-                target=plan.id,
-                project=project.name,
-                archs=tuple(expect),
-                source_kind=plan.source_kind,
-                source_pin=prepared.pin if prepared.kind != "sdist" else plan.source_pin,
-                source_dirty=prepared.dirty,
-                patch_series_hash=plan.series_hash,
-                patches=plan.patches,
-                toolchain={
-                    "nvcc": str(nvcc.version),
-                    "cuda": str(plan.toolchain.cuda),
-                    "torch": str(torch_info.version) if torch_info else None,
-                    "python": host.python,
-                    "max_jobs": plan.jobs.max_jobs,
-                    "nvcc_threads": plan.jobs.nvcc_threads,
-                },
-                host={"platform": host.platform, "machine": _platform.node(), "cpus": host.cpus,
-                      "mem_total": host.mem_total},
-                built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                build_seconds=round(result.seconds, 1),
-                peak_rss=result.peak_rss,
-                repaired_tag=tag,
-                doctor=doctor.to_dict(wheel_report, findings),
-            )
-            # A rebuild of the same version replaces the older wheel (atomically, with its manifest).
-            done = wheelhouse.publish(wheelhouse_root, project.name, wheel, manifest, replace=True,
-                                      attachments=(report_json, timeline))
-            log.info(f"{done.wheel} (index: {done.index})")
-            published.append(done)
-
-    first = published[0]
-    return BuildOutcome(
-        plan=plan,
-        wheel=first.wheel,
-        manifest=first.manifest,
-        doctor=checked[0][2],
-        report_json=report_json,
-        timeline=timeline,
-        seconds=time.monotonic() - started,
-        repaired_tag=checked[0][1],
-        wheels=tuple(p.wheel for p in published),
-    )
+def outcome(plan: Plan, done: Done, seconds: float) -> BuildOutcome:
+    """What the build made: the published wheels (or the cmake backend's verified archive)."""
+    assert done.build is not None and done.report is not None and done.doctor is not None
+    rep = done.report
+    if not plan.makes_wheel:
+        return BuildOutcome(plan=plan, wheel=done.build.artifact, manifest=None, doctor=None, report_json=rep.json,
+                            timeline=rep.timeline, seconds=seconds, repaired_tag="", wheels=(done.build.artifact,),
+                            done=done)
+    assert done.publish
+    first = done.publish[0]
+    return BuildOutcome(plan=plan, wheel=first.wheel, manifest=first.manifest, doctor=done.doctor.wheels[0].report,
+                        report_json=rep.json, timeline=rep.timeline, seconds=seconds,
+                        repaired_tag=done.doctor.wheels[0].tag, wheels=tuple(p.wheel for p in done.publish), done=done)

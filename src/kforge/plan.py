@@ -1,17 +1,20 @@
-"""Target + host facts + options -> a frozen, printable :class:`Plan`.
+"""Resolve a target into a complete, frozen, printable :class:`Plan`: everything a build will do, decided up front.
 
-Nothing runs before a plan exists, and every later step takes the plan as its only input.
-:func:`make_plan` is one pure function that applies the configuration cascade:
+Nothing runs before a plan exists, and nothing after it reads forge.toml again: every later step
+takes the plan (and the earlier steps' frozen results) as its only input. :func:`make_plan` is one
+pure function that applies the configuration cascade:
 
     defaults -> forge.toml (platform env, project env, profile env, rendered arch knobs)
-             -> KFORGE_* environment variables -> CLI flags (``--cuda``, ``--env KEY=VALUE``, ...)
+             -> KFORGE_* environment variables -> CLI flags (``--cuda``, ...; see kforge.options)
+             -> ``--env KEY=VALUE`` (MAX_JOBS / NVCC_THREADS / the project's threads_env read back into the jobs)
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -19,67 +22,25 @@ from packaging.version import Version
 
 from kforge.arch import Arch, as_cuda_version, require_supported
 from kforge.archrender import default_variant, render_gencode, render_knob
-from kforge.config import BACKENDS, Forge, GpuTests, Project, normalise_env_value
+from kforge.backends import BACKENDS
+from kforge.config import ArchKnob, Forge, GpuTests, Platform, Project, normalise_env_value
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
+from kforge.fsutil import work_root
 from kforge.host import HostFacts
-from kforge.jobs import JobChoice, JobProfile, Resources, choose_jobs
-from kforge.series import PatchContext, load_series, series_hash
-from kforge.sources import GitSource, LocalSource, SdistSource
+from kforge.jobs import JobChoice, JobProfile, choose_jobs
+from kforge.options import BY_NAME, PlanOptions, parse_value
+from kforge.repairpolicy import RepairPolicy, default_policy
+from kforge.series import PatchContext, Series, load_series, series_hash
+from kforge.sources import GitSource, LocalSource, SdistSource, Source
 from kforge.targets import Target
 from kforge.wheelname import local_version_label
 
-#: The KFORGE_* variables that take part in the cascade, and the option each one sets.
-ENV_OPTIONS = {
-    "KFORGE_CUDA": "cuda",
-    "KFORGE_PROFILE": "profile",
-    "KFORGE_BACKEND": "backend",
-    "KFORGE_MAX_JOBS": "max_jobs",
-    "KFORGE_NVCC_THREADS": "nvcc_threads",
-}
+__all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
+
 #: The lowest CUDA kforge can provision from PyPI (12.x ships ptxas only, no nvcc).
 PROVISIONABLE_FROM = Version("13.0")
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    cuda: str | None = None
-    profile: str | None = None
-    backend: str | None = None
-    max_jobs: int | None = None
-    nvcc_threads: int | None = None
-    build_isolation: bool | None = None  # False: build with the interpreter's packages (offline hosts)
-    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # --env KEY=VALUE, applied last
-
-    @classmethod
-    def from_cascade(cls, environ: Mapping[str, str], **cli: Any) -> PlanOptions:
-        """KFORGE_* variables first, then whatever CLI flags were given (None means 'not given')."""
-        values: dict[str, Any] = {}
-        for var, opt in ENV_OPTIONS.items():
-            raw = environ.get(var, "").strip()
-            if raw:
-                values[opt] = _int_option(var, raw) if opt in ("max_jobs", "nvcc_threads") else raw
-        isolation = environ.get("KFORGE_BUILD_ISOLATION", "").strip().lower()
-        if isolation:
-            if isolation not in ("0", "1", "true", "false", "yes", "no"):
-                raise ConfigError(f"KFORGE_BUILD_ISOLATION={isolation!r} is not a yes/no value", fix="set it to 0 or 1")
-            values["build_isolation"] = isolation in ("1", "true", "yes")
-        for key, value in cli.items():
-            if value is not None and key != "env":
-                if isinstance(value, str) and not value.strip():
-                    raise ConfigError(f"--{key.replace('_', '-')} is empty", fix=f"give --{key.replace('_', '-')} a value, or leave it out")
-                values[key] = value
-        env = dict(cli.get("env") or {})
-        return cls(**values, env=MappingProxyType(env))
-
-
-def _int_option(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"{name}={raw!r} is not a positive integer", fix=f"set {name} to a number such as 4, or unset it")
-    return value
+#: The generic thread variable every plan sets (a project may add its own name: ``threads_env``).
+GENERIC_THREADS = "NVCC_THREADS"
 
 
 @dataclass(frozen=True)
@@ -92,66 +53,118 @@ class Toolchain:
     action: str  # "use installed nvcc" | "provision nvidia-cuda-nvcc==13.0.* from PyPI" | "missing: ..."
     torch: Version | None  # torch the wheel is built against (torch-ABI projects only)
     python: str
+    uses_installed: bool = False  # the installed nvcc (host.nvcc_path) is the one this plan builds with
 
 
 @dataclass(frozen=True)
 class Plan:
+    """Everything one build will do. Steps read this; none of them goes back to forge.toml."""
+
     target: Target
     project: Project
+    root: Path  # the monorepo root (sources and patches are relative to it)
+    work_dir: Path  # scratch space of this target: <root>/.kforge/work/<target>
     profile: str | None
+    source: Source  # the source the build uses (git, sdist or local)
     source_kind: str  # git | sdist | local
     source_pin: str  # commit, name==version sha256:..., or a path
     patches_dir: str | None
-    patches: tuple[str, ...]  # the series entries this build applies, in order
+    series: Series  # the series entries this build applies, in order (only the selected ones)
     patch_context: PatchContext
     series_hash: str | None  # sha256 of the selected patches (the manifest records it)
     archs: tuple[Arch, ...]  # as the build will name them (after the project's variant rule)
     env: Mapping[str, str]
     nvcc_flags: tuple[str, ...]
-    backend: str
+    backend: str  # a key of kforge.backends.BACKENDS
     build_dir: str
     build_isolation: bool
-    jobs: JobChoice
+    jobs: JobChoice  # MAX_JOBS and the nvcc thread count, and every variable that carries it (jobs.thread_vars)
     toolchain: Toolchain
     local_version: str | None
+    local_version_in_wheel: bool  # True: kforge relabels the built wheel; False: the project reads local_version_env
     platform_os: str
+    pythons: tuple[str, ...]  # forge.toml's python versions (cibuildwheel builds one wheel per version)
+    repair_policy: RepairPolicy  # what repair keeps out of the wheel, and what the doctor accepts as external
     gpu_tests: GpuTests | None
 
     @property
     def id(self) -> str:
         return self.target.id
 
+    @property
+    def patches(self) -> tuple[str, ...]:
+        """The names of the patches this build applies, in order."""
+        return tuple(e.name for e in self.series.entries)
+
+    @property
+    def makes_wheel(self) -> bool:
+        """The cmake backend packs a standalone C library (verified, not published); the others make wheels."""
+        return self.backend != "cmake"
+
     def to_dict(self) -> dict[str, Any]:
+        tc = self.toolchain
         return {
             "target": self.id,
             "project": self.project.name,
+            "root": str(self.root),
+            "work_dir": str(self.work_dir),
             "arch": [a.sm for a in self.archs],
             "platform": self.target.platform,
+            "platform_os": self.platform_os,
             "profile": self.profile,
             "source": {"kind": self.source_kind, "pin": self.source_pin},
             "patches": {"dir": self.patches_dir, "series": list(self.patches), "hash": self.series_hash},
             "backend": self.backend,
+            "makes_wheel": self.makes_wheel,
             "build_dir": self.build_dir,
             "build_isolation": self.build_isolation,
             "env": dict(self.env),
             "nvcc_flags": list(self.nvcc_flags),
-            "jobs": {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads, "reason": self.jobs.reason},
+            "jobs": {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads,
+                     "thread_vars": list(self.jobs.thread_vars), "reason": self.jobs.reason},
             "toolchain": {
-                "cuda": str(self.toolchain.cuda),
-                "cuda_from": self.toolchain.cuda_from,
-                "min_cuda": str(self.toolchain.min_cuda),
-                "installed_cuda": str(self.toolchain.installed_cuda) if self.toolchain.installed_cuda else None,
-                "nvcc": self.toolchain.nvcc_path,
-                "action": self.toolchain.action,
-                "torch": str(self.toolchain.torch) if self.toolchain.torch else None,
-                "python": self.toolchain.python,
+                "cuda": str(tc.cuda), "cuda_from": tc.cuda_from, "min_cuda": str(tc.min_cuda),
+                "installed_cuda": str(tc.installed_cuda) if tc.installed_cuda else None, "nvcc": tc.nvcc_path,
+                "action": tc.action, "torch": str(tc.torch) if tc.torch else None, "python": tc.python,
             },
+            "pythons": list(self.pythons),
             "local_version": self.local_version,
+            "local_version_in_wheel": self.local_version_in_wheel,
+            "repair": {"policy": self.repair_policy.name, "exclude": list(self.repair_policy.exclude)},
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
         }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+    def render(self) -> str:
+        """The plan as ``kforge plan`` prints it (and ``kforge build`` logs it)."""
+        tc = self.toolchain
+        isolation = "isolated" if self.build_isolation else "no build isolation: uses this interpreter's packages"
+        threads = " ".join(f"{v}={self.jobs.nvcc_threads}" for v in self.jobs.thread_vars)
+        lines = [
+            f"plan {self.id}  ({self.target.platform})",
+            f"  project     {self.project.name}: {self.project.description}",
+            f"  source      {self.source_kind} {self.source_pin}",
+            f"  patches     {self.patches_dir or 'none'}"
+            + (f" ({len(self.patches)} for this build: {', '.join(self.patches)})" if self.patches else ""),
+            f"  archs       {' '.join(a.sm for a in self.archs)}",
+            f"  profile     {self.profile or 'none'}",
+            f"  backend     {self.backend} (build dir {self.build_dir}, {isolation})",
+            f"  cuda        {tc.cuda} (from {tc.cuda_from}; needs >= {tc.min_cuda}): {tc.action}",
+            f"  torch       {tc.torch or 'not needed (torch-free wheel)'}",
+            f"  python      {tc.python}" + (f" (wheels for {', '.join(self.pythons)})" if self.backend == "cibuildwheel" else ""),
+            f"  jobs        MAX_JOBS={self.jobs.max_jobs} {threads}: {self.jobs.reason}",
+            f"  version     +{self.local_version}" if self.local_version else "  version     no local label",
+            f"  repair      policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
+            f"  work dir    {self.work_dir}",
+            "  nvcc flags  " + " ".join(self.nvcc_flags),
+            "  env",
+        ]
+        lines += [f"    {key}={value}" for key, value in self.env.items()]
+        if self.gpu_tests:
+            lines.append(f"  gpu tests   {' '.join(self.gpu_tests.paths)} {' '.join(self.gpu_tests.args)}".rstrip())
+        return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,9 +176,67 @@ def effective_archs(project: Project, archs: tuple[Arch, ...], cuda: Version) ->
     return archs
 
 
-def _select_cuda(forge: Forge, host: HostFacts, options: PlanOptions, environ_cuda: bool) -> tuple[Version, str]:
+
+def make_plan(
+    forge: Forge,
+    target: Target,
+    host: HostFacts,
+    options: PlanOptions | None = None,
+    *,
+    job_profile: JobProfile,
+) -> Plan:
+    """Resolve everything a build of ``target`` will do. Raises before anything runs.
+
+    ``job_profile`` is the project's measured compile-unit profile (``kforge.jobs.load_profile``).
+    """
+    options = options or PlanOptions()
+    project = forge.project(target.project)
+    platform = forge.platforms[target.platform]
+    profile = _profile_name(project, options.profile)
+    toolchain, archs = _toolchain(forge, project, target, host, options)
+    jobs = _jobs(project, host, options, job_profile)
+    local_version = local_version_label(project, target.archs, toolchain.cuda, toolchain.torch)
+    env = _env(project, platform, profile, archs, toolchain, jobs, host, local_version, options.env)
+    backend = _backend(options.backend or project.backend)
+    ctx = PatchContext(platform=target.platform, archs=tuple(a.sm for a in archs),
+                       upstream_version=project.upstream_version)
+    series = load_series(project.patches)
+    selected = Series(series.directory, series.select(ctx), series.header)
+    kind, pin = _source(project)
+    return Plan(
+        target=target, project=project, root=forge.root, work_dir=work_root(forge.root) / target.id,
+        profile=profile, source=project.source, source_kind=kind, source_pin=pin,
+        patches_dir=str(project.patches.relative_to(forge.root)) if project.patches else None,
+        series=selected, patch_context=ctx, series_hash=series_hash(series, ctx) if selected.entries else None,
+        archs=archs, env=env, nvcc_flags=render_gencode(archs), backend=backend, build_dir=project.build_dir,
+        build_isolation=project.build_isolation and options.build_isolation is not False,
+        jobs=jobs, toolchain=toolchain, local_version=local_version,
+        local_version_in_wheel=bool(local_version) and not project.local_version_env,
+        platform_os=platform.os, pythons=forge.toolchains.python,
+        # torch extensions link the CUDA runtime shared (torch's own): never bundle it; ours link it statically.
+        repair_policy=default_policy(project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
+                                     extra=project.repair_exclude),
+        gpu_tests=project.gpu_tests,
+    )
+
+
+def _profile_name(project: Project, asked: str | None) -> str | None:
+    name = asked
+    if name is None and project.profiles:
+        name = "full" if "full" in project.profiles else next(iter(project.profiles))
+    if name is not None and name not in project.profiles:
+        known = ", ".join(project.profiles) or "none"
+        raise TargetError(
+            f"{project.name} has no build profile '{name}'{did_you_mean(name, project.profiles)}",
+            why=f"its profiles are: {known}",
+            fix="pick one of those, or drop --profile (and unset KFORGE_PROFILE, which applies to every target)",
+        )
+    return name
+
+
+def _select_cuda(forge: Forge, host: HostFacts, options: PlanOptions) -> tuple[Version, str]:
     if options.cuda is not None:
-        source = "KFORGE_CUDA" if environ_cuda else "--cuda"
+        source = options.cuda_from or "--cuda"
         try:
             return as_cuda_version(options.cuda), source
         except ToolchainError as exc:
@@ -175,47 +246,10 @@ def _select_cuda(forge: Forge, host: HostFacts, options: PlanOptions, environ_cu
     return forge.toolchains.cuda[0], "forge.toml"
 
 
-def _source(project: Project) -> tuple[str, str]:
-    src = project.source
-    if isinstance(src, GitSource):
-        return "git", f"{src.path} @ {src.commit} ({src.url})"
-    if isinstance(src, SdistSource):
-        return "sdist", f"{src.name}=={src.version} sha256:{src.sha256}"
-    if isinstance(src, LocalSource):
-        return "local", src.path
-    raise TypeError(src)  # pragma: no cover
-
-
-def make_plan(
-    forge: Forge,
-    target: Target,
-    host: HostFacts,
-    options: PlanOptions = PlanOptions(),
-    *,
-    job_profile: JobProfile,
-    cuda_from_env: bool = False,
-) -> Plan:
-    """Resolve everything a build of ``target`` will do. Raises before anything runs.
-
-    ``job_profile`` is the project's measured compile-unit profile (``kforge.jobs.load_profile``).
-    """
-    project = forge.project(target.project)
-    platform = forge.platforms[target.platform]
-
-    # --- profile
-    profile_name = options.profile
-    if profile_name is None and project.profiles:
-        profile_name = "full" if "full" in project.profiles else next(iter(project.profiles))
-    if profile_name is not None and profile_name not in project.profiles:
-        known = ", ".join(project.profiles) or "none"
-        raise TargetError(
-            f"{project.name} has no build profile '{profile_name}'{did_you_mean(profile_name, project.profiles)}",
-            why=f"its profiles are: {known}",
-            fix="pick one of those, or drop --profile (and unset KFORGE_PROFILE, which applies to every target)",
-        )
-
-    # --- toolchain: which CUDA, and can it compile these archs?
-    cuda, cuda_from = _select_cuda(forge, host, options, cuda_from_env)
+def _toolchain(forge: Forge, project: Project, target: Target, host: HostFacts,
+               options: PlanOptions) -> tuple[Toolchain, tuple[Arch, ...]]:
+    """Which CUDA (and torch), and can it compile these archs?"""
+    cuda, cuda_from = _select_cuda(forge, host, options)
     archs = effective_archs(project, target.archs, cuda)
     native = target.platform == host.platform  # a Windows target planned on Linux uses that host's toolkit
     same_as_installed = native and host.cuda_version is not None and cuda == as_cuda_version(host.cuda_version)
@@ -229,97 +263,85 @@ def make_plan(
             f"{project.name} needs CUDA {min_cuda} or newer, and the plan selected CUDA {cuda} (from {cuda_from})",
             fix=f"pass --cuda {min_cuda} or newer, or install that toolkit",
         )
-    if not native:
-        action = f"build on a {target.platform} host with CUDA {cuda} (this host is {host.platform})"
-    elif same_as_installed:
-        action = f"use the installed nvcc ({host.nvcc_path})"
-    elif cuda >= PROVISIONABLE_FROM:
-        action = f"provision nvidia-cuda-nvcc=={cuda}.* from PyPI into the kforge cache"
-        if cuda not in forge.toolchains.cuda:
-            action += f" (CUDA {cuda} is not in forge.toml's toolchains.cuda: is it released?)"
-    else:
-        action = (
-            f"missing: CUDA {cuda} is not installed here and CUDA 12.x has no nvcc on PyPI; "
-            f"install the CUDA {cuda} toolkit and point CUDA_HOME at it"
-        )
-
     torch = None
     if project.torch_abi:
         torch = (host.torch_version if native else None) or (forge.toolchains.torch[0] if forge.toolchains.torch else None)
-    local_version = local_version_label(project, target.archs, cuda, torch)
+    return Toolchain(cuda=cuda, cuda_from=cuda_from, min_cuda=min_cuda, installed_cuda=host.cuda_version,
+                     nvcc_path=host.nvcc_path, uses_installed=same_as_installed,
+                     action=_cuda_action(forge, target, host, cuda, native, same_as_installed),
+                     torch=torch, python=host.python), archs
 
-    # --- jobs
-    resources = Resources(cpus=host.cpus, mem_available=host.mem_available, mem_total=host.mem_total)
-    jobs = choose_jobs(
-        resources,
-        job_profile,
-        override_max_jobs=options.max_jobs,
-        override_nvcc_threads=options.nvcc_threads,
-    )
 
-    # --- environment, in cascade order
-    env: dict[str, str] = {}
-    env.update(platform.env)
-    env.update(project.env)
-    if profile_name is not None:
-        env.update(project.profiles[profile_name].env)
+def _cuda_action(forge: Forge, target: Target, host: HostFacts, cuda: Version, native: bool, same: bool) -> str:
+    if not native:
+        return f"build on a {target.platform} host with CUDA {cuda} (this host is {host.platform})"
+    if same:
+        return f"use the installed nvcc ({host.nvcc_path})"
+    if cuda >= PROVISIONABLE_FROM:
+        action = f"provision nvidia-cuda-nvcc=={cuda}.* from PyPI into the kforge cache"
+        if cuda not in forge.toolchains.cuda:
+            action += f" (CUDA {cuda} is not in forge.toml's toolchains.cuda: is it released?)"
+        return action
+    return (f"missing: CUDA {cuda} is not installed here and CUDA 12.x has no nvcc on PyPI; "
+            f"install the CUDA {cuda} toolkit and point CUDA_HOME at it")
+
+
+def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobProfile) -> JobChoice:
+    """The job choice, with ``--env MAX_JOBS=..`` / ``NVCC_THREADS=..`` / ``<threads_env>=..`` read back into it."""
+    max_jobs, threads = options.max_jobs, options.nvcc_threads
+    if options.env.get("MAX_JOBS", "").strip():
+        max_jobs = parse_value(BY_NAME["max_jobs"], options.env["MAX_JOBS"], "--env MAX_JOBS")
+    for var in dict.fromkeys((GENERIC_THREADS, project.threads_env)):  # the project's own name wins
+        if options.env.get(var, "").strip():
+            threads = parse_value(BY_NAME["nvcc_threads"], options.env[var], f"--env {var}")
+    choice = choose_jobs(host.resources, profile, override_max_jobs=max_jobs, override_nvcc_threads=threads)
+    return replace(choice, thread_vars=tuple(dict.fromkeys((GENERIC_THREADS, project.threads_env))))
+
+
+def _env(project: Project, platform: Platform, profile: str | None, archs: tuple[Arch, ...], toolchain: Toolchain,
+         jobs: JobChoice, host: HostFacts, local_version: str | None, extra: Mapping[str, str]) -> Mapping[str, str]:
+    """The build environment, in cascade order: platform, project, profile, arch knobs, jobs, toolkit, --env."""
+    env: dict[str, str] = {**platform.env, **project.env}
+    if profile is not None:
+        env.update(project.profiles[profile].env)
     for knob in project.arch_knobs:
-        if knob.format == "numbers" and any(a.variant for a in archs if knob.only is None or a.major * 10 + a.minor in knob.only):
-            raise ArchError(
-                f"{project.name} cannot build {' '.join(a.sm for a in archs if a.variant)}: its {knob.env} takes plain "
-                "arch numbers, so the variant would be dropped and the wheel would lack it",
-                fix=f"ask for the plain arch (e.g. {project.name}-sm{archs[0].major * 10 + archs[0].minor}), "
-                "or give the project a knob that carries variants",
-            )
-        env.update(render_knob(knob, archs, cuda))
-    env["MAX_JOBS"] = str(jobs.max_jobs)
-    env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(jobs.max_jobs)
-    env["NVCC_THREADS"] = env[project.threads_env] = str(jobs.nvcc_threads)
-    if same_as_installed and host.cuda_home:
+        _check_knob_keeps_variants(project, knob, archs)
+        env.update(render_knob(knob, archs, toolchain.cuda))
+    env.update(jobs.env())
+    if toolchain.uses_installed and host.cuda_home:
         env["CUDA_HOME"] = host.cuda_home
         if host.nvcc_path:
             env["CUDACXX"] = host.nvcc_path
     if local_version and project.local_version_env:
         env[project.local_version_env] = local_version
-    env.update(options.env)
-    env = {k.strip(): normalise_env_value(v) for k, v in env.items()}
+    env.update(extra)
+    # --env NVCC_THREADS / <threads_env> were folded into the choice: every thread variable now agrees with it
+    env.update({var: str(jobs.nvcc_threads) for var in jobs.thread_vars})
+    return MappingProxyType(dict(sorted((k.strip(), normalise_env_value(v)) for k, v in env.items())))
 
-    backend = options.backend or project.backend
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend '{backend}'{did_you_mean(backend, BACKENDS)}", fix=f"use one of: {', '.join(BACKENDS)}")
-    ctx = PatchContext(platform=target.platform, archs=tuple(a.sm for a in archs),
-                      upstream_version=project.upstream_version)
-    series = load_series(project.patches)
-    selected = series.select(ctx)
-    kind, pin = _source(project)
-    return Plan(
-        target=target,
-        project=project,
-        profile=profile_name,
-        source_kind=kind,
-        source_pin=pin,
-        patches_dir=str(project.patches.relative_to(forge.root)) if project.patches else None,
-        patches=tuple(e.name for e in selected),
-        patch_context=ctx,
-        series_hash=series_hash(series, ctx) if selected else None,
-        archs=archs,
-        env=MappingProxyType(dict(sorted(env.items()))),
-        nvcc_flags=render_gencode(archs),
-        backend=backend,
-        build_dir=project.build_dir,
-        build_isolation=project.build_isolation and options.build_isolation is not False,
-        jobs=jobs,
-        toolchain=Toolchain(
-            cuda=cuda,
-            cuda_from=cuda_from,
-            min_cuda=min_cuda,
-            installed_cuda=host.cuda_version,
-            nvcc_path=host.nvcc_path,
-            action=action,
-            torch=torch,
-            python=host.python,
-        ),
-        local_version=local_version,
-        platform_os=platform.os,
-        gpu_tests=project.gpu_tests,
-    )
+
+def _check_knob_keeps_variants(project: Project, knob: ArchKnob, archs: tuple[Arch, ...]) -> None:
+    if knob.format == "numbers" and any(a.variant for a in archs if knob.only is None or a.major * 10 + a.minor in knob.only):
+        raise ArchError(
+            f"{project.name} cannot build {' '.join(a.sm for a in archs if a.variant)}: its {knob.env} takes plain "
+            "arch numbers, so the variant would be dropped and the wheel would lack it",
+            fix=f"ask for the plain arch (e.g. {project.name}-sm{archs[0].major * 10 + archs[0].minor}), "
+            "or give the project a knob that carries variants",
+        )
+
+
+def _backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown backend '{name}'{did_you_mean(name, BACKENDS)}", fix=f"use one of: {', '.join(BACKENDS)}")
+    return name
+
+
+def _source(project: Project) -> tuple[str, str]:
+    src = project.source
+    if isinstance(src, GitSource):
+        return "git", f"{src.path} @ {src.commit} ({src.url})"
+    if isinstance(src, SdistSource):
+        return "sdist", f"{src.name}=={src.version} sha256:{src.sha256}"
+    if isinstance(src, LocalSource):
+        return "local", src.path
+    raise TypeError(src)  # pragma: no cover

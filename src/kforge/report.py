@@ -1,7 +1,7 @@
 """The build report: time and peak RSS per compile unit, and a timeline picture.
 
 Inputs are ninja's own ``.ninja_log`` (what ran when) and, where the compile commands
-were wrapped by ``python -m kforge.jobs measure``, the measured peak RSS per unit.
+were wrapped by ``python -m kforge.measure measure``, the measured peak RSS per unit.
 Outputs are ``report.json`` and ``timeline.html`` (a self-contained SVG Gantt chart of
 units over job lanes). :class:`NinjaProgress` turns ninja's ``[n/m]`` status lines into
 units done out of total, elapsed time and an ETA, shown live with rich.

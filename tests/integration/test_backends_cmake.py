@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from kforge_testkit import forge_toml
 
 from kforge.backends import BuildRequest, BuildResult, get_backend
 from kforge.config import load_forge
@@ -26,22 +27,13 @@ from kforge.targets import parse_target
 pytestmark = pytest.mark.integration
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "cmake_tiny"
-FORGE_TOML = """
-[toolchains]
-cuda = ["13.0"]
-python = ["3.11"]
-
-[platforms.linux-x86_64]
-alias = "linux"
-os = "linux"
-machine = "x86_64"
-
+FORGE_TOML = forge_toml("""
 [projects.cmtiny]
 source = { local = "cmake_tiny" }
 archs = ["sm_90"]
 backend = "cmake"
 arch_knobs = [{ env = "CMAKE_CUDA_ARCHITECTURES", format = "cmake" }]
-"""
+""", torch=(), python=("3.11",))
 
 
 @pytest.fixture(scope="module")

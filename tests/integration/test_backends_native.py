@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from kforge_testkit import forge_toml
 
 from kforge.backends import BuildRequest, BuildResult, get_backend
 from kforge.config import load_forge
@@ -29,17 +30,7 @@ from kforge.targets import parse_target
 pytestmark = pytest.mark.integration
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-FORGE_TOML = """
-[toolchains]
-cuda = ["13.0"]
-torch = ["2.11.0"]
-python = ["3.11"]
-
-[platforms.linux-x86_64]
-alias = "linux"
-os = "linux"
-machine = "x86_64"
-
+FORGE_TOML = forge_toml("""
 [projects.tiny]
 source = { local = "tiny" }
 archs = ["sm_90"]
@@ -59,7 +50,7 @@ archs = ["sm_90"]
 torch_abi = true
 build_isolation = false
 arch_knobs = [{ env = "NINJA_TINY_ARCHS", format = "numbers" }]
-"""
+""", python=("3.11",))
 
 
 @pytest.fixture(scope="module")

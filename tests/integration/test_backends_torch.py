@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from kforge_testkit import forge_toml
 
 from kforge.backends import BuildRequest, BuildResult, get_backend
 from kforge.config import load_forge
@@ -28,23 +29,14 @@ from kforge.targets import parse_target
 pytestmark = pytest.mark.integration
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "torch_tiny"
-FORGE_TOML = """
-[toolchains]
-cuda = ["13.0"]
-python = ["3.10", "3.11", "3.12", "3.13"]
-
-[platforms.linux-x86_64]
-alias = "linux"
-os = "linux"
-machine = "x86_64"
-
+FORGE_TOML = forge_toml("""
 [projects.tt]
 source = { local = "torch_tiny" }
 archs = ["sm_90"]
 torch_abi = true
 build_isolation = false
 arch_knobs = [{ env = "TORCH_TINY_ARCHS", format = "numbers" }]
-"""
+""", torch=())
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge import jobs
+from kforge import buildrun, jobs, measure
 from kforge.errors import BuildError
 
 pytestmark = pytest.mark.integration
@@ -83,7 +83,7 @@ def test_oom_is_retried_once_with_half_the_jobs(oom_project: tuple[Path, int]) -
         (d / f).unlink(missing_ok=True)
     said: list[str] = []
     lines: list[str] = []
-    run = jobs.run_with_oom_retry(_ninja(d), {"PATH": "/usr/bin:/bin"}, jobs.JobChoice(2, 1, "test"),
+    run = buildrun.run_with_oom_retry(_ninja(d), {"PATH": "/usr/bin:/bin"}, jobs.JobChoice(2, 1, "test"),
                                   log=said.append, echo=lines.append)
     assert run.retried
     first, second = run.attempts
@@ -104,7 +104,7 @@ def test_oom_twice_fails_with_the_story(oom_project: tuple[Path, int]) -> None:
     (tight / "build.ninja").write_text((d / "build.ninja").read_text().replace(f"{budget} /", f"{budget // 2} /"))
     said: list[str] = []
     with pytest.raises(BuildError) as err:
-        jobs.run_with_oom_retry(_ninja(tight), {"PATH": "/usr/bin:/bin"}, jobs.JobChoice(2, 1, "test"),
+        buildrun.run_with_oom_retry(_ninja(tight), {"PATH": "/usr/bin:/bin"}, jobs.JobChoice(2, 1, "test"),
                                 log=said.append)
     text = err.value.render()
     assert "out-of-memory" in text and "retried once with 1 jobs" in text
@@ -114,10 +114,10 @@ def test_oom_twice_fails_with_the_story(oom_project: tuple[Path, int]) -> None:
 def test_measure_wrapper_on_a_real_nvcc_compile(oom_project: tuple[Path, int], tmp_path: Path) -> None:
     d, _ = oom_project
     log = tmp_path / "units.jsonl"
-    rc = jobs._main(["measure", "--log", str(log), "--output", "m.o", "--", str(NVCC), "-O0", "-gencode",
+    rc = measure.main(["measure", "--log", str(log), "--output", "m.o", "--", str(NVCC), "-O0", "-gencode",
                      "arch=compute_90,code=sm_90", "-DUNIT=8", "-c", str(d / "a.cu"), "-o", str(tmp_path / "m.o")])
     assert rc == 0
-    (m,) = jobs.read_measures(log)
+    (m,) = measure.read_measures(log)
     assert m.output == "m.o" and m.returncode == 0
     assert 20 * MiB < m.peak_rss < 4096 * MiB  # cicc/cudafe++ really ran
     assert m.seconds > 0.1

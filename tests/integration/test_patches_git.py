@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+import kforge_testkit  # noqa: E402
 from kforge_gitfixtures import (  # noqa: E402
     TINY_PATCHES,
     UPSTREAM_TINY,
@@ -245,8 +246,7 @@ def test_cli_status_check_apply_revert(upstream, tmp_path: Path) -> None:
     env = _env(tmp_path)
 
     def kforge(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "kforge.cli", "-C", str(root), *args],
-                              capture_output=True, text=True, env=env)
+        return kforge_testkit.kforge("-C", str(root), *args, env=env)
 
     st = kforge("patches", "status", "tiny", "--platform", "linux")
     assert st.returncode == 0, st.stdout + st.stderr

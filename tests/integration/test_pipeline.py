@@ -19,6 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import make_superproject, make_upstream, use_test_git_config, write_forge  # noqa: E402
+from kforge_testkit import kforge  # noqa: E402
 
 from kforge.errors import DoctorError  # noqa: E402
 
@@ -29,11 +30,6 @@ backend = "native"
 build_isolation = false
 env = {{ TINY_NVCC_FLAGS = "-O0" }}
 """
-
-
-def kforge(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kforge.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=900)
 
 
 @pytest.fixture()

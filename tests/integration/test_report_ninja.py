@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge import jobs, report
+from kforge import measure, report
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     (d / "big.c").write_text(  # a unit that takes the compiler visibly longer
         "".join(f"int g{i}(int x) {{ return x * {i} + {i}; }}\n" for i in range(3000))
     )
-    measure = f"{sys.executable} -m kforge.jobs measure --log units.jsonl --output $out --"
+    measure = f"{sys.executable} -m kforge.measure measure --log units.jsonl --output $out --"
     (d / "build.ninja").write_text(
         "rule cc\n"
         f"  command = {measure} gcc -O2 -c $in -o $out\n"
@@ -42,7 +42,7 @@ def test_real_ninja_log_becomes_a_report(built: tuple[Path, str], tmp_path: Path
     d, _ = built
     entries = report.parse_ninja_log(d / ".ninja_log")
     assert {e.output for e in entries} == {"u0.o", "u1.o", "u2.o", "big.o", "libtiny.so"}
-    measures = {m.output: m for m in jobs.read_measures(d / "units.jsonl")}
+    measures = {m.output: m for m in measure.read_measures(d / "units.jsonl")}
     assert set(measures) == {"u0.o", "u1.o", "u2.o", "big.o"}
     assert all(m.peak_rss > 1_000_000 and m.returncode == 0 for m in measures.values())
     rep = report.build_report(entries, {k: m.peak_rss for k, m in measures.items()}, title="tiny")

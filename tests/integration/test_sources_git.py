@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import commit_change, git, make_superproject, make_upstream, use_test_git_config, write_forge  # noqa: E402
+from kforge_testkit import kforge  # noqa: E402
 
 from kforge import sources  # noqa: E402
 from kforge.errors import SourceError  # noqa: E402
@@ -174,20 +174,19 @@ def test_cli_status_on_fresh_clone_reports_missing_without_traceback(world, tmp_
     git(root, "commit", "-q", "-m", "forge.toml")
     clone = tmp_path / "ci-clone"
     git(tmp_path, "clone", "-q", root.as_uri(), str(clone))
-    cmd = [sys.executable, "-m", "kforge.cli", "-C", str(clone), "sources", "status"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(tmp_path))
+    cmd = ["-C", str(clone), "sources", "status"]
+    proc = kforge(*cmd, env=_env(tmp_path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out  # a report: a fresh clone is a normal state
     assert "Traceback" not in out
     assert "missing" in out
     assert "kforge sources sync tiny" in out
-    strict = subprocess.run(cmd + ["--strict"], capture_output=True, text=True, env=_env(tmp_path))
+    strict = kforge(*cmd, "--strict", env=_env(tmp_path))
     assert strict.returncode == 1 and "Traceback" not in strict.stderr
 
-    sync = subprocess.run([sys.executable, "-m", "kforge.cli", "-C", str(clone), "sources", "sync"],
-                          capture_output=True, text=True, env=_env(tmp_path))
+    sync = kforge("-C", str(clone), "sources", "sync", env=_env(tmp_path))
     assert sync.returncode == 0, sync.stdout + sync.stderr
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(tmp_path))
+    proc = kforge(*cmd, env=_env(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pinned" in proc.stdout
 

@@ -14,9 +14,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from kforge_testkit import forge_toml
 from packaging.version import Version
 
-from kforge.backends import BACKENDS, Backend, BuildRequest, BuildResult, _peak, get_backend
+from kforge import measure
+from kforge.backends import BACKENDS, Backend, BuildRequest, BuildResult, get_backend
 from kforge.backends._runner import (
     BuildLog,
     LiveProgress,
@@ -30,22 +32,12 @@ from kforge.backends.cmake import CmakeBackend, pack
 from kforge.backends.native import NativeBackend
 from kforge.config import load_forge
 from kforge.errors import BuildError
-from kforge.host import HostFacts
+from kforge.host import HostFacts, Resources
 from kforge.jobs import JobChoice, load_profile
 from kforge.plan import PlanOptions, make_plan
 from kforge.targets import parse_target
 
-FORGE_TOML = """
-[toolchains]
-cuda = ["13.0"]
-torch = ["2.11.0"]
-python = ["3.10", "3.11", "3.12", "3.13"]
-
-[platforms.linux-x86_64]
-alias = "linux"
-os = "linux"
-machine = "x86_64"
-
+FORGE_TOML = forge_toml("""
 [projects.tiny]
 source = { local = "tiny" }
 archs = ["sm_90"]
@@ -63,13 +55,13 @@ source = { local = "cm" }
 archs = ["sm_90", "sm_120a"]
 backend = "cmake"
 arch_knobs = [{ env = "CMAKE_CUDA_ARCHITECTURES", format = "cmake" }]
-"""
+""")
 
 
 def make_test_plan(tmp_path: Path, target: str, **options):
     (tmp_path / "forge.toml").write_text(FORGE_TOML)
     forge = load_forge(tmp_path)
-    host = HostFacts(platform="linux-x86_64", python="3.11", cpus=2, mem_available=16 * 2**30, mem_total=24 * 2**30,
+    host = HostFacts(platform="linux-x86_64", python="3.11", resources=Resources(2, 16 * 2**30, 24 * 2**30),
                      cuda_version=Version("13.0"), nvcc_path="/opt/cuda/bin/nvcc", cuda_home="/opt/cuda")
     t = parse_target(forge, target, host.platform)
     return make_plan(forge, t, host, PlanOptions(**options), job_profile=load_profile(tmp_path / "cache", t.project, 1))
@@ -104,14 +96,14 @@ def test_get_backend_unknown_name_says_did_you_mean():
     assert "cibuildwheel" in err.value.render()  # lists what exists
 
 
-# ---------------------------------------------------------------------------- _peak wrapper
+# ---------------------------------------------------------------------------- the measuring wrapper (kforge.measure)
 
 
 def test_peak_wrapper_measures_the_largest_descendant(tmp_path):
     out = tmp_path / "peak.json"
     # a grandchild (python under sh) holding ~150 MB: wait4 on the sh must still see it
     child = f"{sys.executable} -c \"b = bytearray(150 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])\""
-    rc = _peak.main(["run", str(out), "--", "sh", "-c", child])
+    rc = measure.main(["run", str(out), "--", "sh", "-c", child])
     data = json.loads(out.read_text())
     assert rc == 0 and data["returncode"] == 0
     assert 150 * 2**20 <= data["peak_rss"] < 1024 * 2**20
@@ -119,9 +111,9 @@ def test_peak_wrapper_measures_the_largest_descendant(tmp_path):
 
 def test_peak_wrapper_passes_exit_codes_and_signals(tmp_path):
     out = tmp_path / "peak.json"
-    assert _peak.main(["run", str(out), "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
-    assert _peak.main(["run", str(out), "--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]) == 137
-    assert _peak.main(["run", str(out), "--", str(tmp_path / "no-such-compiler")]) == 127
+    assert measure.main(["run", str(out), "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
+    assert measure.main(["run", str(out), "--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]) == 137
+    assert measure.main(["run", str(out), "--", str(tmp_path / "no-such-compiler")]) == 127
 
 
 def _fake_compiler(tmp_path: Path, worker_seconds: float | None) -> Path:
@@ -135,7 +127,7 @@ def _fake_compiler(tmp_path: Path, worker_seconds: float | None) -> Path:
 def test_unit_launcher_names_the_unit_by_its_object(tmp_path):
     log = tmp_path / "units.jsonl"
     cc = _fake_compiler(tmp_path, 0.3)
-    rc = _peak.main(["unit", str(log), "--", str(cc), "-c", "a.cu", "-o", "obj/a.o", "--threads", "2", "-O0"])
+    rc = measure.main(["unit", str(log), "--", str(cc), "-c", "a.cu", "-o", "obj/a.o", "--threads", "2", "-O0"])
     assert rc == 0
     (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert entry["output"] == "obj/a.o" and entry["nvcc_threads"] == 2 and entry["peak_rss"] > 0
@@ -143,7 +135,7 @@ def test_unit_launcher_names_the_unit_by_its_object(tmp_path):
     # a link (no -c) runs, keeps its exit code, and is not recorded as a compile unit
     link = tmp_path / "link.py"
     link.write_text("raise SystemExit(4)\n")
-    assert _peak.main(["unit", str(log), "--", sys.executable, str(link), "-o", "lib.so", "a.o"]) == 4
+    assert measure.main(["unit", str(log), "--", sys.executable, str(link), "-o", "lib.so", "a.o"]) == 4
     assert len(log.read_text().splitlines()) == 1
 
 
@@ -151,7 +143,7 @@ def test_unit_launcher_skips_compiler_cache_hits(tmp_path):
     """No compiler worker ran (a ccache hit): its milliseconds and MB must not reach the job model."""
     log = tmp_path / "units.jsonl"
     cc = _fake_compiler(tmp_path, None)
-    assert _peak.main(["unit", str(log), "--", str(cc), "-c", "a.cu", "-o", "obj/a.o"]) == 0
+    assert measure.main(["unit", str(log), "--", str(cc), "-c", "a.cu", "-o", "obj/a.o"]) == 0
     assert not log.exists()
 
 
@@ -162,7 +154,7 @@ def test_unit_launcher_skips_compiler_cache_hits(tmp_path):
     (["nvcc", "-odir", "x", "-c", "d.cu", "-o", "d.o"], "d.o"),  # -odir is not -o
 ])
 def test_output_of(cmd, expected):
-    assert _peak.output_of(cmd) == expected
+    assert measure.output_of(cmd) == expected
 
 
 # ---------------------------------------------------------------------------- progress and the runner
@@ -218,7 +210,7 @@ def test_run_step_failure_shows_command_exit_code_tail_and_log(tmp_path):
                  work_dir=tmp_path)
     text = err.value.render()
     assert err.value.what.startswith("pip wheel of tiny-sm90 failed: ")
-    assert "kforge.backends._peak" not in err.value.what  # the user's command, not our wrapper
+    assert "kforge.measure" not in err.value.what  # the user's command, not our wrapper
     assert "exit code 3" in text.lower() and "a.cu(3): error: boom" in text
     assert str(tmp_path / "build.log") in text
     assert "Traceback" not in text

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kforge_testkit import forge_toml
 from packaging.version import Version
 
 from kforge.backends import BuildRequest
@@ -23,7 +24,7 @@ from kforge.backends.cibuildwheel import (
 )
 from kforge.config import load_forge
 from kforge.errors import BuildError
-from kforge.host import HostFacts
+from kforge.host import HostFacts, Resources
 from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
 from kforge.targets import parse_target
@@ -31,28 +32,7 @@ from kforge.targets import parse_target
 cibw_environment = pytest.importorskip("cibuildwheel.environment", reason="cibuildwheel is a test dependency")
 
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
-FORGE_TOML = """
-[toolchains]
-cuda = ["13.0", "12.8"]
-torch = ["2.11.0"]
-python = ["3.10", "3.11", "3.12", "3.13"]
-
-[platforms.linux-x86_64]
-alias = "linux"
-os = "linux"
-machine = "x86_64"
-
-[platforms.linux-aarch64]
-alias = "linux-arm"
-os = "linux"
-machine = "aarch64"
-
-[platforms.windows-amd64]
-alias = "windows"
-os = "windows"
-machine = "AMD64"
-env = { DISTUTILS_USE_SDK = "1" }
-
+FORGE_TOML = forge_toml("""
 [projects.fa]
 source = { local = "fa" }
 archs = ["sm_90", "sm_120"]
@@ -75,14 +55,14 @@ source = { local = "fmha" }
 archs = ["sm_90a"]
 torch_abi = false
 arch_knobs = [{ env = "CMAKE_CUDA_ARCHITECTURES", format = "cmake" }]
-"""
+""", cuda=("13.0", "12.8"), arm=True, windows=True)
 
 
 def plan_for(tmp_path: Path, target: str, **options):
     (tmp_path / "forge.toml").write_text(FORGE_TOML)
     forge = load_forge(tmp_path)
-    host = HostFacts(platform="linux-x86_64", python="3.11", cpus=16, mem_available=100 * 2**30,
-                     mem_total=128 * 2**30, cuda_version=Version("13.0"), nvcc_path="/host/cuda/bin/nvcc",
+    host = HostFacts(platform="linux-x86_64", python="3.11", resources=Resources(16, 100 * 2**30, 128 * 2**30),
+                     cuda_version=Version("13.0"), nvcc_path="/host/cuda/bin/nvcc",
                      cuda_home="/host/cuda")
     t = parse_target(forge, target, host.platform)
     return make_plan(forge, t, host, PlanOptions(**options), job_profile=load_profile(tmp_path / "c", t.project, 1))
@@ -307,3 +287,8 @@ def test_pass_jobs_lets_the_oom_retry_reach_the_container(tmp_path, package):
     inside = bo.environment.as_dictionary(prev_environment={"PATH": "/usr/bin"})
     assert inside["MAX_JOBS"] == "1" and inside["NVCC_THREADS"] == "1"
     assert inside["FLASH_ATTN_CUDA_ARCHS"] == "120"  # the rest of the plan still fixed in CIBW_ENVIRONMENT
+    # a project's own thread variable (flashinfer's) is passed too, so the retry's halving reaches it
+    own = dataclasses.replace(plan, jobs=dataclasses.replace(plan.jobs, thread_vars=("NVCC_THREADS", "FI_THREADS")),
+                              env={**plan.env, "FI_THREADS": plan.env["NVCC_THREADS"]})
+    cibw = cibuildwheel_env(own, PYTHONS, "linux", pass_jobs=True)
+    assert "FI_THREADS" in cibw["CIBW_ENVIRONMENT_PASS_LINUX"].split() and "FI_THREADS" not in cibw["CIBW_ENVIRONMENT"]

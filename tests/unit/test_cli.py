@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kforge_testkit
 import pytest
 
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError
@@ -15,8 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def kforge(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kforge.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+    return kforge_testkit.kforge(*args, cwd=cwd, timeout=120)
 
 
 def test_plan_prints_env_and_flags() -> None:

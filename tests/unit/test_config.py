@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
+from kforge import config
 from kforge.config import load_forge, normalise_env_value
 from kforge.errors import ConfigError
+from kforge.sources import GitSource, SdistSource
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,3 +113,14 @@ def test_env_values_are_normalised(tmp_path: Path) -> None:
     assert demo.env["NVCC_THREADS"] == "4"
     assert demo.env["FLAGS"] == "-O3 -g"
     assert normalise_env_value("\t80;90 \n") == "80;90"
+
+
+def test_docs_list_every_key_of_the_schema() -> None:
+    """docs/forge-toml.md names every field of the dataclasses the file is read into."""
+    page = (ROOT / "docs" / "forge-toml.md").read_text()
+    words = {w for span in re.findall(r"`([^`]+)`", page) for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", span)}  # words in code
+    tables = (config.ToolchainsTable, config.Platform, config.ProjectTable, config.SourceTable, config.ArchKnob,
+              config.GpuTests, config.Profile, config.RuleTable, GitSource, SdistSource)
+    missing = [f"{cls.__name__}.{f.name}" for cls in tables for f in dataclasses.fields(cls)
+               if f.name != "name" and f.name not in words]
+    assert missing == []

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
+from kforge.buildrun import run_with_oom_retry
 from kforge.config import load_forge
 from kforge.errors import ConfigError, TargetError, ToolchainError
-from kforge.host import HostFacts
+from kforge.host import HostFacts, Resources
 from kforge.jobs import JobProfile, load_profile
 from kforge.plan import PlanOptions, make_plan
 from kforge.targets import parse_target
@@ -25,7 +27,7 @@ def forge():
 
 
 def host(**kw) -> HostFacts:
-    base = dict(platform="linux-x86_64", python="3.11", cpus=16, mem_available=100 * GiB, mem_total=128 * GiB,
+    base = dict(platform="linux-x86_64", python="3.11", resources=Resources(16, 100 * GiB, 128 * GiB),
                 cuda_version=Version("13.0.88"), nvcc_path="/usr/local/cuda-13.0/bin/nvcc",
                 cuda_home="/usr/local/cuda-13.0", nvcc_archs=NVCC_13_ARCHS, torch_version=Version("2.11.0"))
     base.update(kw)
@@ -128,8 +130,7 @@ def test_cascade_cli_over_env_over_forge(forge) -> None:
     opts = PlanOptions.from_cascade(env, cuda=None, max_jobs=5, env={"NVCC_THREADS": " 7 ", "EXTRA": "a  b"})
     assert (opts.cuda, opts.max_jobs, opts.nvcc_threads) == ("12.9", 5, 2)
     h = host()
-    plan = make_plan(forge, parse_target(forge, "fmha-sm90", h.platform), h, opts, job_profile=profile("fmha"),
-                     cuda_from_env=True)
+    plan = make_plan(forge, parse_target(forge, "fmha-sm90", h.platform), h, opts, job_profile=profile("fmha"))
     assert plan.toolchain.cuda == Version("12.9") and plan.toolchain.cuda_from == "KFORGE_CUDA"
     assert plan.env["MAX_JOBS"] == "5"
     assert plan.env["NVCC_THREADS"] == "7"  # --env is applied last, and normalised
@@ -141,7 +142,7 @@ def test_cascade_cli_over_env_over_forge(forge) -> None:
 def test_jobs_never_exceed_memory(forge) -> None:
     profile = JobProfile(project="flash-attn", arch_count=1, peak_rss_per_unit=6 * GiB, unit_seconds=120.0,
                          unit_seconds_max=250.0, samples=10, source="test")
-    h = host(cpus=64, mem_available=20 * GiB)
+    h = host(resources=Resources(64, 20 * GiB, 128 * GiB))
     plan = make_plan(forge, parse_target(forge, "flash-attn-sm90", h.platform), h, job_profile=profile)
     assert plan.jobs.max_jobs * 6 * GiB <= 20 * GiB
     assert plan.env["MAX_JOBS"] == str(plan.jobs.max_jobs)
@@ -165,6 +166,52 @@ def test_build_isolation_can_be_turned_off(forge) -> None:
     assert plan_for(forge, "flash-attn-sm90", build_isolation=True).build_isolation is False  # its setup.py needs torch
     with pytest.raises(ConfigError, match="KFORGE_BUILD_ISOLATION"):
         PlanOptions.from_cascade({"KFORGE_BUILD_ISOLATION": "maybe"})
+
+
+def test_env_nvcc_threads_reaches_the_projects_own_thread_variable(forge) -> None:
+    """--env NVCC_THREADS=1 is read back into the job choice, so flashinfer's FLASHINFER_NVCC_THREADS follows it."""
+    default = plan_for(forge, "flashinfer-sm90")
+    assert default.jobs.thread_vars == ("NVCC_THREADS", "FLASHINFER_NVCC_THREADS")
+    assert default.env["FLASHINFER_NVCC_THREADS"] == default.env["NVCC_THREADS"] == str(default.jobs.nvcc_threads)
+    plan = plan_for(forge, "flashinfer-sm90", nvcc_threads=4, env={"NVCC_THREADS": "1", "MAX_JOBS": "3"})
+    assert plan.jobs.nvcc_threads == 1 and plan.jobs.max_jobs == 3
+    assert plan.env["NVCC_THREADS"] == plan.env["FLASHINFER_NVCC_THREADS"] == "1"
+    assert plan.env["MAX_JOBS"] == plan.env["CMAKE_BUILD_PARALLEL_LEVEL"] == "3"
+    assert plan.jobs.env()["FLASHINFER_NVCC_THREADS"] == "1"  # what the build command's environment gets
+    own = plan_for(forge, "flashinfer-sm90", env={"FLASHINFER_NVCC_THREADS": "2"})  # the project's own name works too
+    assert own.jobs.nvcc_threads == 2 and own.env["NVCC_THREADS"] == "2"
+    with pytest.raises(ConfigError, match="--env NVCC_THREADS"):
+        plan_for(forge, "flashinfer-sm90", env={"NVCC_THREADS": "lots"})
+
+
+def test_plan_is_complete_and_json_shows_it(forge) -> None:
+    import json
+
+    plan = plan_for(forge, "flashmla-sm120")
+    assert plan.root == ROOT and plan.work_dir == ROOT / ".kforge" / "work" / "flashmla-sm120"
+    assert plan.series.entries and plan.patches == tuple(e.name for e in plan.series.entries)
+    assert plan.repair_policy.name == "flashmla" and plan.pythons == forge.toolchains.python
+    data = json.loads(plan.to_json())
+    assert data["work_dir"] == str(plan.work_dir) and data["root"] == str(ROOT)
+    assert data["patches"]["hash"] == plan.series_hash and data["patches"]["series"] == list(plan.patches)
+    assert data["jobs"]["thread_vars"] == ["NVCC_THREADS"]
+    assert data["repair"]["exclude"] == list(plan.repair_policy.exclude) and "libcuda.so*" in data["repair"]["exclude"]
+    assert data["pythons"] == list(forge.toolchains.python) and data["makes_wheel"] is True
+    fi = json.loads(plan_for(forge, "flashinfer-sm90").to_json())
+    assert fi["jobs"]["thread_vars"] == ["NVCC_THREADS", "FLASHINFER_NVCC_THREADS"]
+    assert "FLASHINFER_NVCC_THREADS=" in plan_for(forge, "flashinfer-sm90").render()
+
+
+def test_oom_retry_of_a_flashinfer_plan_lowers_flashinfer_nvcc_threads(forge, tmp_path: Path) -> None:
+    """The plan's job choice carries FLASHINFER_NVCC_THREADS, so the OOM retry halves it (it used to stay put)."""
+    plan = plan_for(forge, "flashinfer-sm90", max_jobs=1, env={"NVCC_THREADS": "4"})
+    assert plan.env["FLASHINFER_NVCC_THREADS"] == "4"
+    seen = tmp_path / "seen"
+    build = ("import os, sys\n"
+             f"open({str(seen)!r}, 'a').write(os.environ['FLASHINFER_NVCC_THREADS'] + '\\n')\n"
+             f"sys.exit(137 if len(open({str(seen)!r}).read().split()) == 1 else 0)\n")
+    run = run_with_oom_retry([sys.executable, "-c", build], dict(plan.env), plan.jobs, log=lambda m: None)
+    assert run.retried and seen.read_text().split() == ["4", "2"]
 
 
 # ------------------------------------------------------------------ multi-arch targets (issue 12)

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from kforge.errors import BuildError, did_you_mean
+from kforge.measure import UnitMeasure
 
-if TYPE_CHECKING:
-    from kforge.jobs import UnitMeasure
+if TYPE_CHECKING:  # a type only: kforge.plan imports this registry
     from kforge.plan import Plan
 
 __all__ = ["BACKENDS", "Backend", "BuildRequest", "BuildResult", "get_backend"]

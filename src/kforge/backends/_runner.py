@@ -1,8 +1,8 @@
-"""What every backend does around a build command.
+"""Run one backend build command: OOM retry, peak-memory wrapper, build log, live progress, failure summary.
 
-:func:`run_step` runs one command through :func:`kforge.jobs.run_with_oom_retry` (one retry
-with half the jobs after an out-of-memory kill), behind the ``_peak`` wrapper that measures
-the largest process. Every line goes to the build log; ninja's ``[n/m]`` lines drive a live
+:func:`run_step` runs one command through :func:`kforge.buildrun.run_with_oom_retry` (one retry
+with half the jobs after an out-of-memory kill), behind :mod:`kforge.measure`'s ``run`` wrapper
+that measures the largest process. Every line goes to the build log; ninja's ``[n/m]`` lines drive a live
 progress display (:class:`kforge.report.NinjaProgress`: units done of total, elapsed, ETA).
 A failure is a :class:`BuildError` with the command, exit code, output tail and log path.
 """
@@ -21,8 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+import kforge
+from kforge.buildrun import run_with_oom_retry
 from kforge.errors import BuildError
-from kforge.jobs import JobChoice, UnitMeasure, read_measures, run_with_oom_retry
+from kforge.jobs import JobChoice
+from kforge.measure import UnitMeasure, read_measures
 from kforge.report import NinjaProgress, ProgressState
 
 #: How often (seconds) progress is printed as a plain line when the console is not a terminal (CI logs).
@@ -137,12 +140,19 @@ class BuildLog:
 
 
 def choice_from_env(choice: JobChoice, env: Mapping[str, str]) -> JobChoice:
-    """Honour an explicit MAX_JOBS / NVCC_THREADS in the request's env (e.g. ``--env MAX_JOBS=3``)."""
+    """Honour an explicit MAX_JOBS / thread count in the request's env (e.g. ``--env MAX_JOBS=3``).
+
+    The plan already folds ``--env`` into its job choice; this catches an env a caller built by hand.
+    The thread count is read from any of the choice's thread variables (the project's own last).
+    """
     def num(key: str, current: int) -> int:
         raw = str(env.get(key, "")).strip()
         return int(raw) if raw.isdigit() and int(raw) > 0 else current
 
-    jobs, threads = num("MAX_JOBS", choice.max_jobs), num("NVCC_THREADS", choice.nvcc_threads)
+    jobs, threads = num("MAX_JOBS", choice.max_jobs), choice.nvcc_threads
+    for var in choice.thread_vars:
+        if num(var, choice.nvcc_threads) != choice.nvcc_threads:
+            threads = num(var, choice.nvcc_threads)
     if (jobs, threads) == (choice.max_jobs, choice.nvcc_threads):
         return choice
     return replace(choice, max_jobs=jobs, nvcc_threads=threads,
@@ -290,10 +300,10 @@ def find_ninja_logs(roots: Iterable[Path], since: float) -> tuple[Path, ...]:
     return tuple(sorted(found))
 
 
-_BOOT = """# Written by kforge: run kforge.backends._peak with the sys.path of the kforge that wrote it.
+_BOOT = """# Written by kforge: run kforge.measure with the sys.path of the kforge that wrote it.
 import sys
 sys.path[:0] = {paths!r}
-from kforge.backends._peak import main
+from kforge.measure import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -302,12 +312,10 @@ def peak_command(directory: Path) -> list[str]:
     """``[python, -I, boot.py]``: the measuring wrapper, runnable from inside any build.
 
     A build under pip's isolation rewrites PYTHONPATH/site for its children, so a plain
-    ``python -m kforge.backends._peak`` there cannot import kforge. The boot file carries this
+    ``python -m kforge.measure`` there cannot import kforge. The boot file carries this
     interpreter's own sys.path (editable installs, PYTHONPATH on offline hosts), and ``-I`` keeps
     the build's environment from changing it.
     """
-    import kforge
-
     paths = [str(Path(kforge.__file__).resolve().parents[1])] + [p for p in sys.path if p]
     boot = Path(directory) / "kforge_peak_boot.py"
     boot.parent.mkdir(parents=True, exist_ok=True)

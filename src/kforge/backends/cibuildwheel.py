@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from kforge import __version__
 from kforge.backends import BuildRequest, BuildResult
-from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, run_step, which
+from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, place, run_step, which
 from kforge.errors import BuildError, ToolchainError
 
 #: NVIDIA's CUDA repository for RHEL 8 (manylinux_2_28 is AlmaLinux 8), per machine.
@@ -173,7 +173,8 @@ def cibuildwheel_env(
     ids = build_identifiers(project.torch_abi, forge_pythons, platform_os, mach)
     # Host paths never travel: the Linux container gets its own CUDA, and on Windows cibuildwheel
     # passes the host's environment (CUDA_PATH, PATH) through to the build as it is.
-    env = {k: v for k, v in plan.env.items() if k not in HOST_ONLY and not (pass_jobs and k in JOB_KNOBS)}
+    knobs = tuple(dict.fromkeys((*JOB_KNOBS, *plan.jobs.thread_vars)))  # + the project's own (FLASHINFER_NVCC_THREADS)
+    env = {k: v for k, v in plan.env.items() if k not in HOST_ONLY and not (pass_jobs and k in knobs)}
     out = {
         "CIBW_BUILD": " ".join(ids),
         "CIBW_ARCHS": cibw_arch(platform_os, mach),
@@ -196,7 +197,7 @@ def cibuildwheel_env(
         out["CIBW_ENVIRONMENT"] = environment_string(
             {**env, "CUDA_HOME": home, "CUDACXX": f"{home}/bin/nvcc"}, raw={"PATH": f"{home}/bin:$PATH"})
         if pass_jobs:
-            out["CIBW_ENVIRONMENT_PASS_LINUX"] = " ".join(JOB_KNOBS)
+            out["CIBW_ENVIRONMENT_PASS_LINUX"] = " ".join(knobs)
         out[f"CIBW_MANYLINUX_{mach.upper()}_IMAGE"] = MANYLINUX
         out["CIBW_BEFORE_ALL_LINUX"] = cuda_install_command(cuda, mach, project.torch_abi)
         out["CIBW_REPAIR_WHEEL_COMMAND_LINUX"] = repair_command(
@@ -296,8 +297,6 @@ class CibuildwheelBackend:
                 why="found: " + (", ".join(w.name for w in wheels) or "nothing"),
                 fix=f"read the build log {log_path}",
             )
-        from kforge.backends._runner import place
-
         placed = tuple(place(w, Path(request.out_dir)) for w in wheels)
         return BuildResult(
             artifact=placed[0],

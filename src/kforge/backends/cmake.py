@@ -33,8 +33,9 @@ from kforge.backends._runner import (
     run_step,
     which,
 )
+from kforge.buildrun import Command
 from kforge.errors import BuildError, ToolchainError
-from kforge.jobs import Command, JobChoice
+from kforge.jobs import JobChoice
 
 
 class CmakeBackend:

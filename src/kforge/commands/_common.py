@@ -1,4 +1,5 @@
-"""What several subcommands share: finding forge.toml, host facts, and turning a target id into a Plan."""
+"""What several subcommands share: the plan options on the command line, finding forge.toml and the wheelhouse,
+and turning a target id into a Plan."""
 
 from __future__ import annotations
 
@@ -8,20 +9,23 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from kforge.config import Forge, load_forge
-from kforge.errors import ConfigError
+from rich.console import Console
+
+from kforge import options
+from kforge.config import Forge, find_root, load_forge
+from kforge.fsutil import cache_dir
 from kforge.host import HostFacts, detect_host, with_torch
+from kforge.jobs import load_profile
 from kforge.plan import Plan, PlanOptions, make_plan
 from kforge.targets import parse_target
 
+__all__ = ["add_plan_options", "cache_dir", "console", "forge_from_args", "plan_from_args", "wheelhouse_root"]
 
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """``$KFORGE_CACHE``, else ``$XDG_CACHE_HOME/kforge``, else ``~/.cache/kforge``."""
-    environ = os.environ if environ is None else environ
-    if environ.get("KFORGE_CACHE"):
-        return Path(environ["KFORGE_CACHE"]).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kforge"
+
+def console() -> Console:
+    """A console as wide as the terminal, or 120 columns in logs (CI), so tables stay readable."""
+    wide = sys.stdout.isatty() or os.environ.get("COLUMNS")
+    return Console(width=None if wide else 120, soft_wrap=False)
 
 
 def wheelhouse_root(args: argparse.Namespace) -> Path:
@@ -32,8 +36,6 @@ def wheelhouse_root(args: argparse.Namespace) -> Path:
         return Path(os.environ["KFORGE_WHEELHOUSE"]).resolve()
     if getattr(args, "root", None):
         return Path(args.root).resolve() / "wheelhouse"
-    from kforge.config import find_root
-
     return find_root() / "wheelhouse"
 
 
@@ -42,53 +44,20 @@ def forge_from_args(args: argparse.Namespace) -> Forge:
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cuda", help="CUDA version to build with, e.g. 12.8 (default: the installed nvcc)")
-    parser.add_argument("--profile", help="a build profile from forge.toml, e.g. minimal")
-    parser.add_argument("--backend", choices=("native", "cibuildwheel", "cmake"), help="override the project's backend")
-    parser.add_argument("--max-jobs", type=_positive, help="parallel compile units (default: chosen from free memory)")
-    parser.add_argument("--nvcc-threads", type=_positive, help="nvcc --threads per unit (default: chosen with --max-jobs)")
-    parser.add_argument("--no-build-isolation", dest="build_isolation", action="store_const", const=False,
-                        help="build with this interpreter's packages, not an isolated env (offline hosts)")
-    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra build environment, applied last")
-
-
-def _positive(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    return int(text)
-
-
-def parse_env_pairs(pairs: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--env {pair!r} is not KEY=VALUE", fix="write it as --env NVCC_THREADS=2")
-        out[key.strip()] = value
-    return out
+    """The flags of kforge.options' table (--cuda, --profile, --backend, --max-jobs, ...) and --env."""
+    options.add_arguments(parser)
 
 
 def plan_from_args(args: argparse.Namespace, target_text: str, *, environ: Mapping[str, str] | None = None,
-                   host: HostFacts | None = None) -> tuple[Forge, Plan]:
+                   host: HostFacts | None = None) -> Plan:
+    """Read forge.toml, resolve the target and make its plan (the only reading of forge.toml a build does)."""
     environ = os.environ if environ is None else environ
     forge = forge_from_args(args)
     host = host or detect_host(environ)
     target = parse_target(forge, target_text, host.platform, gpu_arch=host.gpu_arch)
     if forge.projects[target.project].torch_abi and host.torch_version is None:
         host = with_torch(host, sys.executable)
-    options = PlanOptions.from_cascade(
-        environ,
-        cuda=args.cuda,
-        profile=args.profile,
-        backend=args.backend,
-        max_jobs=args.max_jobs,
-        nvcc_threads=args.nvcc_threads,
-        build_isolation=args.build_isolation,
-        env=parse_env_pairs(args.env),
-    )
-    from kforge.jobs import load_profile
-
+    cli = {opt.name: getattr(args, opt.name, None) for opt in options.OPTIONS}
+    opts = PlanOptions.from_cascade(environ, **cli, env=options.parse_env_pairs(args.env))
     profile = load_profile(cache_dir(environ), target.project, 1)
-    plan = make_plan(forge, target, host, options, job_profile=profile,
-                     cuda_from_env=bool(environ.get("KFORGE_CUDA")) and not args.cuda)
-    return forge, plan
+    return make_plan(forge, target, host, opts, job_profile=profile)

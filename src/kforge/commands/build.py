@@ -6,10 +6,11 @@ import argparse
 import os
 from pathlib import Path
 
-from kforge.commands._common import add_plan_options, cache_dir, plan_from_args, wheelhouse_root
-from kforge.commands.plan import render
+from kforge.commands._common import add_plan_options, plan_from_args, wheelhouse_root
+from kforge.fsutil import cache_dir
 from kforge.host import detect_host
 from kforge.log import StepLog
+from kforge.pipeline import Run, Services, run_build, steps_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,26 +25,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kforge.pipeline import STEPS, check_buildable_here, run_build  # the heavy chain, only when building
-
     environ = dict(os.environ)
     host = detect_host(environ)
-    forge, plan = plan_from_args(args, args.target, environ=environ, host=host)
-    check_buildable_here(plan, host)
-    log = StepLog(total=len(STEPS) + 1, title=plan.id)
+    plan = plan_from_args(args, args.target, environ=environ, host=host)
+    log = StepLog(total=len(steps_for(plan)) + 1, title=plan.id)
     with log.step("plan", plan.id):
-        for line in render(plan).splitlines()[1:]:
+        for line in plan.render().splitlines()[1:]:
             log.info(line.strip() if not line.startswith("    ") else "  " + line.strip())
-    outcome = run_build(
-        forge, plan, host,
-        wheelhouse_root=wheelhouse_root(args),
-        cache_dir=cache_dir(environ),
-        environ=environ,
-        allow_dirty=args.allow_dirty,
-        progress=not args.no_progress,
-        ctest=args.ctest,
-        log=log,
-    )
+    build = Run(host=host, environ=environ, wheelhouse_root=wheelhouse_root(args), cache_dir=cache_dir(environ),
+                services=Services.real(plan), log=log, allow_dirty=args.allow_dirty, progress=not args.no_progress,
+                ctest=args.ctest)
+    outcome = run_build(plan, build)
     for wheel in outcome.wheels:
         print(f"{plan.id}: {wheel}" + (f" ({outcome.repaired_tag})" if outcome.repaired_tag else ""))
     print(f"{plan.id}: done in {outcome.seconds:.0f} s" + (f"; manifest {outcome.manifest}" if outcome.manifest else ""))

@@ -6,7 +6,19 @@ import argparse
 import sys
 from pathlib import Path
 
+from kforge.doctor import (
+    BinaryReport,
+    WheelReport,
+    check,
+    inspect_binary,
+    inspect_wheels,
+    render_text,
+    to_json,
+)
+from kforge.doctor.checks import expected
+from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import DoctorError
+from kforge.repairpolicy import default_policy
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -39,19 +51,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def handler(args: argparse.Namespace) -> int:
-    from kforge.doctor import (
-        BinaryReport,
-        WheelReport,
-        check,
-        inspect_binary,
-        inspect_wheels,
-        render_text,
-        to_json,
-    )
-    from kforge.doctor.checks import expected
-    from kforge.doctor.wheel import BINARY_NAME
-    from kforge.repairpolicy import default_policy
-
     expect = [a.strip() for item in args.expect_arch for a in item.split(",") if a.strip()]
     expected(expect)  # an ArchError for a misspelt arch, before any work
     path = Path(args.path)

@@ -10,10 +10,10 @@ from rich.table import Table
 
 from kforge import patches, sources
 from kforge.arch import parse_arch
-from kforge.commands._common import cache_dir, forge_from_args
-from kforge.commands.sources import console
+from kforge.commands._common import cache_dir, console, forge_from_args
 from kforge.config import Forge, Project
 from kforge.errors import PatchError, SourceError
+from kforge.host import platform_name
 from kforge.series import PatchContext, Series, load_series
 
 _STYLE = {"applies": "green", "applied": "cyan", "skipped": "dim", "fails": "red", "ambiguous": "yellow"}
@@ -56,8 +56,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _context(args: argparse.Namespace, forge: Forge, project: Project) -> PatchContext:
     platform = args.platform
     if platform is None:
-        from kforge.host import platform_name
-
         platform = platform_name()
     elif platform not in ("linux", "windows"):  # an OS, or a platform forge.toml declares (did-you-mean otherwise)
         platform = forge.platform(platform).name

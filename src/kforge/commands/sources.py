@@ -11,7 +11,7 @@ from rich.table import Table
 
 from kforge import sdist as _sdist
 from kforge import sources
-from kforge.commands._common import cache_dir, forge_from_args
+from kforge.commands._common import cache_dir, console, forge_from_args
 from kforge.config import Forge, Project
 from kforge.errors import SourceError
 
@@ -60,15 +60,6 @@ def collect(forge: Forge, names: list[str], cache: Path) -> list[tuple[sources.S
         for label, spec, primary in _specs(project):
             rows.append((sources.status(forge.root, label, spec, cache_dir=cache), spec, primary))
     return rows
-
-
-def console() -> Console:
-    """A console as wide as the terminal, or 120 columns in logs (CI), so tables stay readable."""
-    import os
-    import sys
-
-    wide = sys.stdout.isatty() or os.environ.get("COLUMNS")
-    return Console(width=None if wide else 120, soft_wrap=False)
 
 
 def render_status(rows: list[tuple[sources.SourceStatus, sources.Source, bool]], out: Console) -> None:

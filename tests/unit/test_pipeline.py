@@ -1,0 +1,210 @@
+"""The whole chain with a fake backend, repairer, nvcc, doctor and GPU: every step's wiring, in well under a second.
+
+The real tools are covered by tests/integration/test_pipeline.py; here the steps' order, their frozen
+results, the cmake path, the lock's work dir, and the GPU-test step's skip/fail/pass rules
+(``KFORGE_REQUIRE_GPU``) run against fakes injected through :class:`kforge.pipeline.Services`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from kforge_testkit import forge_toml
+
+from kforge import pipeline
+from kforge.arch import parse_arch
+from kforge.backends import BuildRequest, BuildResult
+from kforge.doctor import BinaryReport, FatbinEntry, WheelReport
+from kforge.errors import BuildError, DoctorError, GPUError, GpuTestError
+from kforge.gputest import run_gpu_tests
+from kforge.host import HostFacts
+from kforge.log import StepLog
+from kforge.measure import UnitMeasure
+from kforge.repair import RepairResult
+from kforge.toolchain import Nvcc
+
+PROJECTS = """
+[projects.tiny]
+source = { local = "tiny" }
+archs = ["sm_90"]
+threads_env = "TINY_THREADS"
+gpu_tests = { paths = ["tests"], args = ["-x"] }
+
+[projects.cm]
+source = { local = "tiny" }
+archs = ["sm_90"]
+backend = "cmake"
+"""
+
+
+class FakeBackend:
+    """Writes a wheel (or, as cmake, an install prefix with a library) and reports what it was asked."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.requests: list[BuildRequest] = []
+
+    def build(self, request: BuildRequest) -> BuildResult:
+        self.requests.append(request)
+        request.out_dir.mkdir(parents=True)
+        if not request.plan.makes_wheel:
+            lib = request.work_dir / "prefix" / "lib" / "libtiny.so"
+            lib.parent.mkdir(parents=True)
+            lib.write_bytes(b"\x7fELF fake")
+            artifact = request.out_dir / "tiny-install.tar.gz"
+            artifact.write_bytes(b"archive")
+            return BuildResult(artifact, "cmake-install", 0.1, 1 << 20, (), request.work_dir / "log", None)
+        wheel = request.out_dir / "tiny-0.1.0-cp311-cp311-linux_x86_64.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr("tiny/_k.so", b"\x7fELF fake")
+            zf.writestr("tiny-0.1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tiny\nVersion: 0.1.0\n")
+        units = (UnitMeasure("k.o", 2.0, 1 << 30, 0, 1),)
+        return BuildResult(wheel, "wheel", 0.1, 1 << 30, (), request.work_dir / "log", None, units=units)
+
+
+def fake_repair(wheel: Path, out_dir: Path, *, platform, policy, lib_paths, python) -> RepairResult:  # noqa: ANN001
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fixed = out_dir / wheel.name.replace("linux_x86_64", "manylinux_2_28_x86_64")
+    fixed.write_bytes(wheel.read_bytes())
+    return RepairResult(fixed, "manylinux_2_28_x86_64", excluded=(), grafted=(), log="")
+
+
+def fatbin(arch: str) -> FatbinEntry:
+    kind, a = "sass", parse_arch(arch)
+    return FatbinEntry(kind=kind, arch=arch, major=a.major, minor=a.minor, variant=a.variant, compressed=False,
+                       compression=None, size=10, uncompressed_size=10, version="1.8", section=".nv_fatbin",
+                       container=0, offset=0, relocatable=False)
+
+
+def binary_with(*archs: str) -> BinaryReport:
+    return BinaryReport(path="tiny/_k.so", format="elf", size=10, fatbins=tuple(fatbin(a) for a in archs), containers=1)
+
+
+def inspect_as(*archs: str):  # noqa: ANN201
+    def inspect(wheel: Path) -> WheelReport:
+        return WheelReport(path=str(wheel), filename=wheel.name, name="tiny", version="0.1.0",
+                           tags=("cp311-cp311-manylinux_2_28_x86_64",), size=1, sha256="0" * 64,
+                           binaries=(binary_with(*archs),), files=("tiny/_k.so",))
+    return inspect
+
+
+def fake_nvcc(tmp_path: Path):  # noqa: ANN201
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True, exist_ok=True)
+
+    def find(plan, environ, cache_dir, say) -> Nvcc:  # noqa: ANN001
+        return Nvcc(path=home / "bin" / "nvcc", home=home, version=plan.toolchain.cuda, gpu_archs=frozenset())
+    return find
+
+
+@pytest.fixture()
+def mono(tmp_path: Path, forge_and_plan):  # noqa: ANN001
+    (tmp_path / "tiny" / "tests").mkdir(parents=True)
+    (tmp_path / "tiny" / "tests" / "test_k.py").write_text("def test_k():\n    assert True\n")
+    return forge_and_plan(tmp_path, forge_toml(PROJECTS), gpu_arch="sm_90")
+
+
+def make_run(tmp_path: Path, plan, host, *, inspect=None, environ=None) -> tuple[pipeline.Run, FakeBackend]:  # noqa: ANN001
+    backend = FakeBackend()
+    services = pipeline.Services(backend=backend, repair_wheel=fake_repair, find_nvcc=fake_nvcc(tmp_path),
+                                 detect_torch=lambda python: None, inspect_wheel=inspect or inspect_as("sm_90"),
+                                 inspect_binary=lambda path: binary_with("sm_90"))
+    env = {"PATH": "/usr/bin:/bin", "KFORGE_COMPILER_CACHE": "none", **(environ or {})}
+    run = pipeline.Run(host=host, environ=env, wheelhouse_root=tmp_path / "wheelhouse", cache_dir=tmp_path / "cache",
+                       services=services, log=StepLog(total=8, title=plan.id, environ={}), progress=False)
+    return run, backend
+
+
+def test_the_whole_chain_with_fakes_publishes_a_verified_wheel_and_runs_gpu_tests(tmp_path: Path, mono) -> None:
+    started = time.monotonic()
+    plan, host = mono("tiny-sm90", env={"NVCC_THREADS": "3"})
+    run, backend = make_run(tmp_path, plan, host)
+    outcome = pipeline.run_build(plan, run)
+
+    (request,) = backend.requests
+    assert request.env["TINY_THREADS"] == request.env["NVCC_THREADS"] == "3"  # --env reached the project's variable
+    assert request.tree == outcome.done.source.tree and request.forge_pythons == plan.pythons
+    assert str(tmp_path / "cuda" / "bin") == request.env["PATH"].split(":")[0]
+    assert [s for s in run.log.timings] == ["source", "patches", "toolchain", "build", "report", "repair", "doctor",
+                                           "publish"]
+    done = outcome.done
+    assert done.source is not None and (done.source.tree / "tests" / "test_k.py").is_file()
+    assert done.repair and done.repair[0].tag == "manylinux_2_28_x86_64"
+    # relabelled with its arch set (kforge.wheelname), so other builds of tiny never overwrite it
+    assert outcome.wheel == tmp_path / "wheelhouse" / "tiny" / "tiny-0.1.0+sm90-cp311-cp311-manylinux_2_28_x86_64.whl"
+    manifest = json.loads(outcome.manifest.read_text())
+    assert manifest["archs"] == ["sm_90"] and manifest["toolchain"]["nvcc_threads"] == 3
+    assert manifest["repaired_tag"] == "manylinux_2_28_x86_64" and manifest["source_kind"] == "local"
+    profile = json.loads((tmp_path / "cache" / "jobs" / "tiny.json").read_text())
+    assert profile["arch_counts"]["1"]["samples"] == 1  # the build's measured units reached the job profile
+
+    # the GPU-test step, on the wheel the chain just published: a matching fake GPU runs pip, then pytest
+    calls: list[list[str]] = []
+    result = run_gpu_tests(plan, host, wheelhouse_root=run.wheelhouse_root, environ=run.environ, log=run.log,
+                           runner=lambda cmd, env, cwd=None, capture=False: (calls.append(list(cmd)), (0, ""))[1],
+                           inspect_wheel=inspect_as("sm_90"))
+    assert result.status == "passed" and result.wheel == outcome.wheel
+    assert calls[0][1:4] == ["-m", "pip", "install"] and calls[0][-1] == "tiny==0.1.0+sm90"  # exactly this build
+    assert calls[1][1:3] == ["-m", "pytest"] and "/test-tiny-sm90/src/" in calls[1][3] and calls[1][3].endswith("/tests") and "-x" in calls[1]
+    assert time.monotonic() - started < 1.0
+
+
+def test_gpu_test_rules_skip_fail_and_report(tmp_path: Path, mono) -> None:
+    plan, host = mono("tiny-sm90")
+    run, _ = make_run(tmp_path, plan, host)
+    pipeline.run_build(plan, run)
+    never = lambda cmd, env, cwd=None, capture=False: pytest.fail(f"ran {cmd}")  # noqa: E731
+
+    def gpu_test(h: HostFacts, environ: dict, **kw):  # noqa: ANN003, ANN202
+        return run_gpu_tests(plan, h, wheelhouse_root=run.wheelhouse_root, environ=environ, log=run.log, **kw)
+
+    no_gpu = host.with_(gpu_arch=None, gpu_name=None)
+    skipped = gpu_test(no_gpu, {}, runner=never)
+    assert skipped.status == "skipped" and "no NVIDIA GPU" in skipped.reason
+    with pytest.raises(GPUError, match="no NVIDIA GPU"):
+        gpu_test(no_gpu, {"KFORGE_REQUIRE_GPU": "1"}, runner=never)
+    # a GPU the wheel has no kernels for (an sm_120 card, the wheel holds sm_90 only): skipped, or failed on demand
+    other = host.with_(gpu_arch=parse_arch("sm_120"), gpu_name="RTX 5090")
+    skipped = gpu_test(other, {}, runner=never, inspect_wheel=inspect_as("sm_90"))
+    assert skipped.status == "skipped" and "RTX 5090" in skipped.reason and "sm_120" in skipped.reason
+    with pytest.raises(GPUError):
+        gpu_test(other, {"KFORGE_REQUIRE_GPU": "1"}, runner=never, inspect_wheel=inspect_as("sm_90"))
+    # a matching GPU whose tests fail: a GpuTestError with pytest's exit code
+    failing = lambda cmd, env, cwd=None, capture=False: (1 if "pytest" in cmd else 0, "")  # noqa: E731
+    with pytest.raises(GpuTestError, match="exit code 1"):
+        gpu_test(host, {}, runner=failing, inspect_wheel=inspect_as("sm_90"))
+
+
+def test_doctor_step_stops_a_wheel_without_the_planned_arch(tmp_path: Path, mono) -> None:
+    plan, host = mono("tiny-sm90")
+    run, _ = make_run(tmp_path, plan, host, inspect=inspect_as("sm_80"))
+    with pytest.raises(DoctorError, match="sm_90"):
+        pipeline.run_build(plan, run)
+    assert not (tmp_path / "wheelhouse" / "tiny").exists()  # nothing published
+    assert list(run.log.timings)[-1] == "doctor"
+
+
+def test_cmake_path_verifies_the_library_and_publishes_nothing(tmp_path: Path, mono) -> None:
+    plan, host = mono("cm-sm90")
+    assert not plan.makes_wheel
+    run, _ = make_run(tmp_path, plan, host)
+    outcome = pipeline.run_build(plan, run)
+    assert list(run.log.timings) == ["source", "patches", "toolchain", "build", "report", "doctor"]
+    assert outcome.manifest is None and outcome.wheel.name == "tiny-install.tar.gz"
+    assert outcome.done.doctor is not None and [p.name for p in outcome.done.doctor.binaries] == ["libtiny.so"]
+    assert not (tmp_path / "wheelhouse").exists()
+
+
+def test_a_windows_target_is_refused_before_any_step(tmp_path: Path, forge_and_plan) -> None:
+    (tmp_path / "tiny").mkdir()
+    make = forge_and_plan(tmp_path, forge_toml(PROJECTS, windows=True), gpu_arch="sm_90")
+    plan, host = make("tiny-sm90-windows")
+    run, backend = make_run(tmp_path, plan, host)
+    with pytest.raises(BuildError, match="this host is linux-x86_64"):
+        pipeline.run_build(plan, run)
+    assert run.log.timings == {} and backend.requests == []
