@@ -19,7 +19,7 @@ from kforge import __version__
 from kforge.errors import KforgeError
 
 #: Subcommand modules under kforge.commands, in the order ``kforge --help`` lists them.
-COMMANDS = ("plan", "targets", "build", "test", "repair", "doctor", "sources", "patches", "wheelhouse", "ci")
+COMMANDS = ("plan", "targets", "build", "test", "repair", "doctor", "sources", "patches", "wheelhouse", "ci", "image")
 
 
 def build_parser() -> argparse.ArgumentParser:

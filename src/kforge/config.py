@@ -22,6 +22,7 @@ from kforge.arch import Arch, parse_arch
 from kforge.archrender import RENDERERS
 from kforge.backends import BACKENDS
 from kforge.errors import ArchError, ConfigError, did_you_mean
+from kforge.platformtag import parse_tag
 from kforge.schema import ArchNumber, EnvValue, Reader, normalise_env_value
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 
@@ -114,6 +115,7 @@ class Project:
     compile_units: int | None
     profiles: Mapping[str, Profile]
     repair_exclude: tuple[str, ...]
+    platform_tag: str | None = None  # the oldest manylinux tag its Linux wheels must reach (repair enforces it)
     arch_sets: Mapping[str, tuple[Arch, ...]] = field(default_factory=lambda: MappingProxyType({}))
     """Named sets of declared archs, usable as a target (``flash-attn-release``); ``release`` is the default set."""
 
@@ -256,6 +258,7 @@ class ProjectTable:
     compile_units: int | None = None
     profiles: Mapping[str, dict] = field(default_factory=_empty)  # each read as a Profile
     repair_exclude: tuple[str, ...] = ()
+    platform_tag: str | None = None  # the oldest manylinux tag the project's Linux wheels must reach
     arch_sets: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)  # each a set of declared archs
 
 
@@ -371,10 +374,20 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         env=t.env, local_version_env=t.local_version_env, threads_env=t.threads_env,
         patches=(root / t.patches).resolve() if t.patches else None, gpu_tests=t.gpu_tests,
         compile_units=t.compile_units, repair_exclude=t.repair_exclude,
+        platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag),
         arch_sets=_arch_sets(r, f"{key}.arch_sets", t.arch_sets, archs, platforms),
         profiles=MappingProxyType({p: Profile(name=p, **r.values(Profile, d, f"{key}.profiles.{p}", skip=("name",)))
                                    for p, d in t.profiles.items()}),
     )
+
+
+def _platform_tag(r: Reader, key: str, text: str | None) -> str | None:
+    if text is None:
+        return None
+    try:
+        return parse_tag(text)
+    except ConfigError as exc:
+        raise r.error(key, exc.what, fix=exc.fix) from None
 
 
 def _archs(r: Reader, key: str, t: ProjectTable) -> tuple[tuple[Arch, ...], Arch]:

@@ -44,6 +44,12 @@ OPTIONS: tuple[Option, ...] = (
            "nvcc --threads per unit, in every thread variable of the project (default: chosen with --max-jobs)"),
     Option("build_isolation", "KFORGE_BUILD_ISOLATION", "--no-build-isolation", "bool",
            "build with this interpreter's packages, not an isolated env (offline hosts)", flag_value=False),
+    Option("image", "KFORGE_IMAGE", "--image", "str",
+           "cibuildwheel's Linux image: manylinux_2_28 (official, the default), kforge:bullseye (made here with "
+           "debootstrap and podman; manylinux_2_31), or an image reference of your own"),
+    Option("platform_tag", "KFORGE_PLATFORM_TAG", "--platform-tag", "str",
+           "the oldest manylinux tag the wheel must reach, e.g. manylinux_2_28 (default: the project's platform_tag); "
+           "the repair fails naming the too-new symbols"),
 )
 BY_NAME: Mapping[str, Option] = MappingProxyType({o.name: o for o in OPTIONS})
 
@@ -56,6 +62,8 @@ class PlanOptions:
     max_jobs: int | None = None
     nvcc_threads: int | None = None
     build_isolation: bool | None = None  # False: build with the interpreter's packages (offline hosts)
+    image: str | None = None  # cibuildwheel's Linux image (manylinux_2_28, kforge:bullseye, a reference)
+    platform_tag: str | None = None  # the oldest manylinux tag the wheel must reach (overrides the project's)
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # --env KEY=VALUE, applied last
     cuda_from: str | None = None  # which layer set ``cuda`` ("KFORGE_CUDA" or "--cuda"), for the plan's story
 

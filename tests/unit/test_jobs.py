@@ -4,80 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from kforge import buildrun, jobs, measure
+from kforge import jobs
 from kforge.errors import BuildError
-from kforge.host import Resources, detect_resources
-from kforge.jobs import GB, GiB, JobChoice, JobProfile
+from kforge.host import Resources
+from kforge.jobs import GB, JobChoice, JobProfile
 from kforge.measure import UnitMeasure
-
-# ---------------------------------------------------------------------------- detect_resources
-
-
-def _fake_proc(tmp: Path, *, total_kb: int, avail_kb: int, cgroup: str) -> Path:
-    proc = tmp / "proc"
-    (proc / "self").mkdir(parents=True)
-    (proc / "meminfo").write_text(
-        f"MemTotal:       {total_kb} kB\nMemFree:        1000 kB\nMemAvailable:   {avail_kb} kB\nBuffers: 1 kB\n"
-    )
-    (proc / "self" / "cgroup").write_text(cgroup)
-    return proc
-
-
-def test_detect_resources_reads_meminfo_and_affinity(tmp_path: Path) -> None:
-    proc = _fake_proc(tmp_path, total_kb=64 * 1024**2, avail_kb=48 * 1024**2, cgroup="0::/\n")
-    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1, 2, 5})
-    assert host.cpus == 4
-    assert host.mem_total == 64 * GiB
-    assert host.mem_available == 48 * GiB
-    assert "MemAvailable" in host.source
-
-
-def test_detect_resources_lowers_to_cgroup_v2_room(tmp_path: Path) -> None:
-    proc = _fake_proc(tmp_path, total_kb=64 * 1024**2, avail_kb=48 * 1024**2, cgroup="0::/build.slice\n")
-    cg = tmp_path / "cg" / "build.slice"
-    cg.mkdir(parents=True)
-    (cg / "memory.max").write_text(str(16 * GiB))
-    (cg / "memory.current").write_text(str(4 * GiB))
-    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0})
-    assert host.mem_available == 12 * GiB
-    assert host.mem_total == 16 * GiB
-    assert host.source == "cgroup memory limit"
-
-
-def test_detect_resources_ignores_unlimited_cgroups(tmp_path: Path) -> None:
-    proc = _fake_proc(tmp_path, total_kb=8 * 1024**2, avail_kb=6 * 1024**2,
-                      cgroup="4:memory:/job\n0::/job\n")
-    v1 = tmp_path / "cg" / "memory" / "job"
-    v1.mkdir(parents=True)
-    (v1 / "memory.limit_in_bytes").write_text(str(2**63 - 4096))  # v1's "unlimited"
-    v2 = tmp_path / "cg" / "job"
-    v2.mkdir(parents=True)
-    (v2 / "memory.max").write_text("max\n")
-    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
-    assert host.mem_available == 6 * GiB
-    assert host.mem_total == 8 * GiB
-
-
-def test_detect_resources_cgroup_v1_limit(tmp_path: Path) -> None:
-    proc = _fake_proc(tmp_path, total_kb=8 * 1024**2, avail_kb=6 * 1024**2, cgroup="4:memory:/job\n")
-    v1 = tmp_path / "cg" / "memory" / "job"
-    v1.mkdir(parents=True)
-    (v1 / "memory.limit_in_bytes").write_text(str(3 * GiB))
-    (v1 / "memory.usage_in_bytes").write_text(str(1 * GiB))
-    host = detect_resources(proc=proc, sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1})
-    assert host.mem_available == 2 * GiB
-
-
-def test_detect_resources_on_this_machine_is_sane() -> None:
-    host = detect_resources()
-    assert host.cpus >= 1
-    assert 0 < host.mem_available <= host.mem_total
-
 
 # ---------------------------------------------------------------------------- choose_jobs
 
@@ -221,45 +156,6 @@ def test_corrupt_profile_file_falls_back(tmp_path: Path) -> None:
     assert "seed" in jobs.load_profile(tmp_path, "flash-attn", 1).source
 
 
-# ---------------------------------------------------------------------------- OOM detection, measures
-
-
-@pytest.mark.parametrize("rc,out,oom", [
-    (137, "", True),
-    (-9, "", True),
-    (1, "nvcc error   : 'cicc' died due to signal 9 (Kill signal)", True),
-    (1, "g++: fatal error: Killed signal terminated program cc1plus", True),
-    (1, "nvcc error   : 'ptxas' died due to signal 11 (Invalid memory reference)", False),
-    (1, "terminate called after throwing an instance of 'std::bad_alloc'", True),
-    (1, "cc1plus: out of memory allocating 65536 bytes", True),
-    (1, "virtual memory exhausted: Cannot allocate memory", True),
-    (1, "error: identifier \"foo\" is undefined", False),
-    (2, "ninja: build stopped: subcommand failed.", False),
-])
-def test_looks_oom(rc: int, out: str, oom: bool) -> None:
-    assert buildrun.looks_oom(rc, out) is oom
-
-
-def test_measure_wrapper_logs_time_and_peak(tmp_path: Path) -> None:
-    log = tmp_path / "units.jsonl"
-    code = "x = bytearray(80 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096])"
-    rc = measure.main(["measure", "--log", str(log), "--output", "big.o", "--", sys.executable, "-c", code])
-    assert rc == 0
-    rc = measure.main(["measure", "--log", str(log), "--output", "fail.o", "--", sys.executable, "-c", "raise SystemExit(3)"])
-    assert rc == 3
-    got = {m.output: m for m in measure.read_measures(log)}
-    assert got["big.o"].peak_rss >= 80 * 1024 * 1024
-    assert got["big.o"].returncode == 0 and got["big.o"].seconds > 0
-    assert got["fail.o"].returncode == 3
-
-
-def test_run_with_oom_retry_raises_build_error_for_plain_failures(tmp_path: Path) -> None:
-    with pytest.raises(BuildError) as err:
-        buildrun.run_with_oom_retry([sys.executable, "-c", "print('syntax error here'); raise SystemExit(2)"],
-                                {}, JobChoice(4, 1, "x"), log=lambda m: None)
-    assert "exit code 2" in err.value.render().lower() and "syntax error here" in err.value.render()
-
-
 def test_profile_dataclass_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         FA.peak_rss_per_unit = 1  # type: ignore[misc]
@@ -274,22 +170,3 @@ def test_damaged_profile_file_counts_as_not_measured(tmp_path) -> None:
     path.write_text('{"arch_counts": {"1": {}, "x": {"peak_rss_per_unit": 1}, "2": {"unit_seconds": "soon"}}}')
     profile = load_profile(tmp_path, "fmha", 1)
     assert profile.source.startswith("default guess")
-
-
-def test_oom_retry_lowers_the_projects_own_thread_variable(tmp_path: Path) -> None:
-    """After an OOM kill the retry halves the nvcc threads in *every* thread variable (flashinfer reads its own)."""
-    seen = tmp_path / "seen.txt"
-    script = tmp_path / "build.py"
-    script.write_text(
-        "import os, sys\n"
-        f"with open({str(seen)!r}, 'a') as fh:\n"
-        "    fh.write(os.environ['MAX_JOBS'] + ' ' + os.environ['NVCC_THREADS'] + ' '"
-        " + os.environ['FLASHINFER_NVCC_THREADS'] + '\\n')\n"
-        f"if len(open({str(seen)!r}).read().splitlines()) == 1:\n"
-        "    print('nvcc error   : \\'cicc\\' died due to signal 9 (Kill signal)'); sys.exit(1)\n"
-    )
-    choice = JobChoice(1, 4, "test", thread_vars=("NVCC_THREADS", "FLASHINFER_NVCC_THREADS"))
-    run = buildrun.run_with_oom_retry([sys.executable, str(script)], {"FLASHINFER_NVCC_THREADS": "4"}, choice,
-                                      log=lambda m: None)
-    assert run.retried and run.attempts[0].oom
-    assert seen.read_text().splitlines() == ["1 4 4", "1 2 2"]  # one job: the threads were halved, in both names

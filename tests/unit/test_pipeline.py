@@ -67,7 +67,7 @@ class FakeBackend:
         return BuildResult(wheel, "wheel", 0.1, 1 << 30, (), request.work_dir / "log", None, units=units)
 
 
-def fake_repair(wheel: Path, out_dir: Path, *, platform, policy, lib_paths, python) -> RepairResult:  # noqa: ANN001
+def fake_repair(wheel: Path, out_dir: Path, *, platform, policy, platform_policy, lib_paths, python, env) -> RepairResult:  # noqa: ANN001
     out_dir.mkdir(parents=True, exist_ok=True)
     fixed = out_dir / wheel.name.replace("linux_x86_64", "manylinux_2_28_x86_64")
     fixed.write_bytes(wheel.read_bytes())

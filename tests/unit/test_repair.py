@@ -161,3 +161,13 @@ def test_wheel_without_binaries_is_copied_through_without_running_a_tool(tmp_pat
 
     result = repair_wheel(src, tmp_path / "out", platform=platform, policy=default_policy(), runner=must_not_run)
     assert not result.repaired and result.tag == "any" and result.wheel.read_bytes() == src.read_bytes()
+
+
+def test_apply_local_version_is_reproducible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # RECORD gets the source wheel's date, not the clock's: relabelling twice gives the same bytes
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    src = _wheel(tmp_path)
+    first = apply_local_version(src, "sm90a", out_dir=tmp_path / "a").read_bytes()
+    monkeypatch.setattr("time.time", lambda: 2_000_000_000.0)  # a later clock
+    second = apply_local_version(src, "sm90a", out_dir=tmp_path / "b").read_bytes()
+    assert first == second

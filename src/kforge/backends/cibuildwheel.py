@@ -36,6 +36,8 @@ from kforge import __version__
 from kforge.backends import BuildRequest, BuildResult
 from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, place, run_step, which
 from kforge.errors import BuildError, ToolchainError
+from kforge.image import OFFICIAL_IMAGE, ensure_image, image_pythons, is_kforge_image, podman_env
+from kforge.platformtag import wheel_tag
 
 #: NVIDIA's CUDA repository for RHEL 8 (manylinux_2_28 is AlmaLinux 8), per machine.
 CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/rhel8/{repo_arch}/cuda-rhel8.repo"
@@ -47,7 +49,7 @@ HOST_ONLY = ("CUDA_HOME", "CUDA_PATH", "CUDACXX", "PATH", "PYTORCH_NVCC")
 JOB_KNOBS = ("MAX_JOBS", "NVCC_THREADS", "CMAKE_BUILD_PARALLEL_LEVEL")
 #: What a build without isolation needs besides torch.
 BUILD_TOOLS = ("setuptools>=64", "wheel", "ninja", "packaging")
-MANYLINUX = "manylinux_2_28"
+MANYLINUX = OFFICIAL_IMAGE
 
 
 def python_tag(version: str) -> str:
@@ -140,8 +142,10 @@ def cuda_install_command(cuda: Version, machine: str, torch_abi: bool) -> str:
 
 
 def repair_command(target_id: str, *, torch_abi: bool, excludes: Sequence[str], install: str | None,
-                   kforge: str = "kforge") -> str:
+                   kforge: str = "kforge", plat: str | None = None) -> str:
     args = ["repair", "--target", target_id, "--wheel", "{wheel}", "--dest-dir", "{dest_dir}"]
+    if plat:  # the plan's platform tag: the repair inside the container must reach it
+        args += ["--plat", plat]
     for pattern in excludes:
         args += ["--exclude", pattern]
     if torch_abi:
@@ -160,17 +164,25 @@ def cibuildwheel_env(
     kforge_requirement: str | None = None,
     kforge_command: str = "kforge",
     pass_jobs: bool = False,
+    image_ref: str | None = None,
+    image_pythons: Sequence[str] = (),
 ) -> dict[str, str]:
     """The ``CIBW_*`` variables that build ``plan`` (see the module docstring).
 
     With ``pass_jobs`` the job knobs (MAX_JOBS, NVCC_THREADS, CMAKE_BUILD_PARALLEL_LEVEL) are
     taken from the environment cibuildwheel runs in (passed into the Linux container) instead
     of being fixed in CIBW_ENVIRONMENT, so kforge's OOM retry with half the jobs reaches the build.
+
+    ``image_ref`` is the local reference of a kforge-made image (``plan.image`` = ``kforge:<suite>``):
+    its CUDA is baked in (no before-all step), it offers ``image_pythons`` only, the container gets
+    the host's network (build isolation needs PyPI), and the wheel comes out unrepaired, for kforge's
+    repair step to check against the plan's platform tag on the host.
     """
     project = plan.project
     mach = machine_of(plan.target.platform, machine)
     cuda = plan.toolchain.cuda
-    ids = build_identifiers(project.torch_abi, forge_pythons, platform_os, mach)
+    pythons = _pythons_for_image(project.torch_abi, forge_pythons, image_pythons, image_ref)
+    ids = build_identifiers(project.torch_abi, pythons, platform_os, mach)
     # Host paths never travel: the Linux container gets its own CUDA, and on Windows cibuildwheel
     # passes the host's environment (CUDA_PATH, PATH) through to the build as it is.
     knobs = tuple(dict.fromkeys((*JOB_KNOBS, *plan.jobs.thread_vars)))  # + the project's own (FLASHINFER_NVCC_THREADS)
@@ -198,10 +210,18 @@ def cibuildwheel_env(
             {**env, "CUDA_HOME": home, "CUDACXX": f"{home}/bin/nvcc"}, raw={"PATH": f"{home}/bin:$PATH"})
         if pass_jobs:
             out["CIBW_ENVIRONMENT_PASS_LINUX"] = " ".join(knobs)
-        out[f"CIBW_MANYLINUX_{mach.upper()}_IMAGE"] = MANYLINUX
-        out["CIBW_BEFORE_ALL_LINUX"] = cuda_install_command(cuda, mach, project.torch_abi)
+        if image_ref:  # kforge's own image: CUDA inside, repair on the host against the platform tag
+            out[f"CIBW_MANYLINUX_{mach.upper()}_IMAGE"] = image_ref
+            out["CIBW_CONTAINER_ENGINE"] = "podman; create_args: --network=host"
+            out["CIBW_REPAIR_WHEEL_COMMAND_LINUX"] = ""
+            return out
+        image = getattr(plan, "image", None) or MANYLINUX
+        out[f"CIBW_MANYLINUX_{mach.upper()}_IMAGE"] = image
+        if image.startswith("manylinux"):  # the official AlmaLinux images: CUDA from NVIDIA's rhel8 repo
+            out["CIBW_BEFORE_ALL_LINUX"] = cuda_install_command(cuda, mach, project.torch_abi)
         out["CIBW_REPAIR_WHEEL_COMMAND_LINUX"] = repair_command(
             plan.target.id, torch_abi=project.torch_abi, excludes=excludes,
+            plat=wheel_tag(plan.platform_tag, mach) if getattr(plan, "platform_tag", None) else None,
             install=kforge_requirement or f"kforge[repair]=={__version__}")
     else:
         # Windows wheels build on the Windows host itself: its CUDA toolkit and its kforge.
@@ -209,6 +229,24 @@ def cibuildwheel_env(
         out["CIBW_REPAIR_WHEEL_COMMAND_WINDOWS"] = repair_command(
             plan.target.id, torch_abi=project.torch_abi, excludes=excludes, install=None, kforge=kforge_command)
     return out
+
+
+def _pythons_for_image(torch_abi: bool, forge_pythons: Sequence[str], image_pythons: Sequence[str],
+                       image_ref: str | None) -> tuple[str, ...]:
+    """forge.toml's Pythons, or, in a kforge image, the ones it has (all of it for a torch-free wheel)."""
+    if not image_ref:
+        return tuple(forge_pythons)
+    if not image_pythons:
+        raise BuildError(f"the image {image_ref} declares no Python (label kforge.python)",
+                         fix="rebuild it with `kforge image build`")
+    if not torch_abi:
+        return tuple(image_pythons)  # one py3 wheel: whichever Python the image has builds it
+    both = tuple(v for v in forge_pythons if v in image_pythons)
+    if not both:
+        raise BuildError(f"the image {image_ref} has Python {', '.join(image_pythons)}, and forge.toml asks for "
+                         f"{', '.join(forge_pythons)}", why="a torch-ABI wheel is built once per Python",
+                         fix="use an image with one of those Pythons (e.g. the official manylinux_2_28 image)")
+    return both
 
 
 Runner = Callable[..., subprocess.CompletedProcess]
@@ -259,6 +297,13 @@ class CibuildwheelBackend:
         if os_name == "windows" and self.host_os() != "windows":
             raise BuildError(f"cibuildwheel builds Windows wheels only on Windows, and this host is {self.host_os()}",
                              fix=f"run it on a Windows machine, or {fix}")
+        if os_name == "linux" and is_kforge_image(request.plan.image or ""):
+            env = podman_env(Path(request.work_dir).parent / "podman", request.env)
+            engine, why = container_engine({**env, "CIBW_CONTAINER_ENGINE": "podman"}, run=self._run)
+            if engine is None:
+                raise BuildError(f"kforge's build image {request.plan.image} runs on podman, and podman does not work here",
+                                 why=why, fix="apt-get install podman runc debootstrap, or build with --backend native")
+            return {"CONTAINERS_CONF": env["CONTAINERS_CONF"]}
         if os_name == "linux":
             engine, why = container_engine(request.env, run=self._run)
             if engine is None:
@@ -278,8 +323,14 @@ class CibuildwheelBackend:
         work.mkdir(parents=True, exist_ok=True)
         stage = work / "wheelhouse"
         stage.mkdir(exist_ok=True)
+        image_ref, pythons = None, ()
+        if plan.platform_os == "linux" and is_kforge_image(plan.image or ""):
+            env = {**request.env, **extra}
+            image_ref = ensure_image(plan.image, str(plan.toolchain.cuda), work / "image", env, run=self._run,
+                                     log=lambda line: print(f"  {line}", flush=True))
+            pythons = image_pythons(image_ref, env, run=self._run)
         generated = cibuildwheel_env(
-            plan, request.forge_pythons, plan.platform_os,
+            plan, request.forge_pythons, plan.platform_os, image_ref=image_ref, image_pythons=pythons,
             kforge_requirement=request.env.get("KFORGE_CIBW_REQUIREMENT"),
             kforge_command=f'"{sys.executable}" -m kforge.cli' if plan.platform_os == "windows" else "kforge",
             pass_jobs=True,
@@ -307,5 +358,5 @@ class CibuildwheelBackend:
             log=log_path,
             retried_with_jobs=outcome.retried_with_jobs,
             artifacts=placed,
-            repaired=True,
+            repaired=image_ref is None,  # kforge images: the host repairs, against the plan's platform tag
         )

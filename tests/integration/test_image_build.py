@@ -1,0 +1,80 @@
+"""cibuildwheel for real, in kforge's own Debian bullseye image (podman, no registry), and the platform-tag policy.
+
+The image takes minutes to make the first time (debootstrap, compilers, nvcc from PyPI) and is reused after
+that: podman keeps it under a name that hashes its inputs. .ci/run installs podman, runc and debootstrap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from kforge_gitfixtures import make_superproject, make_upstream, use_test_git_config, write_forge  # noqa: E402
+
+from kforge.errors import RepairError  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+MISSING = [t for t in ("podman", "debootstrap") if not shutil.which(t)]
+
+
+def kforge(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kforge.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=1800)
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"needs {' and '.join(MISSING)} (apt-get install podman runc debootstrap; "
+                                           ".ci/run installs them)")
+def test_fmha_built_by_cibuildwheel_in_the_bullseye_image_is_manylinux_2_31(tmp_path: Path) -> None:
+    wh = tmp_path / "wh"
+    env = dict(os.environ, KFORGE_CACHE=str(tmp_path / "cache"))
+    out = kforge("build", "fmha-sm90", "--backend", "cibuildwheel", "--image", "kforge:bullseye", "--wheelhouse",
+                 str(wh), "--no-progress", cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    (wheel,) = (wh / "fmha").glob("kforge_fmha-*.whl")
+    # The image's glibc (2.31), not the host's (2.36); auditwheel also lists the older tags the binary satisfies.
+    assert wheel.name.endswith("manylinux_2_31_x86_64.whl") and "manylinux_2_3" not in wheel.name.replace("2_31", ""), wheel.name
+    manifest = json.loads(Path(str(wheel) + ".manifest.json").read_text())
+    sass = {f["arch"] for b in manifest["doctor"]["binaries"] for f in b["fatbins"] if f["kind"] == "sass"}
+    assert sass == {"sm_90a"}  # the doctor checked what the container built
+
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    pip = subprocess.run([str(py), "-m", "pip", "install", "--no-cache-dir", "--index-url", (wh / "simple").as_uri(),
+                          "kforge-fmha"], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    probe = subprocess.run([str(py), "-c", "import kforge_fmha; print(kforge_fmha.__version__)"], capture_output=True,
+                           text=True, cwd=tmp_path)
+    assert probe.returncode == 0 and probe.stdout.strip() == "0.1.0", probe.stderr
+
+
+def test_a_wheel_newer_than_the_projects_platform_tag_fails_naming_the_symbols(tmp_path, monkeypatch) -> None:
+    """A native build on this host (glibc 2.36) against a manylinux_2_17 policy: repair refuses, naming versions."""
+    use_test_git_config(monkeypatch, tmp_path / "home")
+    upstream = tmp_path / "upstream"
+    commit = make_upstream(upstream)
+    root = tmp_path / "mono"
+    make_superproject(root, upstream)
+    write_forge(root, upstream, commit)
+    with (root / "forge.toml").open("a") as fh:
+        fh.write('arch_knobs = [{ env = "TINY_CUDA_ARCHS", format = "cmake" }]\nbackend = "native"\n'
+                 'build_isolation = false\nplatform_tag = "manylinux_2_17"\n')
+    env = dict(os.environ, KFORGE_CACHE=str(tmp_path / "cache"), KFORGE_COMPILER_CACHE="none")
+    plan = kforge("plan", "tiny-sm90", cwd=root, env=env)
+    assert "platform    manylinux_2_17" in plan.stdout, plan.stdout + plan.stderr  # the plan says it first
+    wh = tmp_path / "wh"
+    out = kforge("build", "tiny-sm90", "--wheelhouse", str(wh), "--no-progress", cwd=root, env=env)
+    assert out.returncode == RepairError.exit_code, out.stdout + out.stderr
+    assert "cannot be a manylinux_2_17 wheel" in out.stderr and "Traceback" not in out.stderr
+    assert "needs GLIBC_2." in out.stderr and "from libc.so.6 (the tag allows up to GLIBC_2.17)" in out.stderr
+    assert "--image kforge:bullseye" in out.stderr  # and what to do about it
+    assert not list(wh.glob("**/*.whl"))  # nothing published

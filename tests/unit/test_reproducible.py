@@ -1,0 +1,65 @@
+"""kforge.reproducible: SOURCE_DATE_EPOCH from the source itself, nvcc's random seed fixed, the user's choice kept."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from kforge.reproducible import Epoch, build_env, source_epoch
+from kforge.sources import GitSource, LocalSource, PreparedSource, SdistSource
+
+
+def git(*args: str, cwd: Path) -> str:
+    env = dict(os.environ, GIT_AUTHOR_DATE="1700000000 +0000", GIT_COMMITTER_DATE="1700000000 +0000",
+               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@e", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@e")
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def prepared(tree: Path, spec) -> PreparedSource:
+    return PreparedSource(tree=tree, pin="x", kind="local", spec=spec)
+
+
+def test_a_local_source_takes_the_last_commit_that_touched_it(tmp_path):
+    git("init", "-q", cwd=tmp_path)
+    (tmp_path / "kernels" / "k").mkdir(parents=True)
+    (tmp_path / "kernels" / "k" / "a.cu").write_text("x")
+    git("add", ".", cwd=tmp_path)
+    git("commit", "-qm", "k", cwd=tmp_path)
+    spec = LocalSource("kernels/k")
+    epoch = source_epoch(tmp_path, spec, prepared(tmp_path / "kernels" / "k", spec))
+    assert epoch == Epoch(1700000000, "last commit touching kernels/k")
+
+
+def test_a_git_pin_takes_its_commit_time(tmp_path):
+    repo = tmp_path / "externals" / "up"
+    repo.mkdir(parents=True)
+    git("init", "-q", cwd=repo)
+    (repo / "f").write_text("x")
+    git("add", ".", cwd=repo)
+    git("commit", "-qm", "up", cwd=repo)
+    sha = git("rev-parse", "HEAD", cwd=repo)
+    spec = GitSource("externals/up", "file:///nowhere", sha)
+    assert source_epoch(tmp_path, spec, prepared(repo, spec)).seconds == 1700000000
+
+
+def test_an_sdist_takes_its_newest_file(tmp_path):
+    for name, t in (("a", 1600000000), ("b", 1650000000)):
+        (tmp_path / name).write_text(name)
+        os.utime(tmp_path / name, (t, t))
+    spec = SdistSource("p", "1.0", "0" * 64)
+    assert source_epoch(tmp_path, spec, prepared(tmp_path, spec)).seconds == 1650000000
+
+
+def test_no_git_history_sets_no_epoch(tmp_path):
+    spec = LocalSource("kernels/k")
+    assert source_epoch(tmp_path, spec, prepared(tmp_path, spec)).seconds is None
+    assert "SOURCE_DATE_EPOCH" not in build_env("k", Epoch(None, "none"), {})
+
+
+def test_the_env_fixes_the_seed_and_keeps_what_the_user_set():
+    env = build_env("flashmla", Epoch(1700000000, "x"), {"NVCC_APPEND_FLAGS": "-gencode arch=compute_90a,code=sm_90a"})
+    assert env == {"SOURCE_DATE_EPOCH": "1700000000",
+                   "NVCC_APPEND_FLAGS": "-gencode arch=compute_90a,code=sm_90a -frandom-seed=flashmla"}
+    mine = build_env("k", Epoch(1700000000, "x"), {"SOURCE_DATE_EPOCH": "1", "NVCC_APPEND_FLAGS": "-frandom-seed=me"})
+    assert mine == {}
