@@ -9,6 +9,7 @@ KFORGE = f"{shlex.quote(sys.executable)} -m kforge.cli"
 
 
 def _kforge(c, *words):
+    # kforge prints its own one-paragraph error; invoke then exits with kforge's code (2 config, 11 publish, ...)
     return c.run(" ".join([KFORGE, *map(shlex.quote, words)]), pty=False)
 
 
@@ -22,6 +23,18 @@ def externals_status(c, project=None):
 def externals_sync(c, project=None):
     """Initialise the git submodules and check out the pinned commits; fetch and verify pinned sdists."""
     _kforge(c, "sources", "sync", *([project] if project else []))
+
+
+@task(help={"project": "only this project", "mirror": "a directory of local git mirrors (also $KFORGE_GIT_MIRROR)"})
+def externals_verify(c, project=None, mirror=None):
+    """Is each git pin on a branch or tag of its upstream (not only a pull-request ref)?"""
+    _kforge(c, "sources", "verify", *([project] if project else []), *(["--mirror", mirror] if mirror else []))
+
+
+@task(help={"out": "the kit folder to write", "project": "only this project"})
+def externals_kit(c, out, project=None):
+    """Gather wheels, pinned sdists and git trees into one folder for an offline build host."""
+    _kforge(c, "sources", "kit", "build", out, *(["--project", project] if project else []))
 
 
 @task(help={"project": "project whose patch series to show"})
@@ -48,6 +61,18 @@ def wheelhouse_index(c):
     _kforge(c, "wheelhouse", "index")
 
 
+@task
+def wheelhouse_verify(c):
+    """Check every wheel, manifest, index page, hash and file mode of wheelhouse/ (exit 11 on any drift)."""
+    _kforge(c, "wheelhouse", "verify")
+
+
+@task(help={"dirs": "comma-separated wheelhouse folders to merge into wheelhouse/", "replace": "let them win conflicts"})
+def wheelhouse_merge(c, dirs, replace=False):
+    """Merge per-job wheelhouses into wheelhouse/ (atomic; refuses a file name with two sha256s)."""
+    _kforge(c, "wheelhouse", "merge", *dirs.split(","), *(["--replace"] if replace else []))
+
+
 @task(help={"project": "only this project's wheels"})
 def wheelhouse_clean(c, project=None):
     """Remove wheels (and their manifests) from wheelhouse/, then rebuild the index."""
@@ -68,8 +93,8 @@ def _ns(name, **tasks):
 
 
 ns = Collection(
-    _ns("externals", status=externals_status, sync=externals_sync),
+    _ns("externals", status=externals_status, sync=externals_sync, verify=externals_verify, kit=externals_kit),
     _ns("patches", status=patches_status, apply=patches_apply, refresh=patches_refresh),
-    _ns("wheelhouse", index=wheelhouse_index, clean=wheelhouse_clean),
+    _ns("wheelhouse", index=wheelhouse_index, verify=wheelhouse_verify, merge=wheelhouse_merge, clean=wheelhouse_clean),
     _ns("ci", generate=ci_generate),
 )

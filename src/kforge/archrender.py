@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Literal, Protocol
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kforge.arch import Arch, as_cuda_version
@@ -134,12 +135,27 @@ def render_cmake_architectures(
     return ";".join(a.suffixed + suffix[sass, p] for a, sass, p in items if sass or p)
 
 
-def default_variant(arch: Arch, cuda: Version | str) -> Arch:
-    """FlashInfer's rule for an arch given without a suffix, for CUDA ``cuda``.
+FLASHINFER_RULE_VALID_FOR = SpecifierSet(">=0.6,<0.7")
+"""The FlashInfer versions whose suffix rule :func:`default_variant` follows, read from
+``flashinfer/compilation_context.py`` (``CompilationContext._normalize_cuda_arch``) at v0.6.17
+(a0a6b019). Older pins followed another rule (04d0710: 12.x -> ``f`` only from CUDA 13, 12.1
+collapsed to 12.0). ``kforge plan`` refuses a project with ``variant_rule = "flashinfer"`` whose
+``upstream_version`` is outside this range: re-read that file at the new pin, then widen it."""
 
-    9.x -> ``a``; 12.x -> ``f`` on CUDA >= 13 and ``a`` before; other >= 10 -> ``a``;
-    below 9 -> none. An explicit variant is kept. When the table says the picked variant
-    does not exist (or needs a newer CUDA), the base arch is returned.
+FLASHINFER_FAMILY_FROM = Version("12.9")
+"""FlashInfer 0.6.x: a bare 12.0 becomes ``12.0f`` from CUDA 12.9 on (and a bare 12.x raises
+"SM 12.x requires CUDA >= 12.9" below that)."""
+
+
+def default_variant(arch: Arch, cuda: Version | str) -> Arch:
+    """FlashInfer 0.6.x's rule for an arch given without a suffix, for CUDA ``cuda``.
+
+    9.x -> ``a``; 12.0 -> ``f`` and other 12.x -> ``a`` (12.1 -> ``121a``: each 12.x minor gets
+    its own cubin); other >= 10 -> ``a``; below 9 -> none. An explicit variant is kept (upstream
+    keeps it too). Below CUDA 12.9 upstream raises for a bare 12.x; kforge names ``12.0a``
+    explicitly instead, which upstream passes through (its own cu12.8 release list does the same).
+    When the table says the picked variant does not exist (or needs a newer CUDA), the base arch
+    is returned. Holds for :data:`FLASHINFER_RULE_VALID_FOR`.
     """
     if arch.variant:
         return arch
@@ -147,7 +163,7 @@ def default_variant(arch: Arch, cuda: Version | str) -> Arch:
     if arch.major == 9:
         pick = "a"
     elif arch.major == 12:
-        pick = "f" if v >= Version("13.0") else "a"
+        pick = "f" if arch.minor == 0 and v >= FLASHINFER_FAMILY_FROM else "a"
     elif arch.major >= 10:
         pick = "a"
     else:

@@ -13,13 +13,14 @@ import importlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from kforge import __version__
-from kforge.errors import KforgeError
+from kforge import __version__, inputs
+from kforge.errors import KforgeError, as_error
 
 #: Subcommand modules under kforge.commands, in the order ``kforge --help`` lists them.
-COMMANDS = ("plan", "targets", "build", "test", "repair", "doctor", "sources", "patches", "wheelhouse", "ci", "image")
+COMMANDS = ("plan", "targets", "build", "test", "repair", "doctor", "sources", "patches", "audit", "wheelhouse", "ci",
+            "image")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Cut wheels of GPU attention kernels: plan, fetch, patch, build, repair, verify, publish.",
     )
     parser.add_argument("--version", action="version", version=f"kforge {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and subprocess output")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show tracebacks and subprocess output (also: KFORGE_DEBUG=1)")
     parser.add_argument(
         "-C", "--root", default=None, help="the monorepo root holding forge.toml (default: search upwards from cwd)"
     )
@@ -50,23 +52,34 @@ def report_error(exc: KforgeError, *, verbose: bool) -> None:
     print(f"kforge: {exc.kind} error: {exc.render()}", file=sys.stderr)
 
 
+def debug_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """``KFORGE_DEBUG=1`` (any value but empty/0/false/no) shows tracebacks, like ``-v``."""
+    value = (os.environ if environ is None else environ).get("KFORGE_DEBUG", "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
+    verbose = args.verbose or debug_enabled()
     try:
+        inputs.check_args(args, os.environ)
         return int(args.func(args) or 0)
     except KforgeError as exc:
-        report_error(exc, verbose=args.verbose)
+        report_error(exc, verbose=verbose)
         return exc.exit_code
+    except OSError as exc:  # a disk that filled up or went read-only under a step that had no better word for it
+        if isinstance(exc, BrokenPipeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
+        report_error(as_error(exc), verbose=verbose)
+        return KforgeError.exit_code
     except KeyboardInterrupt:
         print("kforge: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `kforge targets | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

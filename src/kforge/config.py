@@ -9,6 +9,7 @@ Nothing here touches the environment: :func:`load_forge` reads one file.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,12 +17,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from kforge.arch import Arch, parse_arch
 from kforge.archrender import RENDERERS
 from kforge.backends import BACKENDS
-from kforge.errors import ArchError, ConfigError, did_you_mean
+from kforge.errors import ArchError, ConfigError, decode_utf8, did_you_mean
 from kforge.platformtag import parse_tag
 from kforge.schema import ArchNumber, EnvValue, Reader, normalise_env_value
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
@@ -115,6 +117,9 @@ class Project:
     compile_units: int | None
     profiles: Mapping[str, Profile]
     repair_exclude: tuple[str, ...]
+    # PEP 440 specifier: the upstream versions the knobs above (env, arch_knobs, threads_env,
+    # local_version_env, variant_rule) were checked against (`kforge audit`); plan refuses others.
+    knobs_valid_for: str | None = None
     platform_tag: str | None = None  # the oldest manylinux tag its Linux wheels must reach (repair enforces it)
     arch_sets: Mapping[str, tuple[Arch, ...]] = field(default_factory=lambda: MappingProxyType({}))
     """Named sets of declared archs, usable as a target (``flash-attn-release``); ``release`` is the default set."""
@@ -200,9 +205,10 @@ def load_forge(root: Path | str | None = None, *, path: Path | None = None) -> F
         path = Path(path).resolve()
         root_path = Path(root).resolve() if root is not None else path.parent
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}", fix="check the path and its permissions") from None
+    text = decode_utf8(raw, path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -258,6 +264,7 @@ class ProjectTable:
     compile_units: int | None = None
     profiles: Mapping[str, dict] = field(default_factory=_empty)  # each read as a Profile
     repair_exclude: tuple[str, ...] = ()
+    knobs_valid_for: str | None = None
     platform_tag: str | None = None  # the oldest manylinux tag the project's Linux wheels must reach
     arch_sets: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)  # each a set of declared archs
 
@@ -316,6 +323,9 @@ def _version(r: Reader, key: str, text: str) -> Version:
 
 
 def _arch(r: Reader, key: str, text: str) -> Arch:
+    if isinstance(text, str) and not text.isascii():  # "sm_٩0" would parse as sm_90: ASCII only (kforge.inputs)
+        raise r.error(key, f"is not a known CUDA arch: {text!r} has a non-ASCII character",
+                      fix="write it in plain ASCII, e.g. sm_90a")
     try:
         return parse_arch(text)
     except ArchError as exc:
@@ -349,8 +359,8 @@ def _one_of(r: Reader, key: str, value: str, allowed: Sequence[str], what: str =
 
 def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[str, Platform], root: Path) -> Project:
     key = f"projects.{name}"
-    if not name or not all(c.isalnum() or c in "-_" for c in name) or name != name.lower():
-        raise r.error(key, "is not a valid project name", fix="use lower-case letters, digits, '-'")
+    if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name) or name != name.lower():
+        raise r.error(key, "is not a valid project name", fix="use lower-case ASCII letters, digits, '-'")
     if not isinstance(data, dict) or "source" not in data:  # say how to write one, not just "is missing"
         r.values(ProjectTable, data, key, skip=("source", "archs"))
         raise r.error(f"{key}.source", "is missing",
@@ -364,6 +374,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
     if t.compile_units is not None and t.compile_units <= 0:
         raise r.error(f"{key}.compile_units", "must be a positive integer")
     git, sdist, local, source = _sources(r, f"{key}.source", t.source)
+    _upstream_versions(r, key, t, git)
     return Project(
         name=name, description=t.description, source=source, git=git, sdist=sdist, local=local,
         upstream_version=t.upstream_version, build_dir=t.build_dir, archs=archs, default_arch=default_arch,
@@ -373,7 +384,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         arch_knobs=tuple(_knob(r, f"{key}.arch_knobs[{i}]", k) for i, k in enumerate(t.arch_knobs)),
         env=t.env, local_version_env=t.local_version_env, threads_env=t.threads_env,
         patches=(root / t.patches).resolve() if t.patches else None, gpu_tests=t.gpu_tests,
-        compile_units=t.compile_units, repair_exclude=t.repair_exclude,
+        compile_units=t.compile_units, repair_exclude=t.repair_exclude, knobs_valid_for=t.knobs_valid_for,
         platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag),
         arch_sets=_arch_sets(r, f"{key}.arch_sets", t.arch_sets, archs, platforms),
         profiles=MappingProxyType({p: Profile(name=p, **r.values(Profile, d, f"{key}.profiles.{p}", skip=("name",)))
@@ -381,6 +392,30 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
     )
 
 
+def _upstream_versions(r: Reader, key: str, t: ProjectTable, git: GitSource | None) -> None:
+    """``upstream_version`` is a PEP 440 version (whose local label, if it is a commit, is the pin's);
+    ``knobs_valid_for`` a specifier that needs it."""
+    if t.upstream_version is not None:
+        try:
+            version = Version(t.upstream_version)
+        except InvalidVersion:
+            raise r.error(f"{key}.upstream_version", f"is not a PEP 440 version: {t.upstream_version!r}",
+                          fix="write the version upstream gives this pin, e.g. \"0.6.17\" or \"1.0.0+9241ae3\"") from None
+        label = (version.local or "").removeprefix("g")
+        if git is not None and re.fullmatch(r"[0-9a-f]{7,40}", label) and not git.commit.startswith(label):
+            raise r.error(f"{key}.upstream_version", f"names commit {label}, and the pin is {git.commit[:12]} (a pin "
+                          "bump that kept the old version would keep knobs checked for the old commit)",
+                          fix=f"run `kforge audit` on the new pin, then set upstream_version to its version "
+                              f"(e.g. {version.public}+{git.commit[:7]}) and widen knobs_valid_for")
+    if t.knobs_valid_for is not None:
+        try:
+            SpecifierSet(t.knobs_valid_for)
+        except InvalidSpecifier:
+            raise r.error(f"{key}.knobs_valid_for", f"is not a version specifier: {t.knobs_valid_for!r}",
+                          fix="write it like \">=0.6.17,<0.7\" or \"==3.0.0\"") from None
+        if t.upstream_version is None:
+            raise r.error(f"{key}.knobs_valid_for", "needs upstream_version (the version it is compared with)",
+                          fix="add upstream_version = \"...\" for the pinned source")
 def _platform_tag(r: Reader, key: str, text: str | None) -> str | None:
     if text is None:
         return None

@@ -134,3 +134,44 @@ def did_you_mean(word: str, choices: Iterable[str], *, n: int = 3) -> str:
     if len(matches) == 1:
         return f" (did you mean '{matches[0]}'?)"
     return " (did you mean " + ", ".join(f"'{m}'" for m in matches) + "?)"
+
+
+def decode_utf8(raw: bytes, path: object, error: type[KforgeError] = ConfigError) -> str:
+    """``raw`` as UTF-8 text, or ``error`` naming the file and the byte offset of the first bad byte.
+
+    A UTF-8 BOM is dropped; a UTF-16 one (a Windows editor's "Unicode") is named as such.
+    """
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start:exc.start + 1]
+        utf16 = raw[:2] in (b"\xff\xfe", b"\xfe\xff")
+        why = ("it starts with a UTF-16 byte-order mark (saved as 'Unicode' by a Windows editor?)" if utf16
+               else f"byte {exc.start} (0x{bad.hex()}) {exc.reason}")
+        raise error(f"{path} is not UTF-8 text: byte offset {exc.start}", why=why,
+                    fix="save the file as UTF-8 (the byte offset above is where the first bad byte sits)") from None
+
+
+#: What to do when the disk says no (errno -> advice).
+_OS_FIXES = {
+    28: "free space on that disk, or point kforge at another folder",
+    30: "the file system is read-only: remount it read-write, or point kforge at another folder",
+    13: "make the folder writable by this user, or point kforge at another folder",
+    1: "make the folder writable by this user, or point kforge at another folder",
+    122: "the disk quota is used up: free space, or point kforge at another folder",
+    24: "too many open files: raise `ulimit -n`",
+}
+
+
+def os_fix(errno: int | None) -> str:
+    """The advice for an OSError's errno."""
+    return _OS_FIXES.get(errno or 0, "check the path, its permissions and its disk")
+
+
+def as_error(exc: OSError) -> KforgeError:
+    """An OSError no step turned into a better error: one paragraph with the file and what to do."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return KforgeError(f"{exc.strerror or exc}{where}", why="the operating system refused a file operation",
+                       fix=os_fix(exc.errno))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from kforge import doctor, sources, wheelhouse
+from kforge import doctor, patches, sources, wheelhouse
 from kforge.errors import ConfigError, GPUError, GpuTestError, PublishError
 from kforge.fsutil import cache_dir, work_root
 from kforge.host import HostFacts
@@ -104,18 +104,34 @@ def run_gpu_tests(
         _install(published.wheel, wheelhouse_root, python, environ, runner)
     work = work_root(plan.root) / f"test-{plan.id}"
     with log.step("source", "the project's tests"):
-        prepared = sources.prepare(plan.root, plan.source, work / "src", cache_dir=cache_dir(environ),
-                                   allow_dirty=True, name=plan.project.name)
+        tree, applied = prepare_test_tree(plan, work / "src", cache_dir=cache_dir(environ))
+        if applied:
+            log.info(f"patched the test tree: {', '.join(applied)}")
     with log.step("pytest", " ".join(plan.gpu_tests.paths)):
         # Run from the work dir, not the source tree, so the installed wheel is imported, not the sources.
-        paths = [str(prepared.tree / p) for p in plan.gpu_tests.paths]
-        code, _ = runner([python, "-m", "pytest", *paths, *plan.gpu_tests.args, "-p", "no:cacheprovider"], environ,
-                         cwd=work)
+        paths = [str(tree / p) for p in plan.gpu_tests.paths]
+        code, _ = runner([python, "-m", "pytest", *paths, *plan.gpu_tests.args, "-p", "no:cacheprovider"],
+                         pytest_environment(environ, plan), cwd=work)
         if code != 0:
             raise GpuTestError(f"the GPU tests of {plan.id} failed (pytest exit code {code})",
                                why="pytest exits 5 when it collected no tests" if code == 5 else None,
                                fix="read the pytest output above")
     return GpuTestOutcome("passed", "", published.wheel)
+
+
+def prepare_test_tree(plan: Plan, dest: Path, *, cache_dir: Path) -> tuple[Path, tuple[str, ...]]:
+    """A fresh copy of the project's source with the plan's patches applied: the tests run on the tree
+    the wheel was built from (a series may add a curated smoke-test file, as FlashMLA's and FA3's do)."""
+    prepared = sources.prepare(plan.root, plan.source, dest, cache_dir=cache_dir, allow_dirty=True,
+                               name=plan.project.name)
+    applied = patches.apply(prepared.tree, plan.series, plan.patch_context)
+    return prepared.tree, applied.applied
+
+
+def pytest_environment(environ: Mapping[str, str], plan: Plan) -> dict[str, str]:
+    """The tests see the build's knobs: FA3's hopper tests read FLASH_ATTENTION_DISABLE_* to know which
+    kernels the wheel has (a profile that prunes them would otherwise fail its tests)."""
+    return {**environ, **plan.env}
 
 
 def _install(wheel: Path, wheelhouse_root: Path, python: str, environ: Mapping[str, str], runner: Runner) -> None:

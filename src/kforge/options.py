@@ -50,6 +50,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("platform_tag", "KFORGE_PLATFORM_TAG", "--platform-tag", "str",
            "the oldest manylinux tag the wheel must reach, e.g. manylinux_2_28 (default: the project's platform_tag); "
            "the repair fails naming the too-new symbols"),
+    Option("allow_unknown_cuda", "KFORGE_ALLOW_UNKNOWN_CUDA", "--allow-unknown-cuda", "bool",
+           "accept a CUDA version that is not a release kforge knows (kforge.inputs.CUDA_RELEASES), on purpose",
+           flag_value=True),
 )
 BY_NAME: Mapping[str, Option] = MappingProxyType({o.name: o for o in OPTIONS})
 
@@ -64,6 +67,7 @@ class PlanOptions:
     build_isolation: bool | None = None  # False: build with the interpreter's packages (offline hosts)
     image: str | None = None  # cibuildwheel's Linux image (manylinux_2_28, kforge:bullseye, a reference)
     platform_tag: str | None = None  # the oldest manylinux tag the wheel must reach (overrides the project's)
+    allow_unknown_cuda: bool | None = None  # True: a --cuda/KFORGE_CUDA outside kforge.inputs.CUDA_RELEASES is fine
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # --env KEY=VALUE, applied last
     cuda_from: str | None = None  # which layer set ``cuda`` ("KFORGE_CUDA" or "--cuda"), for the plan's story
 
@@ -96,7 +100,7 @@ def parse_value(opt: Option, raw: str, where: str) -> Any:
     if not text:
         raise ConfigError(f"{where} is empty", fix=f"give {where} a value, or leave it out")
     if opt.type == "int":
-        if not text.isdigit() or int(text) < 1:
+        if not text.isascii() or not text.isdigit() or int(text) < 1:  # "²".isdigit() is True
             raise ConfigError(f"{where}={raw!r} is not a positive whole number",
                               fix=f"set {where} to a number such as 4, or leave it out")
         return int(text)

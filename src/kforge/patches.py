@@ -290,7 +290,8 @@ def _failure_error(verb: str, pos: int, total: int, entry: SeriesEntry, failures
     return PatchError(
         f"patch {pos} of {total} ({entry.name}) does not {verb} to {tree}; the tree was restored unchanged",
         why=why,
-        fix="run `kforge patches status <project>` for the full report, then rebase the patch (docs/patches.md)",
+        fix=f"run `kforge patches status {entry.path.parent.name}` for the full report, then rebase the patch "
+            "(docs/patches.md)",
     )
 
 

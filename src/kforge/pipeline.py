@@ -1,4 +1,4 @@
-"""Run a plan's build as a list of steps: source -> patches -> toolchain -> build -> report -> repair -> doctor -> publish.
+"""Run a plan's build as a list of steps: preflight -> source -> patches -> toolchain -> build -> report -> repair -> doctor -> publish.
 
 Each step is a small function ``(plan, run, done) -> result``: it reads the :class:`~kforge.plan.Plan`, the
 :class:`Run` (host, environment, paths and the injected :class:`Services`: backend, repairer, nvcc finder,
@@ -25,9 +25,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
 
-from filelock import FileLock
-
-from kforge import doctor, jobs, patches, repair, report, reproducible, sources, toolchain, wheelhouse
+from kforge import (
+    doctor,
+    jobs,
+    locking,
+    patches,
+    preflight,
+    repair,
+    report,
+    reproducible,
+    sources,
+    toolchain,
+    wheelhouse,
+)
 from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
 from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import BuildError, DoctorError, ToolchainError
@@ -80,6 +90,8 @@ class Run:
     allow_dirty: bool = False
     progress: bool = True
     ctest: bool = False
+    replace: bool = False  # publish over a wheel of the same file name and other bytes (refused otherwise)
+    wait: bool = True  # wait (visibly) for a lock another build holds; False: fail at once
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -122,6 +134,7 @@ class DoctorResult:
 class Done:
     """The frozen results of the steps run so far, by step name (None: not run, or not part of this build)."""
 
+    preflight: preflight.PreflightResult | None = None
     source: sources.PreparedSource | None = None
     patches: patches.ApplyResult | None = None
     toolchain: ToolchainResult | None = None
@@ -149,6 +162,18 @@ class BuildOutcome:
 # ---------------------------------------------------------------------------------------------- steps
 
 
+def preflight_step(plan: Plan, run: Run, done: Done) -> preflight.PreflightResult:
+    """Seconds, before any compile: can the build write, lock and fill what it must (kforge.preflight)?"""
+    result = preflight.run(plan, run.host, wheelhouse_root=run.wheelhouse_root, work=plan.work_dir,
+                           environ=run.environ, wait=run.wait)
+    info, warnings = preflight.describe(result)
+    for line in info:
+        run.log.info(line)
+    for line in warnings:
+        run.log.warning(line)
+    return result
+
+
 def source_step(plan: Plan, run: Run, done: Done) -> sources.PreparedSource:
     prepared = sources.prepare(plan.root, plan.source, plan.work_dir / "src", allow_dirty=run.allow_dirty,
                                cache_dir=run.cache_dir, name=plan.project.name)
@@ -171,7 +196,8 @@ def patches_step(plan: Plan, run: Run, done: Done) -> patches.ApplyResult:
 def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
     nvcc = run.services.find_nvcc(plan, run.environ, run.cache_dir, run.log.info)
     run.log.info(f"nvcc {nvcc.version} at {nvcc.path}")
-    env = {**run.environ, **plan.env, **nvcc.env()}
+    env = {**run.environ, **plan.env}
+    env.update(nvcc.env(env))  # CUDA_HOME & co, and the host include path for CCCL on CUDA >= 13
     env["PATH"] = str(nvcc.home / "bin") + (":" + env["PATH"] if env.get("PATH") else "")
     isolate_git(env, plan.work_dir)
     assert done.source is not None
@@ -277,9 +303,10 @@ def publish_step(plan: Plan, run: Run, done: Done) -> tuple[wheelhouse.Published
     assert done.doctor is not None and done.report is not None
     published = []
     for checked in done.doctor.wheels:
-        # A rebuild of the same version replaces the older wheel (atomically, with its manifest).
+        # Other bytes under a published file name are refused unless --replace (atomically, with the manifest).
         one = wheelhouse.publish(run.wheelhouse_root, plan.project.name, checked.wheel, manifest(plan, run, done, checked),
-                                 replace=True, attachments=(done.report.json, done.report.timeline))
+                                 replace=run.replace, wait=run.wait,
+                                 attachments=(done.report.json, done.report.timeline))
         run.log.info(f"{one.wheel} (index: {one.index})")
         published.append(one)
     return tuple(published)
@@ -320,6 +347,7 @@ class Step:
     run: Callable[[Plan, Run, Done], object]
     detail: Callable[[Plan, Run, Done], str] = _no_detail  # the log line's detail
     when: Callable[[Plan], bool] = _always  # does this build have this step?
+    locked: bool = True  # runs under the target's lock (preflight runs before it: failing fast beats queueing)
 
 
 def _expects(plan: Plan, run: Run, done: Done) -> str:
@@ -340,8 +368,10 @@ def _makes_library(plan: Plan) -> bool:
     return not plan.makes_wheel
 
 
-#: The chain, in order. The faults helper's preflight (or any new step) goes in here.
+#: The chain, in order.
 STEPS: tuple[Step, ...] = (
+    Step("preflight", preflight_step, lambda plan, run, done: "wheelhouse, work folder, TMPDIR, disk space, toolchain",
+         locked=False),
     Step("source", source_step, lambda plan, run, done: plan.source_pin),
     Step("patches", patches_step, lambda plan, run, done: f"{len(plan.patches)} to apply" if plan.patches else "none"),
     Step("toolchain", toolchain_step, lambda plan, run, done: f"CUDA {plan.toolchain.cuda}"),
@@ -371,10 +401,11 @@ def check_buildable_here(plan: Plan, host: HostFacts) -> None:
 
 
 @contextmanager
-def target_lock(plan: Plan, log: StepLog) -> Iterator[None]:
-    """Two builds of the same target take turns; different targets build side by side."""
+def target_lock(plan: Plan, log: StepLog, *, wait: bool = True) -> Iterator[None]:
+    """Two builds of the same target take turns (the waiter says who holds it); different targets build side by side."""
     plan.work_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(plan.work_dir) + ".lock"):
+    with locking.hold(Path(str(plan.work_dir) + ".lock"), target=plan.id, what=f"the work folder of {plan.id}",
+                      error=BuildError, wait=wait):
         yield
 
 
@@ -383,11 +414,15 @@ def run_build(plan: Plan, run: Run, *, steps: Sequence[Step] = STEPS) -> BuildOu
     started = time.monotonic()
     check_buildable_here(plan, run.host)
     done = Done()
-    with target_lock(plan, run.log):
+    chosen = steps_for(plan, steps)
+    for step in (s for s in chosen if not s.locked):
+        with run.log.step(step.name, step.detail(plan, run, done)):
+            done = replace(done, **{step.name: step.run(plan, run, done)})
+    with target_lock(plan, run.log, wait=run.wait):
         if plan.work_dir.exists():
             shutil.rmtree(plan.work_dir)
         plan.work_dir.mkdir(parents=True)
-        for step in steps_for(plan, steps):
+        for step in (s for s in chosen if s.locked):
             with run.log.step(step.name, step.detail(plan, run, done)):
                 done = replace(done, **{step.name: step.run(plan, run, done)})
     return outcome(plan, done, time.monotonic() - started)

@@ -18,10 +18,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kforge.arch import Arch, as_cuda_version, require_supported
-from kforge.archrender import default_variant, render_gencode, render_knob
+from kforge.archrender import FLASHINFER_RULE_VALID_FOR, default_variant, render_gencode, render_knob
 from kforge.backends import BACKENDS
 from kforge.config import ArchKnob, Forge, GpuTests, Platform, Project, normalise_env_value
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
@@ -35,6 +36,7 @@ from kforge.repairpolicy import RepairPolicy, default_policy
 from kforge.series import PatchContext, Series, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 from kforge.targets import Target
+from kforge.toolchain import host_include_env
 from kforge.wheelname import local_version_label
 
 __all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
@@ -178,6 +180,34 @@ class Plan:
 # ---------------------------------------------------------------------------------------------
 
 
+def require_current_knowledge(project: Project) -> None:
+    """Refuse a plan whose upstream version is outside what kforge's knowledge of it was checked for.
+
+    Two kinds: the project's knobs (``knobs_valid_for`` in forge.toml) and FlashInfer's arch-suffix
+    rule (:data:`kforge.archrender.FLASHINFER_RULE_VALID_FOR`). A pin bump that outdates either fails
+    here, loudly, instead of building with knobs upstream no longer reads.
+    """
+    version = Version(project.upstream_version) if project.upstream_version else None
+    if project.knobs_valid_for is not None and version is not None and version not in SpecifierSet(project.knobs_valid_for):
+        raise ConfigError(
+            f"{project.name}'s knobs in forge.toml were checked for upstream {project.knobs_valid_for}, "
+            f"and the pin is {project.upstream_version}",
+            why="upstream may have renamed, dropped or added the variables kforge sets",
+            fix=f"run `kforge audit {project.name}` on the new pin, fix the knobs it reports, then widen "
+                f"projects.{project.name}.knobs_valid_for",
+        )
+    if project.variant_rule == "flashinfer":
+        if version is None or version not in FLASHINFER_RULE_VALID_FOR:
+            raise ConfigError(
+                f"{project.name} uses FlashInfer's arch-suffix rule, which kforge knows for {FLASHINFER_RULE_VALID_FOR}, "
+                f"and the pin is {project.upstream_version or 'of unknown version'}",
+                why="the rule (flashinfer/compilation_context.py) changed between releases before; a wrong suffix "
+                "builds the wrong cubins",
+                fix="re-read compilation_context.py at the new pin and update kforge.archrender.default_variant "
+                "and FLASHINFER_RULE_VALID_FOR" + ("" if version else f"; set projects.{project.name}.upstream_version"),
+            )
+
+
 def effective_archs(project: Project, archs: tuple[Arch, ...], cuda: Version) -> tuple[Arch, ...]:
     if project.variant_rule == "flashinfer":
         return tuple(a if a.variant else default_variant(a, cuda) for a in archs)
@@ -199,6 +229,7 @@ def make_plan(
     """
     options = options or PlanOptions()
     project = forge.project(target.project)
+    require_current_knowledge(project)
     platform = forge.platforms[target.platform]
     profile = _profile_name(project, options.profile)
     toolchain, archs = _toolchain(forge, project, target, host, options)
@@ -342,6 +373,7 @@ def _env(project: Project, platform: Platform, profile: str | None, archs: tuple
         env["CUDA_HOME"] = host.cuda_home
         if host.nvcc_path:
             env["CUDACXX"] = host.nvcc_path
+        env.update(host_include_env(host.cuda_home, toolchain.cuda))  # a toolchain fact, for every project
     if local_version and project.local_version_env:
         env[project.local_version_env] = local_version
     env.update(extra)

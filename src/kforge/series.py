@@ -28,7 +28,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from kforge.arch import Arch, parse_arch
-from kforge.errors import KforgeError, PatchError, did_you_mean
+from kforge.errors import KforgeError, PatchError, decode_utf8, did_you_mean
 from kforge.fsutil import sha256_file
 
 KEYS = ("platform", "arch", "upstream")
@@ -158,7 +158,7 @@ def load_series(directory: Path | None) -> Series:
     entries: list[SeriesEntry] = []
     header: list[str] = []
     seen: set[str] = set()
-    for lineno, raw in enumerate(series_file.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, raw in enumerate(decode_utf8(series_file.read_bytes(), series_file).splitlines(), 1):
         line = raw.split("#", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
         if not line:
             if not entries and raw.strip().startswith("#"):
@@ -243,7 +243,7 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 def parse_patch(path: Path) -> ParsedPatch:
     """Read a ``git format-patch`` (or plain ``git diff``) file into files and hunks."""
-    lines = path.read_bytes().decode("utf-8", errors="surrogateescape").split("\n")
+    lines = decode_utf8(path.read_bytes(), path).split("\n")
     subject = next((ln[len("Subject: "):] for ln in lines if ln.startswith("Subject: ")), path.stem)
     subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
     files: list[FilePatch] = []

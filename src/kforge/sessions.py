@@ -12,6 +12,8 @@ top) sticks to the standard library, ``packaging`` and ``nox`` itself.
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,8 +41,36 @@ def _has_torch(session: Any) -> bool:
     return str(out).strip().endswith("True")
 
 
+def _add(nox: Any, name: str, func: Callable[[Any], None], doc: str, tags: list[str], **kw: Any) -> None:
+    func.__doc__ = doc
+    func.__name__ = name.replace("-", "_")
+    nox.session(name=name, tags=tags, **kw)(func)
+
+
 def register(nox: Any, root: Path) -> None:
-    """Create every session. ``nox`` is the imported nox module, ``root`` the monorepo root."""
+    """Create every session. ``nox`` is the imported nox module, ``root`` the monorepo root.
+
+    A forge.toml that kforge can't read (a typo, a stray byte) must not turn every nox command into a
+    traceback: the error is printed as one paragraph (file, key path, what to do), the sessions that
+    don't come from forge.toml (``tests``, ``lint``) are still registered, and the message says which
+    sessions can't be listed until forge.toml is fixed.
+    """
+    from kforge.errors import KforgeError
+
+    venv_params = ["--system-site-packages"]  # reuse the machine's torch (the GPU host's, or none)
+    try:
+        _register_matrix(nox, root, venv_params)
+    except KforgeError as exc:
+        if os.environ.get("KFORGE_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off"):
+            traceback.print_exception(exc)
+        print(f"kforge: {exc.kind} error: {exc.render()}\n"
+              "kforge: the build-, test- and patch- sessions come from forge.toml and can't be listed until it is "
+              "fixed; only tests and lint are registered.", file=sys.stderr)
+    _register_fixed(nox, root, venv_params)
+
+
+def _register_matrix(nox: Any, root: Path, venv_params: list[str]) -> None:
+    """The sessions forge.toml's matrix defines: build-/test-<target>, build-<project>, patch-<project>."""
     from kforge.config import load_forge
     from kforge.host import platform_name
     from kforge.targets import expand_matrix
@@ -48,13 +78,10 @@ def register(nox: Any, root: Path) -> None:
     forge = load_forge(root)
     host = platform_name()
     kforge_cmd = ("python", "-m", "kforge.cli")
+    sessions: list[tuple[str, Callable[[Any], None], str, list[str], dict[str, Any]]] = []
 
     def add(name: str, func: Callable[[Any], None], doc: str, tags: list[str], **kw: Any) -> None:
-        func.__doc__ = doc
-        func.__name__ = name.replace("-", "_")
-        nox.session(name=name, tags=tags, **kw)(func)
-
-    venv_params = ["--system-site-packages"]  # reuse the machine's torch (the GPU host's, or none)
+        sessions.append((name, func, doc, tags, kw))  # registered only when the whole matrix resolved
 
     for target in expand_matrix(forge, host):
         project = forge.projects[target.project]
@@ -97,6 +124,14 @@ def register(nox: Any, root: Path) -> None:
                 f"{project.name}: does our patch series apply to the pinned upstream? (per-patch status)",
                 [project.name, "patch"], venv_params=venv_params)
 
+    for name, func, doc, tags, kw in sessions:
+        _add(nox, name, func, doc, tags, **kw)
+
+
+def _register_fixed(nox: Any, root: Path, venv_params: list[str]) -> None:
+    """``tests`` and ``lint``: they exist whatever forge.toml says."""
+    kforge_cmd = ("python", "-m", "kforge.cli")
+
     def tests(session: Any) -> None:
         install_kforge(session, root, "test")
         if not _has_torch(session):
@@ -104,13 +139,13 @@ def register(nox: Any, root: Path) -> None:
         # The README's main job, through the whole chain, into a wheelhouse the tests then inspect;
         # its wheel is installed with real pip from the generated index, as a user would.
         wheelhouse = root / ".kforge" / "test-wheelhouse"
-        session.run(*kforge_cmd, "build", "fmha-sm90", "--wheelhouse", str(wheelhouse), external=True)
+        session.run(*kforge_cmd, "build", "fmha-sm90", "--wheelhouse", str(wheelhouse), "--replace", external=True)
         session.run("python", "-m", "pip", "install", "--force-reinstall", "--no-deps",
                     "--index-url", (wheelhouse / "simple").as_uri(), "kforge-fmha", external=True)
         session.run("python", "-m", "pytest", "tests", "kernels/fmha/tests", *session.posargs,
                     env={"KFORGE_TEST_WHEELHOUSE": str(wheelhouse)}, external=True)
 
-    add("tests", tests, "the test suite: unit, integration (real nvcc), GPU tests skip without a GPU", ["tests"],
+    _add(nox, "tests", tests, "the test suite: unit, integration (real nvcc), GPU tests skip without a GPU", ["tests"],
         venv_params=venv_params)
 
     def lint(session: Any) -> None:
@@ -118,4 +153,4 @@ def register(nox: Any, root: Path) -> None:
             session.install("ruff")
         session.run("ruff", "check", "src", "tests", "noxfile.py", "tasks.py", "benchmarks", external=True)
 
-    add("lint", lint, "ruff over kforge, its tests and entry points", ["lint"])
+    _add(nox, "lint", lint, "ruff over kforge, its tests and entry points", ["lint"])

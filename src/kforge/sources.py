@@ -17,15 +17,17 @@ import hashlib
 import os
 import shutil
 import stat
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from kforge import gitarchive
 from kforge import sdist as _sdist
 from kforge.errors import SourceError
 from kforge.fsutil import sha256_file
+from kforge.gittree import has_commit, nested_states, run_git, submodules_at
+from kforge.mirrors import NO_MIRRORS, Mirrors, git_config_args
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,15 @@ class SourceState(str, Enum):
     CACHED = "cached"  # sdist: in the cache with the pinned sha256
     NOT_FETCHED = "not-fetched"  # sdist: not in the cache yet
     PRESENT = "present"  # local: directory exists
+    IN_KIT = "in-kit"  # git: no checkout, but the offline kit's archive of the pin is in the cache
 
     def __str__(self) -> str:
         return self.value
 
 
 #: States in which a build may go ahead (an sdist is fetched on demand).
-READY = frozenset({SourceState.PINNED, SourceState.CACHED, SourceState.NOT_FETCHED, SourceState.PRESENT})
+READY = frozenset({SourceState.PINNED, SourceState.CACHED, SourceState.NOT_FETCHED, SourceState.PRESENT,
+                   SourceState.IN_KIT})
 
 
 @dataclass(frozen=True)
@@ -104,21 +108,6 @@ class PreparedSource:
 # --------------------------------------------------------------------------- git helpers
 
 
-def run_git(args: Sequence[str], *, cwd: Path | None = None, check: bool = True, input: bytes | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run git; a failure with ``check`` raises :class:`SourceError` with the command and output tail."""
-    cmd = ["git", *args]
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, input=input, capture_output=True, env=env)
-    except FileNotFoundError as exc:
-        raise SourceError("git is not installed", fix="install git and retry") from exc
-    if check and proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).decode(errors="replace").strip().splitlines()[-8:]
-        raise SourceError(
-            f"`{' '.join(cmd)}` failed with exit code {proc.returncode}" + (f" in {cwd}" if cwd else ""),
-            why="\n".join(tail) or None,
-        )
-    return proc
 
 
 def is_checkout(path: Path) -> bool:
@@ -127,6 +116,14 @@ def is_checkout(path: Path) -> bool:
         return False
     proc = run_git(["rev-parse", "--show-toplevel"], cwd=path, check=False)
     return proc.returncode == 0 and Path(proc.stdout.decode().strip()).resolve() == path.resolve()
+
+
+def is_repository(path: Path) -> bool:
+    """True if ``path`` is a git repository of any kind: a checkout or a bare mirror."""
+    if not Path(path).is_dir():
+        return False
+    proc = run_git(["rev-parse", "--git-dir"], cwd=path, check=False)
+    return proc.returncode == 0
 
 
 def head_commit(path: Path) -> str | None:
@@ -151,10 +148,6 @@ def gitlink(root: Path, path: str) -> str | None:
     return None
 
 
-def has_commit(path: Path, commit: str) -> bool:
-    return run_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=path, check=False).returncode == 0
-
-
 # --------------------------------------------------------------------------- status
 
 
@@ -162,7 +155,7 @@ def status(root: Path, name: str, spec: Source, *, cache_dir: Path | None = None
     """Where ``spec`` stands on disk. Never raises for a missing or dirty source."""
     root = Path(root)
     if isinstance(spec, GitSource):
-        return _git_status(root, name, spec)
+        return _git_status(root, name, spec, cache_dir=cache_dir)
     if isinstance(spec, SdistSource):
         pin = f"{spec.name}=={spec.version}"
         cached = _sdist.cached_sdist(cache_dir, spec.name, spec.version, spec.sha256) if cache_dir else None
@@ -179,23 +172,41 @@ def status(root: Path, name: str, spec: Source, *, cache_dir: Path | None = None
     raise TypeError(f"unknown source spec {spec!r}")
 
 
-def _git_status(root: Path, name: str, spec: GitSource) -> SourceStatus:
+def _git_status(root: Path, name: str, spec: GitSource, *, cache_dir: Path | None = None) -> SourceStatus:
     path = root / spec.path
-    sync_cmd = f"run `kforge sources sync {name}` (or `git submodule update --init -- {spec.path}`)"
+    sync_cmd = f"run `kforge sources sync {name}` (or `git submodule update --init --recursive -- {spec.path}`)"
     link = gitlink(root, spec.path) if (root / ".git").exists() else None
     link_note = ""
     if link and link != spec.commit:
         link_note = f"; the superproject records {link[:12]} but forge.toml pins {spec.commit[:12]}"
     if not path.is_dir() or not is_checkout(path):
+        kit = gitarchive.find(cache_dir, spec.url, spec.commit)
+        if kit is not None:
+            skipped = f"; left out: {', '.join(n.path for n in kit.skipped)}" if kit.skipped else ""
+            skipped += (f"; stand-ins (not the pinned commit): {', '.join(n.path for n in kit.substituted)}"
+                        if kit.substituted else "")
+            return SourceStatus(name, "git", SourceState.IN_KIT, spec.commit, spec.commit,
+                                f"no checkout; the kit's {kit.path.name} (sha256 verified) is used{skipped}")
         return SourceStatus(name, "git", SourceState.MISSING, spec.commit, None,
                             f"{spec.path} is not initialised" + link_note, fix=sync_cmd)
     head = head_commit(path)
+    nested = nested_states(path)
+    uninit = [n for n in nested if not n.initialised]
+    if uninit:
+        return SourceStatus(
+            name, "git", SourceState.MISSING, spec.commit, head,
+            f"nested submodule(s) not initialised: {', '.join(n.path for n in uninit)} (an export would lack "
+            f"their files)" + link_note,
+            fix=f"run `kforge sources sync {name}` (or `git -C {spec.path} submodule update --init --recursive`)",
+        )
+    moved = {n.path: n for n in nested if n.flag == "+"}
     dirty = dirty_files(path)
-    if dirty:
-        shown = ", ".join(line[3:] for line in dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+    edits = [line for line in dirty if line[3:] not in moved]
+    if edits:
+        shown = ", ".join(line[3:] for line in edits[:5]) + (f" and {len(edits) - 5} more" if len(edits) > 5 else "")
         return SourceStatus(
             name, "git", SourceState.DIRTY, spec.commit, head,
-            f"{len(dirty)} changed file(s): {shown}" + link_note,
+            f"{len(edits)} changed file(s): {shown}" + link_note,
             fix=f"move the changes into a patch (see docs/patches.md), then `git -C {spec.path} checkout -- . && "
                 f"git -C {spec.path} clean -fd`; or build with --allow-dirty",
         )
@@ -203,29 +214,45 @@ def _git_status(root: Path, name: str, spec: GitSource) -> SourceStatus:
         return SourceStatus(name, "git", SourceState.WRONG_COMMIT, spec.commit, head,
                             f"HEAD is {(head or 'unborn')[:12]}, pinned {spec.commit[:12]}" + link_note,
                             fix=sync_cmd if not link_note else f"{sync_cmd}; and make forge.toml and the gitlink agree")
+    if moved:
+        shown = ", ".join(f"{n.path} at {n.commit[:12]}" for n in moved.values())
+        return SourceStatus(name, "git", SourceState.WRONG_COMMIT, spec.commit, head,
+                            f"nested submodule(s) not at the commit the pin records: {shown}" + link_note,
+                            fix=f"run `kforge sources sync {name}` (or `git -C {spec.path} submodule update --init "
+                                f"--recursive`)")
     return SourceStatus(name, "git", SourceState.PINNED, spec.commit, head, link_note.lstrip("; "))
 
 
 # --------------------------------------------------------------------------- sync
 
 
-def sync(root: Path, spec: GitSource, *, name: str | None = None) -> SourceStatus:
-    """Initialise the submodule and check out the pinned commit (fetching it if needed).
+def sync(root: Path, spec: GitSource, *, name: str | None = None, mirrors: Mirrors = NO_MIRRORS) -> SourceStatus:
+    """Initialise the submodule, check out the pinned commit, and initialise nested submodules recursively.
 
+    With ``mirrors``, every clone and fetch (nested ones too) is sent to the local mirror of its
+    URL when there is one (``-c url.<mirror>.insteadOf=<url>``; see :mod:`kforge.mirrors`).
     A dirty checkout is refused: sync never throws away someone's edits.
     """
     root = Path(root)
     name = name or Path(spec.path).name
     path = root / spec.path
+    mirror = mirrors.find(spec.url)
+    redirect = git_config_args([(spec.url, mirror)] if mirror else [])
+    via = f" (through the mirror {mirror})" if mirror else (f" (no mirror for it in {mirrors.describe()})" if mirrors else "")
     if not is_checkout(path):
-        run_git(["submodule", "update", "--init", "--recursive", "--", spec.path], cwd=root)
+        if mirror is not None and not has_commit(mirror, spec.commit):
+            raise SourceError(f"pinned commit {spec.commit} of {name} is not in the mirror {mirror}",
+                              why=f"{spec.url} is sent to that mirror, and it lacks the commit (a stale mirror?)",
+                              fix=f"update the mirror (`git -C {mirror} fetch --prune origin '+refs/*:refs/*'` "
+                                  "where it can reach upstream), or point --mirror / $KFORGE_GIT_MIRROR elsewhere")
+        _submodule_update(root, [spec.path], redirect, what=f"{name}: cloning {spec.url}{via}")
     if not is_checkout(path):
         raise SourceError(
             f"{spec.path} is still not a checkout after `git submodule update --init`",
             why="it is probably not declared in .gitmodules",
             fix=f"git submodule add {spec.url} {spec.path}",
         )
-    dirty = dirty_files(path)
+    dirty = [line for line in dirty_files(path) if not _is_gitlink_line(path, line)]
     if dirty:
         raise SourceError(
             f"{spec.path} has local changes; sync will not overwrite them",
@@ -235,17 +262,61 @@ def sync(root: Path, spec: GitSource, *, name: str | None = None) -> SourceStatu
         )
     if head_commit(path) != spec.commit:
         if not has_commit(path, spec.commit):
-            run_git(["fetch", "--quiet", "origin", spec.commit], cwd=path, check=False)
+            run_git([*redirect, "fetch", "--quiet", "origin", spec.commit], cwd=path, check=False)
         if not has_commit(path, spec.commit):
             raise SourceError(
-                f"pinned commit {spec.commit} is not in {spec.url}",
+                f"pinned commit {spec.commit} is not in {spec.url}{via}",
                 why="fetching it from origin did not find it",
-                fix="check the commit in forge.toml, or the submodule URL in .gitmodules",
+                fix="check the commit in forge.toml, or the submodule URL in .gitmodules"
+                    + ("; or update the mirror" if mirror else ""),
             )
         run_git(["checkout", "--quiet", "--detach", spec.commit], cwd=path)
-    # nested submodules (flash-attention's csrc/cutlass) at the commits the pin records
-    run_git(["submodule", "update", "--init", "--recursive"], cwd=path)
+    _sync_nested(path, spec.commit, mirrors, chain=name)
     return status(root, name, spec)
+
+
+def _is_gitlink_line(repo: Path, line: str) -> bool:
+    """A porcelain line for a nested submodule at another commit (sync moves it; not an edit)."""
+    return gitlink(repo, line[3:]) is not None
+
+
+def _submodule_update(repo: Path, paths: Sequence[str], redirect: Sequence[str], *, what: str) -> None:
+    try:
+        run_git([*redirect, "submodule", "update", "--init", "--", *paths], cwd=repo)
+    except SourceError as exc:
+        text = exc.render()
+        if redirect and ("unable to read" in text or "repository corruption" in text):
+            fix = ("the mirror lacks some objects of that commit (a partial snapshot), so git cannot clone from "
+                   "it: complete the mirror (`git fetch` into it where upstream is reachable), or build from an "
+                   "offline kit, whose trimmed archive may not need the missing files (`kforge sources kit build`)")
+        else:
+            fix = "offline? give a mirror directory with --mirror DIR or $KFORGE_GIT_MIRROR (docs/patches.md, 'Mirrors')"
+        raise SourceError(f"{what} failed", why=text, fix=fix) from exc
+
+
+def _sync_nested(checkout: Path, commit: str, mirrors: Mirrors, *, chain: str) -> None:
+    """``git submodule update --init`` one level at a time, each URL sent to its mirror, then recurse."""
+    subs = submodules_at(checkout, commit)
+    if not subs:
+        return
+    mapping = []
+    for sub in subs:
+        mirror = mirrors.find(sub.url) if sub.url else None
+        if mirror is not None:
+            if not has_commit(mirror, sub.commit):
+                raise SourceError(
+                    f"{chain}: nested submodule {sub.path} pins {sub.commit}, which the mirror {mirror} lacks",
+                    why=f"{sub.url} is sent to that mirror (a stale or partial snapshot?)",
+                    fix="update that mirror, or give one that holds the commit (--mirror DIR / $KFORGE_GIT_MIRROR)",
+                )
+            mapping.append((sub.url, mirror))
+    redirect = git_config_args(mapping)
+    no_mirror = [s.url for s in subs if s.url and mirrors and mirrors.find(s.url) is None]
+    note = f" (no mirror for {', '.join(no_mirror)})" if no_mirror else ""
+    run = [s.path for s in subs]
+    _submodule_update(checkout, run, redirect, what=f"{chain}: initialising nested submodules {', '.join(run)}{note}")
+    for sub in subs:
+        _sync_nested(checkout / sub.path, sub.commit, mirrors, chain=f"{chain}/{sub.path}")
 
 
 # --------------------------------------------------------------------------- prepare
@@ -263,7 +334,7 @@ def prepare(root: Path, spec: Source, scratch_dir: Path, *, allow_dirty: bool = 
     name = name or _default_name(spec)
     _reset_dir(root, scratch_dir)
     if isinstance(spec, GitSource):
-        return _prepare_git(root, name, spec, scratch_dir, allow_dirty)
+        return _prepare_git(root, name, spec, scratch_dir, allow_dirty, cache_dir)
     if isinstance(spec, SdistSource):
         got = _sdist.fetch(spec.name, spec.version, spec.sha256, cache_dir=cache_dir, index_url=spec.index_url,
                            opener=opener)
@@ -280,8 +351,16 @@ def prepare(root: Path, spec: Source, scratch_dir: Path, *, allow_dirty: bool = 
     raise TypeError(f"unknown source spec {spec!r}")
 
 
-def _prepare_git(root: Path, name: str, spec: GitSource, scratch_dir: Path, allow_dirty: bool) -> PreparedSource:
-    st = _git_status(root, name, spec)
+def _prepare_git(root: Path, name: str, spec: GitSource, scratch_dir: Path, allow_dirty: bool,
+                 cache_dir: Path | None) -> PreparedSource:
+    st = _git_status(root, name, spec, cache_dir=cache_dir)
+    if st.state is SourceState.IN_KIT:
+        kit = gitarchive.find(cache_dir, spec.url, spec.commit)
+        if kit is None:  # removed since the status was taken
+            raise SourceError(f"the kit's archive of {name} disappeared from {cache_dir}",
+                              fix="run `kforge sources kit install KIT` again")
+        tree = _sdist.unpack(kit.path, scratch_dir)
+        return PreparedSource(tree, spec.commit, "git", spec, note=f"from the kit archive {kit.path.name}")
     if st.state is SourceState.MISSING:
         raise SourceError(f"source {name} ({spec.path}) is missing", why=st.detail, fix=st.fix)
     if st.state in (SourceState.DIRTY, SourceState.WRONG_COMMIT) and not allow_dirty:
@@ -304,6 +383,11 @@ def export_checkout(repo: Path, dest: Path, *, include_untracked: bool = False) 
     The working-tree bytes are copied, so with ``--allow-dirty`` the local edits travel
     too. ``.git`` is not copied: the export is a plain tree, like an unpacked sdist.
     """
+    uninit = [n.path for n in nested_states(repo) if not n.initialised]
+    if uninit:
+        raise SourceError(f"cannot export {repo}: nested submodule(s) not initialised: {', '.join(uninit)}",
+                          why="the export would lack their files, and the build would fail later",
+                          fix=f"git -C {repo} submodule update --init --recursive (or `kforge sources sync`)")
     out = run_git(["ls-files", "-z", "--cached", "--recurse-submodules"], cwd=repo).stdout
     files = [f for f in out.decode().split("\0") if f]
     if include_untracked:

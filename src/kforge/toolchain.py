@@ -48,9 +48,38 @@ class Nvcc:
     def supports(self, sm: int) -> bool:
         return f"compute_{sm}" in self.gpu_archs
 
-    def env(self) -> dict[str, str]:
-        """What a build needs to use this nvcc (torch's BuildExtension reads CUDA_HOME)."""
-        return {"CUDA_HOME": str(self.home), "CUDA_PATH": str(self.home), "CUDACXX": str(self.path)}
+    def env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """What a build needs to use this nvcc (torch's BuildExtension reads CUDA_HOME), and the
+        host compiler's include path for this toolkit (:func:`host_include_env`), on top of ``environ``."""
+        out = {"CUDA_HOME": str(self.home), "CUDA_PATH": str(self.home), "CUDACXX": str(self.path)}
+        if (self.home / "include" / "cccl").is_dir():
+            out.update(host_include_env(self.home, self.version, (environ or {}).get("CPLUS_INCLUDE_PATH")))
+        return out
+
+
+#: The first CUDA whose CCCL headers (``cuda/std/...``, thrust, cub) live in ``$CUDA_HOME/include/cccl``
+#: instead of ``$CUDA_HOME/include``. nvcc adds that folder for the files it compiles; the host compiler
+#: (g++ on a torch extension's ``.cpp`` files) doesn't, and a ``.cpp`` that includes CUTLASS fails with
+#: ``fatal error: cuda/std/utility: No such file or directory`` (FlashMLA 9241ae3e's csrc/api/api.cpp,
+#: seen on the GPU host with CUDA 13.0). FA3's hopper/setup.py adds the folder itself; others don't.
+CCCL_SUBDIR_FROM = Version("13.0")
+
+
+def host_include_env(cuda_home: str | Path, cuda: Version | str, current: str | None = None) -> dict[str, str]:
+    """``CPLUS_INCLUDE_PATH`` with ``<cuda_home>/include/cccl`` first, for CUDA >= 13 (else nothing).
+
+    A toolchain fact, the same for every project: a ``.cpp`` that includes CUDA headers must
+    find CCCL where CUDA 13 put it. ``current`` (the variable's value already in the
+    environment) is kept after it; the folder is not added twice.
+    """
+    version = cuda if isinstance(cuda, Version) else Version(str(cuda))
+    if version < CCCL_SUBDIR_FROM:
+        return {}
+    cccl = str(Path(cuda_home) / "include" / "cccl")
+    parts = [p for p in (current or "").split(os.pathsep) if p]
+    if cccl in parts:
+        return {"CPLUS_INCLUDE_PATH": os.pathsep.join(parts)}
+    return {"CPLUS_INCLUDE_PATH": os.pathsep.join([cccl, *parts])}
 
 
 _RELEASE = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")

@@ -7,119 +7,91 @@ Layout under the wheelhouse root::
     simple/index.html                     PEP 503 root: one link per distribution
     simple/<normalized-name>/index.html   links ../../<project>/<wheel>#sha256=<hex>
 
-Publishing is atomic. Under one file lock (``.kforge.lock``), the wheel and its manifest
-are copied to temporary files beside their final names, then renamed into place (wheel
-first, manifest last), then the index is regenerated (each page written to a temp file and
-renamed). The index lists a wheel only when both the wheel and its manifest are present
-and the wheel's size matches the manifest. So a publisher killed at any point leaves at
-worst stray temp files (removed by the next publish or ``rebuild_index``) and never an
-index that points at nothing. The index works from ``file://`` and over plain HTTP
-(``python -m http.server`` in the root).
+This module writes (publish, index, clean, under the lock); :mod:`kforge.wheelindex` reads and checks.
+Publishing is atomic. Under one lock (``.kforge.lock``, see :mod:`kforge.locking`), the wheel and its
+manifest are copied to temporary files beside their final names, then renamed into place (manifest
+first, wheel last: a manifest whose wheel never arrived is swept under the next lock), then the index is
+regenerated. The wheelhouse verifies, never trusts: every index rewrite recomputes each wheel's sha256
+and lists a wheel only when its manifest agrees (file name, size and sha256); a disagreeing or
+unreadable manifest is reported by name (:class:`Problem`) and its wheel left out. Index pages are each
+written atomically, distribution pages before the root page and stale pages removed last, so at every
+instant each page is the old or the new one and every link resolves to a complete wheel whose bytes
+match the link's hash. Two different wheels with one file name are refused
+(``replace=True`` replaces on purpose). Published files are 0644 and folders 0755 whatever the umask, so
+a web server running as another user can serve them (``python -m http.server`` in the root).
 """
 
 from __future__ import annotations
 
 import hashlib
-import html
-import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-from packaging.utils import (
-    InvalidWheelFilename,
-    canonicalize_name,
-    parse_wheel_filename,
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from kforge import locking
+from kforge.errors import PublishError, os_fix
+from kforge.fsutil import PUBLIC_FILE_MODE, sha256_file
+from kforge.wheelindex import (
+    FAULT_ENV,
+    FAULT_POINTS,
+    INDEX_DIR,
+    MANIFEST_SUFFIX,
+    REPORT_SUFFIX,
+    TMP_MARK,
+    Manifest,
+    Problem,
+    PublishedWheel,
+    Scan,
+    fault_point,
+    fix_modes,
+    list_wheels,
+    project_dirs,
+    public_dirs,
+    read_manifest,
+    render_index,
+    scan,
+    verify,
+    write_index,
 )
 
-from kforge.errors import PublishError
+#: The reading half lives in kforge.wheelindex; these names are the wheelhouse's API too.
+__all__ = ["FAULT_ENV", "FAULT_POINTS", "INDEX_DIR", "LOCK_NAME", "MANIFEST_SUFFIX", "PAUSE_ENV", "REPORT_SUFFIX",
+           "TMP_MARK", "Manifest", "Problem", "PublishedWheel", "Scan", "clean", "fault_point", "list_wheels",
+           "lock_wheelhouse", "make_root", "os_error", "public_dirs", "publish", "read_manifest", "rebuild_index",
+           "render_index", "scan", "verify", "write_index"]
 
 LOCK_NAME = ".kforge.lock"
-MANIFEST_SUFFIX = ".manifest.json"
-INDEX_DIR = "simple"
 #: Test hook: seconds to sleep after the temp files are written and before they are renamed.
 PAUSE_ENV = "KFORGE_TEST_PUBLISH_PAUSE"
-_TMP_MARK = ".kforge-tmp-"
+_BLOCK = 1 << 20
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """Provenance of one wheel. ``sha256``, ``size``, ``wheel`` and ``attachments`` are filled in by :func:`publish`.
-
-    ``toolchain`` holds at least ``nvcc``, ``torch`` and ``python``; ``host`` the machine
-    (name, platform, cpus, memory); ``doctor`` the doctor's JSON result; ``source_pin`` the
-    commit (git, kernels/) or ``<name>==<version> sha256:<hex>`` (sdist).
-    """
-
-    target: str
-    project: str = ""
-    archs: tuple[str, ...] = ()
-    source_kind: str = ""  # "git" | "sdist" | "local"
-    source_pin: str | None = None
-    source_dirty: bool = False
-    sdist_sha256: str | None = None
-    patch_series_hash: str | None = None
-    patches: tuple[str, ...] = ()
-    toolchain: Mapping[str, Any] = field(default_factory=dict)
-    host: Mapping[str, Any] = field(default_factory=dict)
-    built_at: str | None = None  # ISO 8601 UTC
-    build_seconds: float | None = None
-    peak_rss: int | None = None  # bytes, the build's peak memory
-    repaired_tag: str | None = None
-    doctor: Mapping[str, Any] | None = None
-    report_path: str | None = None  # relative to the manifest's folder
-    attachments: tuple[str, ...] = ()  # relative to the manifest's folder
-    sha256: str = ""
-    size: int = 0
-    wheel: str = ""
-    schema: int = 1
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True, default=str) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        data = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        data = {k: v for k, v in data.items() if k in known}
-        for key in ("archs", "patches", "attachments"):
-            if key in data and data[key] is not None:
-                data[key] = tuple(data[key])
-        return cls(**data)
+# --------------------------------------------------------------------------- small helpers
 
 
-@dataclass(frozen=True)
-class PublishedWheel:
-    project: str
-    wheel: Path
-    manifest: Path
-    record: Manifest
-    index: Path
-
-    @property
-    def filename(self) -> str:
-        return self.wheel.name
-
-    @property
-    def sha256(self) -> str:
-        return self.record.sha256
+def lock_wheelhouse(root: Path, target: str, timeout: float | None, wait: bool = True):  # noqa: ANN202
+    make_root(root)
+    return locking.hold(root / LOCK_NAME, target=target, what=f"the wheelhouse {root}", error=PublishError,
+                        wait=wait, timeout=timeout)
 
 
-def _lock(root: Path, timeout: float) -> FileLock:
+def make_root(root: Path) -> None:
+    """Create the wheelhouse folder (0755) or explain why it can't be one."""
     if root.exists() and not root.is_dir():
-        raise PublishError(f"the wheelhouse {root} is a file, not a directory", fix="point --wheelhouse / KFORGE_WHEELHOUSE at a directory")
-    root.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(root / LOCK_NAME), timeout=timeout)
+        raise PublishError(f"the wheelhouse {root} is a file, not a directory",
+                           fix="point --wheelhouse / KFORGE_WHEELHOUSE at a directory")
+    public_dirs(root)
 
 
 def _check_project(project: str) -> None:
-    if not project or project in (".", "..", INDEX_DIR) or "/" in project or "\\" in project or project.startswith("."):
+    if (not project or project in (".", "..", INDEX_DIR) or "/" in project or "\\" in project
+            or project.startswith(".") or not project.isascii()):
         raise PublishError(f"'{project}' cannot be a wheelhouse folder name",
                            fix="use the kforge project name, e.g. fmha or flash-attn")
 
@@ -128,13 +100,24 @@ def _copy_hashing(src: Path, dst_fd: int) -> tuple[str, int]:
     digest = hashlib.sha256()
     size = 0
     with open(src, "rb") as fin, os.fdopen(dst_fd, "wb") as fout:
-        while block := fin.read(1 << 20):
+        while block := fin.read(_BLOCK):
             digest.update(block)
             fout.write(block)
             size += len(block)
         fout.flush()
         os.fsync(fout.fileno())
     return digest.hexdigest(), size
+
+
+def os_error(exc: OSError, root: Path, doing: str) -> PublishError:
+    """ENOSPC, EROFS, EACCES while writing the wheelhouse: a publish error that says what to do."""
+    where = exc.filename or root
+    return PublishError(f"cannot {doing} in the wheelhouse {root}: {exc.strerror} ({where})",
+                        why="nothing was published: the wheelhouse is as it was",
+                        fix=os_fix(exc.errno) + " (--wheelhouse / KFORGE_WHEELHOUSE)")
+
+
+# --------------------------------------------------------------------------- publish
 
 
 def publish(
@@ -145,12 +128,14 @@ def publish(
     *,
     replace: bool = False,
     attachments: tuple[Path, ...] | list[Path] = (),
-    lock_timeout: float = 600.0,
+    lock_timeout: float | None = None,
+    wait: bool = True,
 ) -> PublishedWheel:
     """Store ``wheel`` and its manifest under ``<root>/<project>/`` and refresh the index, atomically.
 
-    ``attachments`` (the build report, its timeline) are stored in ``<wheel>.report/`` and
-    linked from the manifest (``report_path`` is the one named ``report.json``).
+    A wheel of the same file name and other bytes is refused unless ``replace``. ``attachments`` (the
+    build report, its timeline) are stored in ``<wheel>.report/`` and linked from the manifest
+    (``report_path`` is the one named ``report.json``).
     """
     root = Path(wheelhouse_root)
     wheel = Path(wheel)
@@ -163,67 +148,92 @@ def publish(
     if not wheel.is_file():
         raise PublishError(f"{wheel} does not exist", fix="build the wheel first")
     try:
-        with _lock(root, lock_timeout):
+        with lock_wheelhouse(root, manifest.target or project, lock_timeout, wait):
+            fault_point("locked")
             return _publish_locked(root, project, wheel, manifest, replace, tuple(Path(a) for a in attachments))
-    except Timeout as exc:
-        raise PublishError(f"the wheelhouse {root} stayed locked for {lock_timeout:.0f} s",
-                           why=f"another kforge process holds {root / LOCK_NAME}",
-                           fix="wait for it to finish; if none is running, delete the lock file") from exc
+    except OSError as exc:
+        raise os_error(exc, root, f"publish {wheel.name}") from None
 
 
 def _publish_locked(root: Path, project: str, wheel: Path, manifest: Manifest, replace: bool,
                     attachments: tuple[Path, ...]) -> PublishedWheel:
     _remove_stale_temps(root)
     dest_dir = root / project
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    public_dirs(dest_dir)
     final = dest_dir / wheel.name
     final_manifest = dest_dir / (wheel.name + MANIFEST_SUFFIX)
-    fd, tmp_wheel = tempfile.mkstemp(dir=dest_dir, prefix=f"{_TMP_MARK}{wheel.name}.")
+    fd, tmp_wheel = tempfile.mkstemp(dir=dest_dir, prefix=f"{TMP_MARK}{wheel.name}.")
     tmp_manifest = None
     try:
         sha, size = _copy_hashing(wheel, fd)
-        old = _read_manifest(final_manifest)
-        if old is not None and final.is_file() and old.sha256 != sha and not replace:
-            raise PublishError(
-                f"{project}/{wheel.name} is already published with a different sha256",
-                why=f"published {old.sha256[:12]}..., new {sha[:12]}...; pip caches wheels by name and hash",
-                fix="bump the version or local label, or publish with replace=True (kforge wheelhouse clean first)",
-            )
+        os.chmod(tmp_wheel, PUBLIC_FILE_MODE)
+        fault_point("wheel-temp")
+        _refuse_same_name_elsewhere(root, project, wheel.name, sha)
+        if final.is_file():
+            old_sha = sha256_file(final)
+            if old_sha != sha and not replace:
+                raise PublishError(
+                    f"{project}/{wheel.name} is already published with a different sha256",
+                    why=f"published {old_sha[:12]}..., new {sha[:12]}...; one file name must mean one wheel "
+                        "(pip caches wheels by name, and users who installed the old one would not notice)",
+                    fix="give the new wheel another version or local label, or replace it on purpose with "
+                        "--replace (kforge build --replace / kforge wheelhouse merge --replace)",
+                )
         attached = _store_attachments(dest_dir, wheel.name, attachments)
         report = next((a for a in attached if a.endswith("/report.json")), manifest.report_path)
         done = Manifest(**{**_shallow(manifest), "sha256": sha, "size": size, "wheel": wheel.name,
                            "project": manifest.project or project, "attachments": attached, "report_path": report})
-        mfd, tmp_manifest = tempfile.mkstemp(dir=dest_dir, prefix=f"{_TMP_MARK}{final_manifest.name}.")
-        with os.fdopen(mfd, "w") as fh:
+        mfd, tmp_manifest = tempfile.mkstemp(dir=dest_dir, prefix=f"{TMP_MARK}{final_manifest.name}.")
+        with os.fdopen(mfd, "w", encoding="utf-8") as fh:
             fh.write(done.to_json())
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp_manifest, PUBLIC_FILE_MODE)
+        fault_point("manifest-temp")
         pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
         if pause > 0:
             time.sleep(pause)
-        os.replace(tmp_wheel, final)
+        # The manifest goes first: a manifest without its wheel is swept by the next publish or index (the
+        # wheel never appeared); a wheel is never left without the record that says where it came from.
         os.replace(tmp_manifest, final_manifest)
+        fault_point("manifest-renamed")
+        os.replace(tmp_wheel, final)
         _fsync_dir(dest_dir)
+        fault_point("wheel-renamed")
     finally:
         for leftover in (tmp_wheel, tmp_manifest):
             if leftover and os.path.exists(leftover):
                 os.unlink(leftover)
-    index = _write_index(root)
+    index = write_index(root)
     return PublishedWheel(project, final, final_manifest, done, index)
+
+
+def _refuse_same_name_elsewhere(root: Path, project: str, filename: str, sha: str) -> None:
+    """One file name means one wheel across the whole wheelhouse (the index lists them side by side)."""
+    for other in project_dirs(root):
+        twin = other / filename
+        if other.name != project and twin.is_file() and sha256_file(twin) != sha:
+            raise PublishError(
+                f"{filename} is already published by the project {other.name}, with other bytes",
+                why="the index would list two different wheels under one file name, and pip would take either",
+                fix=f"give one of them another version or local label (or remove {other.name}'s: "
+                    f"kforge wheelhouse clean {other.name})",
+            )
 
 
 def _store_attachments(dest_dir: Path, wheel_name: str, attachments: tuple[Path, ...]) -> tuple[str, ...]:
     """Copy attachments into ``<wheel>.report/`` (each via a temp file + rename); return relative paths."""
     if not attachments:
         return ()
-    folder = dest_dir / f"{wheel_name}.report"
-    folder.mkdir(exist_ok=True)
+    folder = dest_dir / f"{wheel_name}{REPORT_SUFFIX}"
+    public_dirs(folder)
     out = []
     for src in attachments:
         if not src.is_file():
             raise PublishError(f"the attachment {src} does not exist", fix="write the build report before publishing")
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{_TMP_MARK}{src.name}.")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{TMP_MARK}{src.name}.")
         _copy_hashing(src, fd)
+        os.chmod(tmp, PUBLIC_FILE_MODE)
         os.replace(tmp, folder / src.name)
         out.append(f"{folder.name}/{src.name}")
     return tuple(out)
@@ -246,125 +256,57 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _read_manifest(path: Path) -> Manifest | None:
-    try:
-        return Manifest.from_json(path.read_text())
-    except (OSError, ValueError, TypeError):
-        return None
-
-
 def _remove_stale_temps(root: Path) -> None:
-    """Only called under the lock: any temp file now belongs to a publisher that died."""
+    """Only called under the lock: temp files and wheel-less manifests belong to a publisher that died."""
     if not root.is_dir():
         return
-    for path in root.rglob(f"{_TMP_MARK}*"):
+    stale = [p for p in root.rglob(".*") if p.name.startswith(TMP_MARK) or (p.name.endswith(".tmp") and p.is_file())]
+    for dest_dir in project_dirs(root):
+        stale += [m for m in dest_dir.glob(f"*.whl{MANIFEST_SUFFIX}")
+                  if not (dest_dir / m.name[: -len(MANIFEST_SUFFIX)]).exists()]
+    for path in stale:
         try:
             path.unlink()
         except OSError:
             pass
 
 
-def list_wheels(wheelhouse_root: Path, project: str | None = None) -> tuple[PublishedWheel, ...]:
-    """Complete wheels only: wheel and manifest present, size as recorded."""
-    root = Path(wheelhouse_root)
-    found: list[PublishedWheel] = []
-    for dest_dir in sorted(_project_dirs(root)):
-        if project is not None and dest_dir.name != project:
-            continue
-        for wheel in sorted(dest_dir.glob("*.whl")):
-            manifest_path = dest_dir / (wheel.name + MANIFEST_SUFFIX)
-            manifest = _read_manifest(manifest_path)
-            if manifest is None or not manifest.sha256:
-                continue
-            try:
-                if wheel.stat().st_size != manifest.size:
-                    continue
-            except OSError:
-                continue
-            found.append(PublishedWheel(dest_dir.name, wheel, manifest_path, manifest, root / INDEX_DIR / "index.html"))
-    return tuple(found)
+def rebuild_index(wheelhouse_root: Path, *, lock_timeout: float | None = None, wait: bool = True) -> Scan:
+    """Regenerate ``simple/`` from the verified wheels, sweep stray temp files and fix file modes.
 
-
-def _project_dirs(root: Path) -> Iterator[Path]:
-    if not root.is_dir():
-        return
-    for entry in root.iterdir():
-        if entry.is_dir() and entry.name != INDEX_DIR and not entry.name.startswith("."):
-            yield entry
-
-
-def render_index(wheels: tuple[PublishedWheel, ...]) -> dict[str, str]:
-    """The PEP 503 pages, in memory: {relative path under the root: html}."""
-    by_name: dict[str, list[PublishedWheel]] = {}
-    for w in wheels:
-        name = str(canonicalize_name(parse_wheel_filename(w.filename)[0]))
-        by_name.setdefault(name, []).append(w)
-    pages: dict[str, str] = {}
-    root_links = "\n".join(f'    <a href="{html.escape(n)}/">{html.escape(n)}</a><br/>' for n in sorted(by_name))
-    pages[f"{INDEX_DIR}/index.html"] = _page("Simple index", root_links)
-    for name, items in sorted(by_name.items()):
-        links = "\n".join(
-            f'    <a href="../../{html.escape(w.project)}/{html.escape(w.filename)}#sha256={w.sha256}">'
-            f"{html.escape(w.filename)}</a><br/>"
-            for w in sorted(items, key=lambda w: w.filename)
-        )
-        pages[f"{INDEX_DIR}/{name}/index.html"] = _page(f"Links for {name}", links)
-    return pages
-
-
-def _page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html>\n<html>\n  <head>\n    <meta name=\"pypi:repository-version\" content=\"1.0\">\n"
-            f"    <title>{html.escape(title)}</title>\n  </head>\n  <body>\n    <h1>{html.escape(title)}</h1>\n"
-            f"{body}\n  </body>\n</html>\n")
-
-
-def _write_index(root: Path) -> Path:
-    pages = render_index(list_wheels(root))
-    index_root = root / INDEX_DIR
-    for rel, text in pages.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TMP_MARK}index.")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    # drop pages of distributions that have no wheels any more
-    if index_root.is_dir():
-        keep = {(root / rel).parent for rel in pages}
-        for sub in index_root.iterdir():
-            if sub.is_dir() and sub not in keep:
-                shutil.rmtree(sub, ignore_errors=True)
-    return index_root / "index.html"
-
-
-def rebuild_index(wheelhouse_root: Path, *, lock_timeout: float = 600.0) -> Path:
-    """Regenerate ``simple/`` from the complete wheels (and drop stray temp files); return simple/index.html."""
+    Returns the scan; its ``problems`` name every wheel left out and why (the caller reports them).
+    """
     root = Path(wheelhouse_root)
     try:
-        with _lock(root, lock_timeout):
+        with lock_wheelhouse(root, "wheelhouse index", lock_timeout, wait):
             _remove_stale_temps(root)
-            return _write_index(root)
-    except Timeout as exc:
-        raise PublishError(f"the wheelhouse {root} stayed locked for {lock_timeout:.0f} s",
-                           fix="wait for the other kforge process to finish") from exc
+            result = scan(root)
+            write_index(root, result.wheels)
+            fix_modes(root)
+            return result
+    except OSError as exc:
+        raise os_error(exc, root, "rewrite the index") from None
 
 
-def clean(wheelhouse_root: Path, project: str | None = None, *, lock_timeout: float = 600.0) -> int:
-    """Remove the wheels (and manifests) of ``project``, or of every project; return how many wheels went."""
+def clean(wheelhouse_root: Path, project: str | None = None, *, lock_timeout: float | None = None,
+          wait: bool = True) -> int:
+    """Remove the wheels (and manifests) of ``project``, or of every project; return how many wheels went.
+
+    The index stops listing them before their files go, so no link ever points at nothing.
+    """
     root = Path(wheelhouse_root)
     if project is not None:
         _check_project(project)
-    removed = 0
     try:
-        with _lock(root, lock_timeout):
-            for dest_dir in list(_project_dirs(root)):
-                if project is not None and dest_dir.name != project:
-                    continue
+        with lock_wheelhouse(root, "wheelhouse clean", lock_timeout, wait):
+            doomed = [d for d in project_dirs(root) if project is None or d.name == project]
+            keep = tuple(w for w in scan(root).wheels if w.wheel.parent not in doomed)
+            write_index(root, keep)
+            removed = 0
+            for dest_dir in doomed:
                 removed += len(list(dest_dir.glob("*.whl")))
                 shutil.rmtree(dest_dir)
             _remove_stale_temps(root)
-            _write_index(root)
-    except Timeout as exc:
-        raise PublishError(f"the wheelhouse {root} stayed locked for {lock_timeout:.0f} s",
-                           fix="wait for the other kforge process to finish") from exc
+    except OSError as exc:
+        raise os_error(exc, root, "clean") from None
     return removed

@@ -296,3 +296,26 @@ def test_refresh_from_an_uninitialised_submodule_is_refused(tmp_path: Path, monk
     with pytest.raises(SourceError, match="not a git checkout"):
         patches.refresh(mono / "patches" / "tiny", mono / "externals" / "tiny", "HEAD")
     assert sources.tree_hash(mono / "patches" / "tiny") == before
+
+
+def test_cli_check_against_a_bare_mirror(upstream, tmp_path: Path) -> None:
+    repo, base = upstream
+    root = tmp_path / "mono"
+    make_superproject(root, repo)
+    write_forge(root, repo, base)
+    mirror = tmp_path / "mirror.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(mirror)], check=True, capture_output=True)
+    shutil.rmtree(root / "externals" / "tiny")  # no submodule checkout: the mirror is all there is
+    env = _env(tmp_path)
+
+    def kforge(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kforge.cli", "-C", str(root), *args],
+                              capture_output=True, text=True, env=env)
+
+    ok = kforge("patches", "check", "tiny", "--rev", base, "--repo", str(mirror), "--platform", "windows")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "the series applies" in ok.stdout
+    missing = kforge("patches", "check", "tiny", "--rev", base)
+    assert missing.returncode == 5 and "is not initialised" in missing.stderr and "--repo" in missing.stderr
+    bad = kforge("patches", "check", "tiny", "--rev", base, "--repo", str(tmp_path / "nowhere"))
+    assert bad.returncode == 5 and "is not a git repository" in bad.stderr and "Traceback" not in bad.stderr

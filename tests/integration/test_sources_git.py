@@ -47,7 +47,7 @@ def test_fresh_clone_reports_missing_with_fix_and_sync_initialises(world, tmp_pa
     assert st.state is SourceState.MISSING
     assert not st.ok
     assert "kforge sources sync tiny" in (st.fix or "")
-    assert f"git submodule update --init -- {SUB}" in (st.fix or "")
+    assert f"git submodule update --init --recursive -- {SUB}" in (st.fix or "")
 
     after = sources.sync(clone, spec, name="tiny")
     assert after.state is SourceState.PINNED
@@ -177,10 +177,13 @@ def test_cli_status_on_fresh_clone_reports_missing_without_traceback(world, tmp_
     cmd = ["-C", str(clone), "sources", "status"]
     proc = kforge(*cmd, env=_env(tmp_path))
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out  # a report: a fresh clone is a normal state
+    assert proc.returncode == 1, out  # not ready: `kforge sources status && build` must stop here
     assert "Traceback" not in out
     assert "missing" in out
     assert "kforge sources sync tiny" in out
+    quiet = kforge(*cmd, "--quiet", env=_env(tmp_path))
+    assert quiet.returncode == 1 and "Traceback" not in quiet.stderr
+    assert quiet.stdout.strip().startswith("tiny (externals/tiny) is missing") and "┃" not in quiet.stdout
     strict = kforge(*cmd, "--strict", env=_env(tmp_path))
     assert strict.returncode == 1 and "Traceback" not in strict.stderr
 
@@ -189,6 +192,8 @@ def test_cli_status_on_fresh_clone_reports_missing_without_traceback(world, tmp_
     proc = kforge(*cmd, env=_env(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pinned" in proc.stdout
+    quiet = kforge(*cmd, "--quiet", env=_env(tmp_path))
+    assert quiet.returncode == 0 and quiet.stdout == ""
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -217,8 +217,8 @@ def test_render_cmake_refuses_family_archs_on_old_cmake():
     [
         ("sm_120", "13.0", "sm_120f"),
         ("sm_120", "12.8", "sm_120a"),
-        ("sm_120", "12.9", "sm_120a"),
-        ("sm_121", "13.0", "sm_121f"),
+        ("sm_120", "12.9", "sm_120f"),  # FlashInfer 0.6.x: 12.0 -> f from CUDA 12.9
+        ("sm_121", "13.0", "sm_121a"),  # ... and every other 12.x minor -> a (its own cubin)
         ("sm_90", "12.8", "sm_90a"),
         ("sm_90", "13.0", "sm_90a"),
         ("sm_100", "12.8", "sm_100a"),

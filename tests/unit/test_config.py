@@ -62,6 +62,14 @@ def test_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
         (MINIMAL + '\nbackend = "nativ"\n', "", "did you mean 'native'"),
         (MINIMAL.replace('format = "numbers"', 'format = "number"'), "projects.demo.arch_knobs[0].format", "did you mean 'numbers'"),
         (MINIMAL.replace('os = "linux"', 'os = "mac"'), "platforms.linux-x86_64.os", "must be 'linux' or 'windows'"),
+        (MINIMAL + 'knobs_valid_for = "==1.0"\n', "projects.demo.knobs_valid_for", "needs upstream_version"),
+        (MINIMAL + 'upstream_version = "1.0"\nknobs_valid_for = "1.0 or so"\n', "projects.demo.knobs_valid_for",
+         "is not a version specifier"),
+        (MINIMAL + 'upstream_version = "main"\n', "projects.demo.upstream_version", "is not a PEP 440 version"),
+        (MINIMAL.replace('source = { local = "kernels/demo" }',
+                         'source = { git = { path = "externals/demo", url = "https://x.invalid/demo.git", '
+                         'commit = "9241ae3ef9bac614dd25e45e507e089f888280e0" } }')
+         + 'upstream_version = "1.0.0+323f076"\n', "projects.demo.upstream_version", "names commit 323f076"),
         (MINIMAL + '\n[matrix]\nexclude = [{ project = "demoo" }]\n', "matrix.exclude[0].project", "did you mean 'demo'"),
         (MINIMAL.replace("[projects.demo]", "[projects.demo]\nplatforms = [\"linux-x86\"]"), "projects.demo.platforms[0]", "linux-x86_64"),
         (MINIMAL.replace('{ local = "kernels/demo" }', '{ git = { path = "x", url = "u", commit = "abc" } }'),

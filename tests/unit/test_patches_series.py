@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kforge.arch import parse_arch
+from kforge.config import load_forge
 from kforge.errors import PatchError
 from kforge.patches import analyse
 from kforge.series import Condition, PatchContext, load_series, parse_patch, series_hash
@@ -192,3 +193,16 @@ def test_patch_touching_paths_outside_the_tree_is_refused(tmp_path: Path) -> Non
     (tmp_path / "x.patch").write_text(evil)
     with pytest.raises(PatchError, match="outside the tree"):
         parse_patch(tmp_path / "x.patch")
+
+
+def test_every_git_series_names_the_pin_it_was_checked_against() -> None:
+    """A pin bump without re-checking the series fails here: the header must name the pinned commit."""
+    forge = load_forge(Path(__file__).resolve().parents[2])
+    checked = 0
+    for project in forge.projects.values():
+        if project.git is None or project.patches is None or project.source is not project.git:
+            continue
+        header = "\n".join(load_series(project.patches).header)
+        assert project.git.commit in header, f"patches/{project.name}/series does not name {project.git.commit}"
+        checked += 1
+    assert checked == 3  # flash-attn3, flashmla, flashinfer

@@ -116,7 +116,7 @@ def make_run(tmp_path: Path, plan, host, *, inspect=None, environ=None) -> tuple
                                  inspect_binary=lambda path: binary_with("sm_90"))
     env = {"PATH": "/usr/bin:/bin", "KFORGE_COMPILER_CACHE": "none", **(environ or {})}
     run = pipeline.Run(host=host, environ=env, wheelhouse_root=tmp_path / "wheelhouse", cache_dir=tmp_path / "cache",
-                       services=services, log=StepLog(total=8, title=plan.id, environ={}), progress=False)
+                       services=services, log=StepLog(total=9, title=plan.id, environ={}), progress=False)
     return run, backend
 
 
@@ -130,7 +130,7 @@ def test_the_whole_chain_with_fakes_publishes_a_verified_wheel_and_runs_gpu_test
     assert request.env["TINY_THREADS"] == request.env["NVCC_THREADS"] == "3"  # --env reached the project's variable
     assert request.tree == outcome.done.source.tree and request.forge_pythons == plan.pythons
     assert str(tmp_path / "cuda" / "bin") == request.env["PATH"].split(":")[0]
-    assert [s for s in run.log.timings] == ["source", "patches", "toolchain", "build", "report", "repair", "doctor",
+    assert [s for s in run.log.timings] == ["preflight", "source", "patches", "toolchain", "build", "report", "repair", "doctor",
                                            "publish"]
     done = outcome.done
     assert done.source is not None and (done.source.tree / "tests" / "test_k.py").is_file()
@@ -194,7 +194,7 @@ def test_cmake_path_verifies_the_library_and_publishes_nothing(tmp_path: Path, m
     assert not plan.makes_wheel
     run, _ = make_run(tmp_path, plan, host)
     outcome = pipeline.run_build(plan, run)
-    assert list(run.log.timings) == ["source", "patches", "toolchain", "build", "report", "doctor"]
+    assert list(run.log.timings) == ["preflight", "source", "patches", "toolchain", "build", "report", "doctor"]
     assert outcome.manifest is None and outcome.wheel.name == "tiny-install.tar.gz"
     assert outcome.done.doctor is not None and [p.name for p in outcome.done.doctor.binaries] == ["libtiny.so"]
     assert not (tmp_path / "wheelhouse").exists()

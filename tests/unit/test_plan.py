@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 from packaging.version import Version
@@ -49,16 +51,19 @@ def test_flashmla_sm120(forge) -> None:
     assert plan.env["FLASH_MLA_DISABLE_SM90"] == "1"
     assert plan.env["FLASH_MLA_DISABLE_SM100"] == "1"
     assert "-gencode=arch=compute_120a,code=sm_120a" in plan.nvcc_flags
-    assert "-gencode=arch=compute_120a,code=sm_120a" in plan.env["NVCC_APPEND_FLAGS"].split()
+    # With both DISABLE flags FlashMLA passes no arch flag, so torch's cpp_extension reads
+    # TORCH_CUDA_ARCH_LIST; NVCC_APPEND_FLAGS never reached it (issue 11).
+    assert plan.env["TORCH_CUDA_ARCH_LIST"].split(";") == ["12.0a+PTX"]
+    assert "NVCC_APPEND_FLAGS" not in plan.env
     assert [a.sm for a in plan.archs] == ["sm_120a"]
-    assert plan.source_kind == "git" and "323f076dd194c18be9d569d1fdf3c2fd8903e2af" in plan.source_pin
+    assert plan.source_kind == "git" and "9241ae3ef9bac614dd25e45e507e089f888280e0" in plan.source_pin
 
 
 def test_flashmla_sm90_disables_only_sm100(forge) -> None:
     plan = plan_for(forge, "flashmla-sm90")
     assert plan.env["FLASH_MLA_DISABLE_SM100"] == "1"
     assert "FLASH_MLA_DISABLE_SM90" not in plan.env
-    assert "NVCC_APPEND_FLAGS" not in plan.env  # the gencode knob is only for 120/121
+    assert "TORCH_CUDA_ARCH_LIST" not in plan.env  # the torch knob is only for 120/121: FlashMLA hard-codes 90a
 
 
 def test_flash_attn_sm120_windows(forge) -> None:
@@ -69,7 +74,7 @@ def test_flash_attn_sm120_windows(forge) -> None:
     assert plan.platform_os == "windows"
     assert "CUDA_HOME" not in plan.env  # this Linux host's toolkit is not the Windows build's
     assert "windows-amd64 host" in plan.toolchain.action
-    assert plan.patches[-1].startswith("0003-setup-MSVC")  # the windows-only patch is selected
+    assert any(p.startswith("0003-setup-MSVC") for p in plan.patches)  # the windows-only patch is selected
 
 
 def test_flash_attn_linux_skips_windows_patch(forge) -> None:
@@ -79,11 +84,54 @@ def test_flash_attn_linux_skips_windows_patch(forge) -> None:
     assert plan.local_version == "cu130torch2.11.sm90"
 
 
-@pytest.mark.parametrize(("cuda", "rendered"), [("13.0", "12.0f"), ("12.8", "12.0a")])
-def test_flashinfer_suffix_follows_cuda(forge, cuda, rendered) -> None:
-    plan = plan_for(forge, "flashinfer-sm120", cuda=cuda)
+@pytest.mark.parametrize(("target", "cuda", "rendered"), [
+    ("flashinfer-sm120", "13.0", "12.0f"), ("flashinfer-sm120", "12.9", "12.0f"), ("flashinfer-sm120", "12.8", "12.0a"),
+    ("flashinfer-sm121", "13.0", "12.1a"),  # FlashInfer 0.6.x: each 12.x minor but 12.0 gets 'a'
+])
+def test_flashinfer_suffix_follows_cuda(forge, target, cuda, rendered) -> None:
+    plan = plan_for(forge, target, cuda=cuda)
     assert plan.env["FLASHINFER_CUDA_ARCH_LIST"] == rendered
     assert plan.env["FLASHINFER_NVCC_THREADS"] == plan.env["NVCC_THREADS"]
+
+
+def _bumped(forge, name: str, version: str):
+    projects = dict(forge.projects)
+    projects[name] = dataclasses.replace(projects[name], upstream_version=version)
+    return dataclasses.replace(forge, projects=MappingProxyType(projects))
+
+
+def test_a_pin_bump_past_the_checked_knobs_fails_the_plan(forge) -> None:
+    assert plan_for(forge, "flash-attn3-sm90").project.knobs_valid_for == "==3.0.0"
+    with pytest.raises(ConfigError, match="checked for upstream ==3.0.0, and the pin is 3.1.0") as exc:
+        plan_for(_bumped(forge, "flash-attn3", "3.1.0"), "flash-attn3-sm90")
+    assert "kforge audit flash-attn3" in exc.value.fix
+
+
+def test_flashinfer_rule_is_only_trusted_for_the_versions_it_was_read_from(forge) -> None:
+    bumped = _bumped(forge, "flashinfer", "0.7.0")
+    bumped = _bumped_knobs(bumped, "flashinfer", ">=0.6.17")  # the knobs were re-checked, the rule was not
+    with pytest.raises(ConfigError, match="arch-suffix rule, which kforge knows for <0.7,>=0.6"):
+        plan_for(bumped, "flashinfer-sm90")
+
+
+def _bumped_knobs(forge, name: str, spec: str):
+    projects = dict(forge.projects)
+    projects[name] = dataclasses.replace(projects[name], knobs_valid_for=spec)
+    return dataclasses.replace(forge, projects=MappingProxyType(projects))
+
+
+def test_cccl_host_include_path_is_a_toolchain_fact(forge) -> None:
+    for target in ("flashmla-sm90", "flash-attn-sm90", "flashinfer-sm90", "fmha-sm90"):
+        assert plan_for(forge, target).env["CPLUS_INCLUDE_PATH"] == "/usr/local/cuda-13.0/include/cccl"
+    old = host(cuda_version=Version("12.8.93"), cuda_home="/usr/local/cuda-12.8", nvcc_path="/usr/local/cuda-12.8/bin/nvcc")
+    assert "CPLUS_INCLUDE_PATH" not in plan_for(forge, "flashmla-sm90", h=old).env
+
+
+def test_fa3_is_offline_and_has_no_sm100(forge) -> None:
+    plan = plan_for(forge, "flash-attn3-sm90")
+    assert plan.env["FLASH_ATTENTION_OFFLINE_BUILD"] == "TRUE"
+    assert plan.env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11.sm90a"  # not a release set: an arch label (kforge.wheelname)
+    assert all(a.major != 10 for a in forge.projects["flash-attn3"].archs)
 
 
 def test_fmha_is_torch_free_and_uses_cmake_archs(forge) -> None:
@@ -222,14 +270,14 @@ def test_flash_attn_sm80_sm120_windows_renders_the_set(forge) -> None:
     assert plan.env["FLASH_ATTN_CUDA_ARCHS"] == "80;120"
     assert [a.sm for a in plan.archs] == ["sm_80", "sm_120"]
     assert plan.local_version == plan.env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11.sm80.sm120"
-    assert plan.patches[-1].startswith("0003-setup-MSVC")
+    assert any(p.startswith("0003-setup-MSVC") for p in plan.patches)  # the Windows patch is selected
 
 
 def test_flashmla_sm100_sm120_plans_both_families(forge) -> None:
     plan = plan_for(forge, "flashmla-sm100+sm120")
     assert [a.sm for a in plan.archs] == ["sm_100f", "sm_120a"]
     assert plan.env["FLASH_MLA_DISABLE_SM90"] == "1" and "FLASH_MLA_DISABLE_SM100" not in plan.env
-    assert "-gencode=arch=compute_120a,code=sm_120a" in plan.env["NVCC_APPEND_FLAGS"].split()
+    assert "12.0a" in plan.env["TORCH_CUDA_ARCH_LIST"]  # sm_120 reaches torch's extension builder (upstream has no gencode for it)
     assert "-gencode=arch=compute_100f,code=sm_100f" in plan.nvcc_flags
     assert plan.local_version == "cu130torch2.11.sm100f.sm120a"
 

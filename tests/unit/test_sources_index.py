@@ -101,4 +101,4 @@ def test_status_of_unfetched_sdist_and_missing_git_source(tmp_path: Path) -> Non
     git = GitSource("externals/FlashMLA", "https://github.com/deepseek-ai/FlashMLA.git", "3" * 40)
     st = sources.status(tmp_path, "flashmla", git)
     assert st.state is SourceState.MISSING and not st.ok
-    assert "git submodule update --init -- externals/FlashMLA" in (st.fix or "")
+    assert "git submodule update --init --recursive -- externals/FlashMLA" in (st.fix or "")

@@ -248,3 +248,21 @@ def test_sccache_when_chosen_and_no_nvcc(tmp_path: Path) -> None:
     assert setup is not None and setup.tool == "sccache"
     assert "CCACHE_DEPEND" not in setup.env and "PYTORCH_NVCC" not in setup.env
     assert setup.nvcc_wrapper is None and setup.notes
+
+
+def test_host_include_env_puts_cccl_first_for_cuda_13() -> None:
+    assert toolchain.host_include_env("/cuda", "13.0") == {"CPLUS_INCLUDE_PATH": "/cuda/include/cccl"}
+    assert toolchain.host_include_env("/cuda", Version("13.0.88"), "/mine:/other") == {
+        "CPLUS_INCLUDE_PATH": "/cuda/include/cccl:/mine:/other"}
+    assert toolchain.host_include_env("/cuda", "13.0", "/x:/cuda/include/cccl") == {
+        "CPLUS_INCLUDE_PATH": "/x:/cuda/include/cccl"}  # never twice
+    assert toolchain.host_include_env("/cuda", "12.9") == {}  # CCCL still in include/ before 13
+
+
+def test_nvcc_env_adds_cccl_only_where_the_toolkit_has_it(tmp_path: Path) -> None:
+    home = tmp_path / "cuda"
+    (home / "include").mkdir(parents=True)
+    nvcc = toolchain.Nvcc(home / "bin" / "nvcc", home, Version("13.0.88"), frozenset())
+    assert "CPLUS_INCLUDE_PATH" not in nvcc.env()
+    (home / "include" / "cccl").mkdir()
+    assert nvcc.env({"CPLUS_INCLUDE_PATH": "/mine"})["CPLUS_INCLUDE_PATH"] == f"{home}/include/cccl:/mine"

@@ -6,7 +6,9 @@ import argparse
 import base64
 import hashlib
 import json
+import os
 import re
+import stat
 import zipfile
 from pathlib import Path
 
@@ -171,3 +173,105 @@ def test_cli_root_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert cmd.wheelhouse_root(argparse.Namespace(wheelhouse=None, root=None)) == (tmp_path / "env-wh").resolve()
     monkeypatch.delenv("KFORGE_WHEELHOUSE")
     assert cmd.wheelhouse_root(argparse.Namespace(wheelhouse=None, root=str(tmp_path))) == tmp_path.resolve() / "wheelhouse"
+
+
+# --------------------------------------------------------------------------- verifies, never trusts
+
+
+def test_a_manifest_whose_sha256_disagrees_is_left_out_and_named(tmp_path: Path) -> None:
+    root = tmp_path / "wh"
+    good = wheelhouse.publish(root, "tiny", make_wheel(tmp_path / "a"), manifest())
+    other = wheelhouse.publish(root, "tiny", make_wheel(tmp_path / "b", version="0.2.0"), manifest())
+    data = json.loads(other.manifest.read_text())
+    data["sha256"] = "0" * 64
+    other.manifest.write_text(json.dumps(data))
+    result = wheelhouse.rebuild_index(root)
+    assert [w.filename for w in result.wheels] == [good.filename]
+    (problem,) = result.problems
+    assert problem.path == other.manifest and "records sha256 000000000000" in problem.what
+    assert "kforge build" in problem.fix and "--replace" in problem.fix
+    page = (root / "simple" / "kforge-tiny" / "index.html").read_text()
+    assert good.filename in page and other.filename not in page
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"sha256": 5}', "\xff\xfe{".encode("latin-1").decode("latin-1")])
+def test_a_corrupt_manifest_is_an_error_naming_the_file_and_the_fix(tmp_path: Path, text: str) -> None:
+    root = tmp_path / "wh"
+    pub = wheelhouse.publish(root, "tiny", make_wheel(tmp_path / "a"), manifest())
+    pub.manifest.write_bytes(text.encode("latin-1"))
+    with pytest.raises(PublishError, match=re.escape(str(pub.manifest)) + " is corrupt") as info:
+        wheelhouse.read_manifest(pub.manifest)
+    assert "kforge wheelhouse clean" in (info.value.fix or "")
+    (problem,) = wheelhouse.scan(root).problems
+    assert problem.path == pub.manifest
+
+
+def test_a_corrupted_wheel_is_refused_by_the_index_and_by_verify(tmp_path: Path) -> None:
+    root = tmp_path / "wh"
+    pub = wheelhouse.publish(root, "tiny", make_wheel(tmp_path / "a"), manifest())
+    assert wheelhouse.verify(root).problems == ()
+    data = bytearray(pub.wheel.read_bytes())
+    data[10] ^= 0xFF  # same size, other bytes
+    pub.wheel.write_bytes(bytes(data))
+    problems = wheelhouse.verify(root).problems
+    assert any(p.path == pub.manifest and "hashes to" in p.what for p in problems)
+    assert any("does not list exactly the verified wheels" in p.what for p in problems)
+
+
+def test_same_file_name_from_two_projects_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "wh"
+    wheelhouse.publish(root, "tiny", make_wheel(tmp_path / "a"), manifest())
+    with pytest.raises(PublishError, match="already published by the project tiny"):
+        wheelhouse.publish(root, "other", make_wheel(tmp_path / "b", body="X = 3\n"), manifest())
+    assert not (root / "other" / "kforge_tiny-0.1.0-py3-none-any.whl").exists()
+
+
+def test_published_files_are_world_readable_whatever_the_umask(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    report.write_text("{}")
+    old = os.umask(0o077)
+    try:
+        wheelhouse.publish(tmp_path / "wh", "tiny", make_wheel(tmp_path / "a"), manifest(), attachments=(report,))
+    finally:
+        os.umask(old)
+    root = tmp_path / "wh"
+    for path in [root, *root.rglob("*")]:
+        if path.name.startswith(".kforge.lock"):
+            continue
+        want = 0o755 if path.is_dir() else 0o644
+        assert stat.S_IMODE(path.stat().st_mode) == want, path
+    assert wheelhouse.verify(root).problems == ()
+    os.chmod(root / "tiny", 0o700)  # an older kforge's modes: verify names them, index fixes them
+    assert any("not world-readable" in p.what for p in wheelhouse.verify(root).problems)
+    wheelhouse.rebuild_index(root)
+    assert wheelhouse.verify(root).problems == ()
+
+
+def test_verify_names_orphans_stale_temps_and_stale_pages(tmp_path: Path) -> None:
+    root = tmp_path / "wh"
+    pub = wheelhouse.publish(root, "tiny", make_wheel(tmp_path / "a"), manifest())
+    make_wheel(root / "tiny", version="0.9.0")  # a wheel without a manifest
+    (root / "tiny" / "gone-1.0-py3-none-any.whl.manifest.json").write_text(pub.manifest.read_text())
+    (root / "tiny" / ".kforge-tmp-x.whl.1").write_bytes(b"half")
+    (root / "simple" / "old-dist").mkdir()
+    (root / "simple" / "old-dist" / "index.html").write_text("<html></html>")
+    whats = sorted(p.what for p in wheelhouse.verify(root).problems)
+    assert any("without a manifest" in w for w in whats)
+    assert any("manifest without its wheel" in w for w in whats)
+    assert any("temporary file" in w for w in whats)
+    assert any("no verified wheel" in w for w in whats)
+
+
+def test_cli_verify_exits_11_on_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "wh"
+    pub = wheelhouse.publish(root, "tiny", make_wheel(tmp_path / "a"), manifest())
+    parser = argparse.ArgumentParser()
+    cmd.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["wheelhouse", "--wheelhouse", str(root), "verify"])
+    assert args.func(args) == 0
+    assert "1 wheel(s), manifests, index and modes verified" in capsys.readouterr().out
+    pub.manifest.write_text("{")
+    with pytest.raises(PublishError) as info:
+        args.func(args)
+    assert info.value.exit_code == 11
+    assert str(pub.manifest) in capsys.readouterr().err

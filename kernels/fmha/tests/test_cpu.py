@@ -272,6 +272,16 @@ def test_not_a_tensor_is_refused() -> None:
         kforge_fmha.fmha_fwd([1, 2], [1], [1])
 
 
+def test_none_is_a_type_error_naming_the_argument() -> None:
+    with pytest.raises(TypeError, match=r"fmha_fwd\(\) needs q: a CUDA tensor"):
+        kforge_fmha.fmha_fwd(None, None, None)
+    q = torch.empty(1, 8, 2, 64, dtype=torch.float16, device="meta")
+    with pytest.raises(TypeError, match=r"needs v"):
+        kforge_fmha.fmha_fwd(q, q, None)
+    with pytest.raises(TypeError, match=r"fmha_varlen_fwd\(\) needs cu_seqlens_k"):
+        kforge_fmha.fmha_varlen_fwd(q[0], q[0], q[0], torch.empty(2, dtype=torch.int32, device="meta"), None, 8, 8)
+
+
 def test_all_errors_share_a_base_class() -> None:
     assert issubclass(FmhaArgumentError, FmhaError) and issubclass(FmhaArgumentError, ValueError)
     assert issubclass(FmhaNoDeviceError, FmhaError)

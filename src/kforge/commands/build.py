@@ -20,6 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wheelhouse", type=Path, help="where to publish (default: <root>/wheelhouse, or $KFORGE_WHEELHOUSE)")
     p.add_argument("--allow-dirty", action="store_true", help="build a dirty or mis-pinned submodule anyway (marked dirty in the manifest)")
     p.add_argument("--ctest", action="store_true", help="cmake backend: run ctest on the build before packing")
+    p.add_argument("--replace", action="store_true",
+                   help="replace a published wheel of the same file name and other bytes (refused otherwise)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="fail at once if another build holds this target's work folder or the wheelhouse")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar (plain log lines)")
     p.set_defaults(func=run)
 
@@ -34,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
             log.info(line.strip() if not line.startswith("    ") else "  " + line.strip())
     build = Run(host=host, environ=environ, wheelhouse_root=wheelhouse_root(args), cache_dir=cache_dir(environ),
                 services=Services.real(plan), log=log, allow_dirty=args.allow_dirty, progress=not args.no_progress,
-                ctest=args.ctest)
+                ctest=args.ctest, replace=args.replace, wait=not args.no_wait)
     outcome = run_build(plan, build)
     for wheel in outcome.wheels:
         print(f"{plan.id}: {wheel}" + (f" ({outcome.repaired_tag})" if outcome.repaired_tag else ""))

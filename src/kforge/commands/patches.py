@@ -44,10 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--repo", help="git repository holding the branch (default: the project's submodule)")
     f.add_argument("--base", help="the pin the branch sits on (default: the project's pinned commit)")
     f.add_argument("--branch", default="HEAD", help="the working branch (default: HEAD of --repo)")
-    c = verb("check", "does the series apply to another upstream version? (touches no checkout)", run_check)
-    g = c.add_mutually_exclusive_group(required=True)
-    g.add_argument("--rev", help="an upstream commit (of the project's git source)")
-    g.add_argument("--sdist-version", help="an sdist version on the index (of the project's sdist source)")
+    c = verb("check", "does the series apply to an upstream version (default: the pinned one)? (touches no checkout)",
+             run_check)
+    g = c.add_mutually_exclusive_group()
+    g.add_argument("--rev", help="an upstream commit (of the project's git source; default: the pinned commit)")
+    g.add_argument("--sdist-version", help="an sdist version on the index (of the project's sdist source; "
+                                           "default: the pinned version)")
+    c.add_argument("--repo", help="with --rev (or the pinned commit): a clone or bare mirror of the upstream to "
+                   "read it from (default: the project's submodule)")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -203,13 +207,29 @@ def run_check(args: argparse.Namespace) -> int:
     forge = forge_from_args(args)
     project = forge.project(args.project)
     series, ctx = _series(project), _context(args, forge, project)
+    if not args.rev and not args.sdist_version:  # the pinned version of the source builds use
+        if isinstance(project.source, sources.GitSource):
+            args.rev = project.source.commit
+        elif isinstance(project.source, sources.SdistSource):
+            args.sdist_version = project.source.version
+        else:
+            raise PatchError(f"project {project.name} builds from a local folder, which has no upstream version",
+                             fix=f"kforge patches status {project.name} checks the series against it")
+        print(f"checking the pinned {'commit ' + args.rev if args.rev else 'sdist ' + args.sdist_version}")
     if args.rev:
         if project.git is None:
             raise PatchError(f"project {project.name} has no git source", fix="use --sdist-version")
-        repo = forge.root / project.git.path
-        if not sources.is_checkout(repo):
-            raise SourceError(f"{project.git.path} is not initialised",
-                              fix=f"kforge sources sync {project.name}, then re-run the check")
+        if args.repo:
+            repo = Path(args.repo)
+            if not sources.is_repository(repo):
+                raise SourceError(f"--repo {args.repo} is not a git repository",
+                                  fix="point --repo at a clone or a bare mirror of the project's upstream")
+        else:
+            repo = forge.root / project.git.path
+            if not sources.is_checkout(repo):
+                raise SourceError(f"{project.git.path} is not initialised",
+                                  fix=f"kforge sources sync {project.name}, then re-run the check "
+                                  "(or pass --repo with a clone or mirror of the upstream)")
         report = patches.check_rev(repo, args.rev, series, ctx)
     else:
         if project.sdist is None:

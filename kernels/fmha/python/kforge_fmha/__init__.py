@@ -69,6 +69,7 @@ def fmha_fwd(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: flo
     return_lse. softmax_scale defaults to 1/sqrt(head_dim). Causal masks are aligned to the
     bottom-right corner (query i sees key j <= i + seqlen_k - seqlen_q).
     """
+    _require("fmha_fwd", q=q, k=k, v=v)
     return _call(q, k, v, None, None, None, None, causal, softmax_scale, return_lse, out, lse,
                  stream)
 
@@ -83,8 +84,16 @@ def fmha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any
     int32 (batch + 1,) prefix sums on the GPU. max_seqlen_q must be >= every query length.
     lse has shape (num_heads, total_q).
     """
+    _require("fmha_varlen_fwd", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     return _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                  softmax_scale, return_lse, out, lse, stream)
+
+
+def _require(func: str, **tensors: Any) -> None:
+    """A missing tensor is a TypeError that names it (not a KeyError from deep inside)."""
+    for name, value in tensors.items():
+        if value is None:
+            raise TypeError(f"{func}() needs {name}: a CUDA tensor (torch, or any DLPack producer), not None")
 
 
 def _call(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, return_lse, out, lse,

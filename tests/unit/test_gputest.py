@@ -1,0 +1,69 @@
+"""kforge.gputest: the test tree is the patched tree the wheel was built from, and pytest sees the build's knobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packaging.version import Version
+
+from kforge.config import load_forge
+from kforge.gputest import prepare_test_tree, pytest_environment
+from kforge.host import HostFacts, Resources
+from kforge.jobs import load_profile
+from kforge.plan import PlanOptions, make_plan
+from kforge.targets import parse_target
+
+FORGE = """
+[platforms.linux-x86_64]
+alias = "linux"
+os = "linux"
+
+[projects.demo]
+source = { local = "kernels/demo" }
+archs = ["sm_90"]
+arch_knobs = [{ env = "DEMO_ARCHS", format = "numbers" }]
+env = { DEMO_DISABLE_HDIM64 = "TRUE" }
+patches = "patches/demo"
+gpu_tests = { paths = ["tests/test_smoke.py"] }
+"""
+
+PATCH = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: kforge <kforge@users.noreply.invalid>
+Subject: [PATCH] tests: a smoke file
+
+---
+diff --git a/tests/test_smoke.py b/tests/test_smoke.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_smoke.py
+@@ -0,0 +1 @@
++def test_smoke(): pass
+"""
+
+
+def _plan(root: Path):
+    forge = load_forge(root)
+    host = HostFacts(platform="linux-x86_64", python="3.12", resources=Resources(4, 8 << 30, 16 << 30),
+                     cuda_version=Version("13.0.88"), nvcc_path="/cuda/bin/nvcc", cuda_home="/cuda")
+    target = parse_target(forge, "demo-sm90", host.platform)
+    return forge, make_plan(forge, target, host, PlanOptions(), job_profile=load_profile(root / "cache", "demo", 1))
+
+
+def test_tests_run_on_the_patched_tree_with_the_builds_env(tmp_path: Path) -> None:
+    (tmp_path / "forge.toml").write_text(FORGE)
+    (tmp_path / "kernels" / "demo" / "tests").mkdir(parents=True)
+    (tmp_path / "kernels" / "demo" / "setup.py").write_text("")
+    (tmp_path / "patches" / "demo").mkdir(parents=True)
+    (tmp_path / "patches" / "demo" / "0001-smoke.patch").write_text(PATCH)
+    (tmp_path / "patches" / "demo" / "series").write_text("0001-smoke.patch\n")
+    _forge, plan = _plan(tmp_path)
+
+    tree, applied = prepare_test_tree(plan, tmp_path / ".kforge" / "work" / "t", cache_dir=tmp_path / "cache")
+    assert applied == ("0001-smoke.patch",)
+    assert (tree / "tests" / "test_smoke.py").read_text() == "def test_smoke(): pass\n"
+    assert not (tmp_path / "kernels" / "demo" / "tests" / "test_smoke.py").exists()  # the source stays pristine
+
+    env = pytest_environment({"PATH": "/bin", "DEMO_DISABLE_HDIM64": "FALSE"}, plan)
+    assert env["PATH"] == "/bin"
+    assert env["DEMO_DISABLE_HDIM64"] == "TRUE"  # the build's value wins: the tests must match the wheel
+    assert env["DEMO_ARCHS"] == "90"
