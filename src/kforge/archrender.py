@@ -24,7 +24,7 @@ from typing import Literal, Protocol
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from kforge.arch import Arch, as_cuda_version
+from kforge.arch import KNOWN_ARCHS, Arch, as_cuda_version
 from kforge.errors import ArchError, ToolchainError, did_you_mean
 
 PtxPolicy = bool | Literal["last"]
@@ -142,9 +142,9 @@ FLASHINFER_RULE_VALID_FOR = SpecifierSet(">=0.6,<0.7")
 collapsed to 12.0). ``kforge plan`` refuses a project with ``variant_rule = "flashinfer"`` whose
 ``upstream_version`` is outside this range: re-read that file at the new pin, then widen it."""
 
-FLASHINFER_FAMILY_FROM = Version("12.9")
-"""FlashInfer 0.6.x: a bare 12.0 becomes ``12.0f`` from CUDA 12.9 on (and a bare 12.x raises
-"SM 12.x requires CUDA >= 12.9" below that)."""
+FLASHINFER_FAMILY_FROM = KNOWN_ARCHS[120].min_cuda_variant["f"]
+"""FlashInfer 0.6.x: a bare 12.0 becomes ``12.0f`` from the first CUDA that has ``compute_120f`` (12.9, from
+the arch table), and a bare 12.x raises "SM 12.x requires CUDA >= 12.9" below that."""
 
 
 def default_variant(arch: Arch, cuda: Version | str) -> Arch:

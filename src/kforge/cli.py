@@ -15,7 +15,7 @@ import sys
 import traceback
 from collections.abc import Mapping, Sequence
 
-from kforge import __version__, inputs
+from kforge import __version__, inputs, runstatus
 from kforge.errors import KforgeError, as_error
 
 #: Subcommand modules under kforge.commands, in the order ``kforge --help`` lists them.
@@ -50,6 +50,8 @@ def report_error(exc: KforgeError, *, verbose: bool) -> None:
     if verbose:
         traceback.print_exception(exc)
     print(f"kforge: {exc.kind} error: {exc.render()}", file=sys.stderr)
+    # nox reports every failure as exit 1: keep the kind for CI's job summary ($KFORGE_STATUS_FILE, if set)
+    runstatus.record(os.environ, runstatus.RunStatus(" ".join(sys.argv[1:]), exc.exit_code, exc.kind, exc.render()))
 
 
 def debug_enabled(environ: Mapping[str, str] | None = None) -> bool:

@@ -7,6 +7,7 @@ part the job model (:mod:`kforge.jobs`) reads.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform as _platform
 import shutil
@@ -90,15 +91,45 @@ def _cgroup_room(proc: Path, sys_fs_cgroup: Path) -> tuple[int | None, int | Non
     return None, None
 
 
+class _MemoryStatusEx(ctypes.Structure):
+    """Windows' MEMORYSTATUSEX."""
+
+    _fields_ = [("dwLength", ctypes.c_ulong), ("dwMemoryLoad", ctypes.c_ulong)] + [
+        (name, ctypes.c_ulonglong) for name in ("ullTotalPhys", "ullAvailPhys", "ullTotalPageFile", "ullAvailPageFile",
+                                                 "ullTotalVirtual", "ullAvailVirtual", "ullAvailExtendedVirtual")]
+
+
+def global_memory_status() -> tuple[int, int] | None:
+    """(available, total) bytes of physical memory from Windows' GlobalMemoryStatusEx; None elsewhere."""
+    windll = getattr(ctypes, "windll", None)
+    if windll is None:
+        return None
+    status = _MemoryStatusEx()
+    status.dwLength = ctypes.sizeof(status)
+    if not windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):
+        return None
+    return int(status.ullAvailPhys), int(status.ullTotalPhys)
+
+
 def detect_resources(
     *,
     proc: Path = Path("/proc"),
     sys_fs_cgroup: Path = Path("/sys/fs/cgroup"),
     affinity: Callable[[int], set[int]] | None = None,
+    memory_status: Callable[[], tuple[int, int] | None] = global_memory_status,
 ) -> Resources:
-    """Read cpus (scheduler affinity) and memory (MemAvailable, lowered to the cgroup's room)."""
+    """Read cpus (scheduler affinity) and memory (MemAvailable, lowered to the cgroup's room).
+
+    Without ``/proc/meminfo`` (Windows), memory comes from ``memory_status`` (GlobalMemoryStatusEx).
+    """
     aff = affinity or getattr(os, "sched_getaffinity", None)
     cpus = len(aff(0)) if aff else (os.cpu_count() or 1)
+    if not (proc / "meminfo").is_file():
+        mem = memory_status()
+        if mem is None:
+            raise KforgeError(f"cannot tell how much memory this machine has: no {proc / 'meminfo'}, no GlobalMemoryStatusEx",
+                              fix="pass --max-jobs N (and --nvcc-threads N) to choose the build's parallelism yourself")
+        return Resources(cpus=max(1, cpus), mem_available=mem[0], mem_total=mem[1], source="GlobalMemoryStatusEx")
     info = _meminfo(proc)
     total = info.get("MemTotal", 0)
     available = info.get("MemAvailable", info.get("MemFree", 0))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kforge.errors import KforgeError
 from kforge.host import GiB, detect_gpu, detect_resources, platform_name
 
 
@@ -63,6 +64,15 @@ def test_detect_resources_reads_meminfo_and_affinity(tmp_path: Path) -> None:
     assert host.mem_total == 64 * GiB
     assert host.mem_available == 48 * GiB
     assert "MemAvailable" in host.source
+
+
+def test_detect_resources_without_proc_meminfo_asks_windows(tmp_path: Path) -> None:
+    """A Windows runner has no /proc/meminfo: memory comes from GlobalMemoryStatusEx (injected here)."""
+    host = detect_resources(proc=tmp_path / "no-proc", sys_fs_cgroup=tmp_path / "cg", affinity=lambda pid: {0, 1},
+                            memory_status=lambda: (6 * GiB, 16 * GiB))
+    assert (host.cpus, host.mem_available, host.mem_total, host.source) == (2, 6 * GiB, 16 * GiB, "GlobalMemoryStatusEx")
+    with pytest.raises(KforgeError, match="--max-jobs"):
+        detect_resources(proc=tmp_path / "no-proc", sys_fs_cgroup=tmp_path / "cg", memory_status=lambda: None)
 
 
 def test_detect_resources_lowers_to_cgroup_v2_room(tmp_path: Path) -> None:

@@ -62,3 +62,26 @@ def test_jobs_and_buildrun_have_no_cycle_and_host_needs_no_jobs() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(SRC.parent)}).stdout
     assert out.strip() == "['kforge.jobs']"  # jobs needs no buildrun; host and measure need neither
+
+
+def test_nox_can_load_forge_toml_without_kforges_dependencies():
+    """nox imports kforge.sessions (and through it config) from its own environment, before kforge is installed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('elftools', 'auditwheel', 'pefile', 'rich', 'filelock', 'yaml', 'wheel'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"sys.path.insert(0, {str(root / 'src')!r})\n"
+        "import kforge.sessions\n"
+        "from kforge.config import load_forge\n"
+        f"print(len(load_forge(__import__('pathlib').Path({str(root)!r})).projects))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True)
+    assert out.returncode == 0 and int(out.stdout) >= 1, out.stderr

@@ -44,7 +44,7 @@ CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/rhel8/{rep
 #: Wheels of torch built for one CUDA: cu130, cu128, ...
 TORCH_INDEX = "https://download.pytorch.org/whl/cu{major}{minor}"
 #: Variables that name paths on the host where the plan was made; never copied into CIBW_ENVIRONMENT.
-HOST_ONLY = ("CUDA_HOME", "CUDA_PATH", "CUDACXX", "PATH", "PYTORCH_NVCC")
+HOST_ONLY = ("CUDA_HOME", "CUDA_PATH", "CUDACXX", "PATH", "PYTORCH_NVCC", "CPLUS_INCLUDE_PATH")
 #: The knobs kforge's OOM retry changes between attempts.
 JOB_KNOBS = ("MAX_JOBS", "NVCC_THREADS", "CMAKE_BUILD_PARALLEL_LEVEL")
 #: What a build without isolation needs besides torch.
@@ -206,8 +206,10 @@ def cibuildwheel_env(
     excludes = tuple(getattr(project, "repair_exclude", ()) or ())
     if platform_os == "linux":
         home = f"/usr/local/cuda-{cuda.major}.{cuda.minor}"
-        out["CIBW_ENVIRONMENT"] = environment_string(
-            {**env, "CUDA_HOME": home, "CUDACXX": f"{home}/bin/nvcc"}, raw={"PATH": f"{home}/bin:$PATH"})
+        inside = {**env, "CUDA_HOME": home, "CUDACXX": f"{home}/bin/nvcc"}
+        if "CPLUS_INCLUDE_PATH" in plan.env:  # CUDA >= 13's CCCL for g++, at the container's toolkit
+            inside["CPLUS_INCLUDE_PATH"] = f"{home}/include/cccl"
+        out["CIBW_ENVIRONMENT"] = environment_string(inside, raw={"PATH": f"{home}/bin:$PATH"})
         if pass_jobs:
             out["CIBW_ENVIRONMENT_PASS_LINUX"] = " ".join(knobs)
         if image_ref:  # kforge's own image: CUDA inside, repair on the host against the platform tag
