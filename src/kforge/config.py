@@ -39,6 +39,7 @@ FORGE_FILE = "forge.toml"
 _MANYLINUX_TAG = re.compile(r"^manylinux_[0-9]+_[0-9]+$")
 VARIANT_RULES = ("declared", "flashinfer")
 RELEASE_SET = "release"  # the arch set whose wheels carry no arch label (docs/forge-toml.md, "Targets and wheel names")
+ARCH_ENFORCE_MODES = ("on", "check", "off")  # kforge.nvccwrap.MODES
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class Project:
     platform_tag: str | None = None  # the oldest manylinux tag its Linux wheels must reach (repair enforces it)
     #: archs (base spelling, ``sm_120``) that plan but cannot build yet, with the reason: CI leaves them out
     unbuildable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    arch_enforce: str = "on"  # on | check | off: kforge's nvcc wrapper enforces the plan's archs (kforge.archenforce)
 
     def unbuildable_reason(self, arch: Arch) -> str | None:
         return self.unbuildable.get(arch.base.sm)
@@ -306,6 +308,7 @@ class ProjectTable:
     platform_tag: str | None = None  # the oldest manylinux tag the project's Linux wheels must reach
     unbuildable: Mapping[str, str] = field(default_factory=_empty)  # arch -> why it can't build yet
     arch_sets: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)  # each a set of declared archs
+    arch_enforce: str = "on"  # on | check | off (kforge.archenforce)
 
 
 @dataclass(frozen=True)
@@ -468,6 +471,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         _one_of(r, f"{key}.platforms[{i}]", p, tuple(platforms), f"'{p}' is not a declared platform")
     _one_of(r, f"{key}.backend", t.backend, tuple(BACKENDS), f"'{t.backend}' is not a backend")
     _one_of(r, f"{key}.variant_rule", t.variant_rule, VARIANT_RULES)
+    _one_of(r, f"{key}.arch_enforce", t.arch_enforce, ARCH_ENFORCE_MODES)
     if t.compile_units is not None and t.compile_units <= 0:
         raise r.error(f"{key}.compile_units", "must be a positive integer")
     git, sdist, local, source = _sources(r, f"{key}.source", t.source)
@@ -482,6 +486,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         env=t.env, local_version_env=t.local_version_env, threads_env=t.threads_env,
         patches=(root / t.patches).resolve() if t.patches else None, gpu_tests=t.gpu_tests,
         compile_units=t.compile_units, repair_exclude=t.repair_exclude, knobs_valid_for=t.knobs_valid_for,
+        arch_enforce=t.arch_enforce,
         unbuildable=_unbuildable(r, key, t, archs),
         platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag),
         arch_sets=_arch_sets(r, f"{key}.arch_sets", t.arch_sets, archs, platforms),

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from kforge import (
+    archenforce,
     doctor,
     jobs,
     locking,
@@ -39,6 +40,7 @@ from kforge import (
     wheelhouse,
 )
 from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
+from kforge.doctor.judgement import Judgement
 from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import BuildError, DoctorError, ToolchainError
 from kforge.host import HostFacts
@@ -102,6 +104,7 @@ class ToolchainResult:
     env: Mapping[str, str]  # the build's whole environment: os.environ + plan.env + nvcc + compiler cache
     nvcc: toolchain.Nvcc
     torch: toolchain.TorchInfo | None
+    wrapper: archenforce.WrapperSetup | None = None  # kforge's nvcc wrapper, where the plan enforces archs
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,41 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
     if cache is not None:
         env.update(cache.env)
         run.log.info(f"compiler cache: {cache.tool} ({cache.path})")
-    return ToolchainResult(MappingProxyType(env), nvcc, torch)
+    tree = done.source.tree / plan.build_dir if done.source is not None else None
+    wrapper = install_enforcement(plan, env, nvcc, cache, tree, run.log.info)
+    return ToolchainResult(MappingProxyType(env), nvcc, torch, wrapper)
+
+
+def install_enforcement(plan: Plan, env: dict[str, str], nvcc: toolchain.Nvcc, cache: toolchain.CacheSetup | None,
+                        tree: Path | None, say: Callable[[str], None]) -> archenforce.WrapperSetup | None:
+    """Route every nvcc call of the build through kforge's wrapper (kforge.archenforce), unless the plan says off."""
+    enforce = plan.enforce
+    if enforce is None or enforce.mode == "off" or os.name != "posix" or plan.backend == "cibuildwheel":
+        return None
+    setup = archenforce.install(enforce, nvcc=nvcc.path, cuda_home=nvcc.home, dest=plan.work_dir / "nvcc-wrap",
+                                launcher=cache.path if cache is not None else None,
+                                short_deps=cache is not None and cache.tool == "ccache", env=env)
+    env.update(setup.env)
+    found = archenforce.scan_build_scripts(tree) if tree is not None else ()
+    say(f"arch enforcement {enforce.mode}: every nvcc step gets {enforce.contents()}"
+        + (f"; the build scripts write their own arch flags ({len(found)} line(s), e.g. {found[0]})" if found else ""))
+    return setup
+
+
+def judgement(plan: Plan) -> Judgement:
+    """What the doctor holds this build's binaries to (exactly the plan's SASS, and PTX where the wrapper rewrote);
+    the manifest records it, so `kforge doctor` on the published wheel judges it the same way."""
+    e = plan.enforce
+    if e is None or not e.exact:
+        return Judgement(policy=plan.repair_policy, expect=tuple(a.sm for a in plan.archs))
+    return Judgement(policy=plan.repair_policy, expect=(*e.sass, *(e.ptx if e.exact_ptx else ())), exact=True,
+                     exact_ptx=e.exact_ptx)
+
+
+def _verify(report: doctor.WheelReport | doctor.BinaryReport, plan: Plan) -> list[doctor.Finding]:
+    j = judgement(plan)
+    expect: list[object] = list(j.expect) if j.exact else list(plan.archs)
+    return doctor.verify(report, expect, j.policy, exact=j.exact, exact_ptx=j.exact_ptx)
 
 
 def isolate_git(env: dict[str, str], work: Path) -> None:
@@ -247,7 +284,14 @@ def report_step(plan: Plan, run: Run, done: Done) -> ReportResult:
     entries = [e for path in done.build.ninja_logs for e in report.parse_ninja_log(path)]
     peaks = {u.output: u.peak_rss for u in done.build.units}
     build_report = report.build_report(entries, peaks, title=plan.id)
-    report_json, timeline = report.write_report(build_report, plan.work_dir / "report")
+    sections: dict[str, object] = {}
+    wrapper = done.toolchain.wrapper if done.toolchain is not None else None
+    if wrapper is not None and plan.enforce is not None:
+        summary = archenforce.summarize(wrapper.log, plan.enforce.mode)
+        for line in summary.lines():
+            run.log.info(line)
+        sections["arch_enforcement"] = summary.to_dict()
+    report_json, timeline = report.write_report(build_report, plan.work_dir / "report", sections=sections)
     run.log.info(f"{len(build_report.units)} compile units; timeline {timeline}")
     return ReportResult(report_json, timeline)
 
@@ -276,7 +320,7 @@ def doctor_wheels_step(plan: Plan, run: Run, done: Done) -> DoctorResult:
     checked = []
     for fixed in done.repair:
         wheel_report = run.services.inspect_wheel(fixed.wheel)
-        findings = tuple(doctor.verify(wheel_report, plan.archs, plan.repair_policy))
+        findings = tuple(_verify(wheel_report, plan))
         for finding in findings:
             run.log.info(str(finding))
         checked.append(CheckedWheel(fixed.wheel, fixed.tag, wheel_report, findings))
@@ -292,7 +336,7 @@ def doctor_library_step(plan: Plan, run: Run, done: Done) -> DoctorResult:
     if not binaries:
         raise DoctorError(f"the {plan.backend} build installed no shared library", fix="check the project's install() rules")
     for binary in binaries:
-        for finding in doctor.verify(run.services.inspect_binary(binary), plan.archs, plan.repair_policy):
+        for finding in _verify(run.services.inspect_binary(binary), plan):
             run.log.info(str(finding))
         run.log.info(f"{binary.name}: has {', '.join(a.sm for a in plan.archs)}")
     run.log.info(f"C library archive: {done.build.artifact} (the wheelhouse indexes wheels only; --backend native for one)")
@@ -326,7 +370,7 @@ def manifest(plan: Plan, run: Run, done: Done, checked: CheckedWheel) -> wheelho
         host={"platform": host.platform, "machine": _platform.node(), "cpus": host.cpus, "mem_total": host.mem_total},
         built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         build_seconds=round(done.build.seconds, 1), peak_rss=done.build.peak_rss, repaired_tag=checked.tag,
-        doctor=doctor.to_dict(checked.report, list(checked.findings)),
+        doctor={**doctor.to_dict(checked.report, list(checked.findings)), "judged_by": judgement(plan).to_dict()},
     )
 
 
@@ -351,7 +395,8 @@ class Step:
 
 
 def _expects(plan: Plan, run: Run, done: Done) -> str:
-    return "expects " + " ".join(a.sm for a in plan.archs)
+    j = judgement(plan)
+    return ("exactly " if j.exact else "expects ") + " ".join(j.expect)
 
 
 def _repair_detail(plan: Plan, run: Run, done: Done) -> str:

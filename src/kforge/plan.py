@@ -22,6 +22,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kforge.arch import Arch, as_cuda_version, require_supported
+from kforge.archenforce import ArchEnforcement, plan_enforcement
 from kforge.archrender import FLASHINFER_RULE_VALID_FOR, default_variant, render_gencode, render_knob
 from kforge.backends import BACKENDS
 from kforge.config import ArchKnob, Forge, GpuTests, Platform, Project, normalise_env_value
@@ -92,6 +93,7 @@ class Plan:
     gpu_tests: GpuTests | None
     image: str | None = None  # the cibuildwheel backend's Linux image (None: not a cibuildwheel Linux build)
     platform_tag: str | None = None  # manylinux_2_28: the repair must reach it, or fail naming the symbols
+    enforce: ArchEnforcement | None = None  # kforge.archenforce: the archs (and threads) the nvcc wrapper enforces
 
     @property
     def id(self) -> str:
@@ -140,6 +142,7 @@ class Plan:
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
             "image": self.image,
             "platform_tag": self.platform_tag,
+            "arch_enforce": self.enforce.to_dict() if self.enforce else None,
         }
 
     def to_json(self) -> str:
@@ -169,6 +172,12 @@ class Plan:
             "  nvcc flags  " + " ".join(self.nvcc_flags),
             f"  platform    {self.platform_tag or 'the best tag the binaries allow'}"
             + (f" (image {self.image})" if self.image else ""),
+        ]
+        if self.enforce is not None:  # kforge.archenforce: what binaries hold, and how that is made true
+            held = "every CUDA binary holds exactly" if self.enforce.exact else "every CUDA binary holds at least"
+            lines += [f"  binaries    {held} {self.enforce.contents()} (the doctor checks it)",
+                      f"  enforce     {self.enforce.describe()}"]
+        lines += [
             "  env",
         ]
         lines += [f"    {key}={value}" for key, value in self.env.items()]
@@ -242,12 +251,13 @@ def make_plan(
     series = load_series(project.patches)
     selected = Series(series.directory, series.select(ctx), series.header)
     kind, pin = _source(project)
+    nvcc_flags = render_gencode(archs)
     return Plan(
         target=target, project=project, root=forge.root, work_dir=work_root(forge.root) / target.id,
         profile=profile, source=project.source, source_kind=kind, source_pin=pin,
         patches_dir=str(project.patches.relative_to(forge.root)) if project.patches else None,
         series=selected, patch_context=ctx, series_hash=series_hash(series, ctx) if selected.entries else None,
-        archs=archs, env=env, nvcc_flags=render_gencode(archs), backend=backend, build_dir=project.build_dir,
+        archs=archs, env=env, nvcc_flags=nvcc_flags, backend=backend, build_dir=project.build_dir,
         build_isolation=project.build_isolation and options.build_isolation is not False,
         jobs=jobs, toolchain=toolchain, local_version=local_version,
         local_version_in_wheel=bool(local_version) and not project.local_version_env,
@@ -258,6 +268,7 @@ def make_plan(
         gpu_tests=project.gpu_tests,
         image=_image(backend, platform.os, options),
         platform_tag=_platform_tag(project, platform.os, options),
+        enforce=_enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads),
     )
 
 
@@ -279,6 +290,21 @@ def _platform_tag(project: Project, platform_os: str, options: PlanOptions) -> s
     if raw is None and options.image:
         raw = image_platform_tag(options.image)  # a kforge image promises its glibc's tag
     return parse_tag(raw) if raw else None
+
+
+def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str, flags: tuple[str, ...],
+                 threads: int) -> ArchEnforcement:
+    """Arch enforcement (kforge.archenforce), with the build scripts scanned where the source is on disk."""
+    src = project.source
+    tree, note = None, ""
+    if isinstance(src, (GitSource, LocalSource)):
+        tree = forge.root / src.path / project.build_dir
+    elif project.git is not None:  # an sdist build: the same upstream's submodule, if checked out, tells
+        tree = forge.root / project.git.path / project.build_dir
+    else:
+        note = "the sdist is scanned when fetched: the build log lists what the wrapper rewrote"
+    return plan_enforcement(project.arch_enforce, flags, threads, backend=backend, platform_os=platform_os,
+                            scripts_dir=tree, scan_note=note)
 
 
 def _profile_name(project: Project, asked: str | None) -> str | None:

@@ -148,8 +148,12 @@ def _peak_for(output: str, peaks: Mapping[str, int]) -> int | None:
     return None
 
 
-def write_report(report: BuildReport, out_dir: Path) -> tuple[Path, Path]:
-    """Write ``report.json`` and ``timeline.html`` into ``out_dir``; return their paths."""
+def write_report(report: BuildReport, out_dir: Path, *,
+                 sections: Mapping[str, object] | None = None) -> tuple[Path, Path]:
+    """Write ``report.json`` and ``timeline.html`` into ``out_dir``; return their paths.
+
+    ``sections`` are added to ``report.json`` as they are (e.g. ``arch_enforcement``).
+    """
     out_dir = Path(out_dir)
     data = {
         "title": report.title,
@@ -158,6 +162,7 @@ def write_report(report: BuildReport, out_dir: Path) -> tuple[Path, Path]:
         "max_parallel": report.max_parallel,
         "peak_rss_max": report.peak_rss_max,
         "units": [asdict(u) for u in report.units],
+        **dict(sections or {}),
     }
     json_path, html_path = out_dir / "report.json", out_dir / "timeline.html"
     atomic_write_text(json_path, json.dumps(data, indent=2) + "\n")

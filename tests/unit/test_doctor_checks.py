@@ -200,3 +200,34 @@ def test_a_binary_with_an_arch_outside_the_table_is_still_described() -> None:
 def test_finding_prints_as_one_line() -> None:
     (finding,) = check(binary("sm_80"), expect_archs=["sm_86"])
     assert str(finding) == f"info: {finding.message}"
+
+
+# ---------------------------------------------------------------------------- exact mode
+
+
+def test_exact_mode_flags_extra_and_missing_archs_by_name() -> None:
+    rep = wheel(binary("sm_75", "sm_90", "compute_90", path="pkg/_a.so"), binary("sm_90a", path="pkg/_b.so"))
+    loose = check(rep, expect_archs=["sm_90"])
+    assert not [f for f in loose if f.is_error]  # sm_90a runs on 9.0 and the extra sm_75 is not judged
+    found = {(f.code, f.binary, f.arch) for f in check(rep, expect_archs=["sm_90", "compute_90"], exact=True)}
+    assert found == {("extra-arch", "pkg/_a.so", "sm_75"), ("missing-arch", "pkg/_b.so", "sm_90"),
+                     ("missing-ptx", "pkg/_b.so", "compute_90"), ("extra-arch", "pkg/_b.so", "sm_90a")}
+    assert check(binary("sm_90", "compute_90"), expect_archs=["sm_90", "compute_90"], exact=True) == []
+    with pytest.raises(DoctorError) as info:
+        verify(rep, ["sm_90", "compute_90"], exact=True)
+    assert "carries SASS sm_75, which the plan did not ask for" in info.value.render()
+    assert "arch_enforce" in (info.value.fix or "")
+
+
+def test_exact_mode_flags_extra_ptx_and_skips_vendored_libraries() -> None:
+    rep = wheel(binary("sm_90", "compute_80", "compute_90", path="pkg/_a.so"),
+                binary("sm_80", path="pkg.libs/libother.so"))
+    found = [(f.code, f.arch) for f in check(rep, expect_archs=["sm_90", "compute_90"], exact=True)]
+    assert found == [("extra-ptx", "compute_80")]
+
+
+def test_exact_sass_only_leaves_ptx_to_the_upstream() -> None:
+    rep = binary("sm_75", "sm_90", "compute_75", path="pkg/_a.so")
+    found = [(f.code, f.arch) for f in check(rep, expect_archs=["sm_90", "compute_90"], exact=True, exact_ptx=False)]
+    assert found == [("extra-arch", "sm_75")]  # no missing-ptx compute_90, no extra-ptx compute_75
+    assert check(binary("sm_90"), expect_archs=["sm_90", "compute_90"], exact=True, exact_ptx=False) == []

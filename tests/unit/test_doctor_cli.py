@@ -93,3 +93,14 @@ def test_inspect_wheel_on_a_directory(tmp_path: Path) -> None:
         inspect_wheel(tmp_path)
     (tmp_path / "b-1.0-py3-none-any.whl").unlink()
     assert inspect_wheel(tmp_path).name == "a"
+
+
+def test_exact_needs_archs_and_a_broken_manifest_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(f, "w") as zf:
+        zf.writestr("pkg/__init__.py", "")
+    code, _, err = run(["doctor", str(f), "--exact"], capsys)
+    assert code == DoctorError.exit_code and "--exact needs the archs" in err and "Traceback" not in err
+    Path(str(f) + ".manifest.json").write_text("{not json")
+    code, _, err = run(["doctor", str(f)], capsys)
+    assert code == DoctorError.exit_code and "cannot read the wheel's manifest" in err and "Traceback" not in err

@@ -75,7 +75,7 @@ def fake_repair(wheel: Path, out_dir: Path, *, platform, policy, platform_policy
 
 
 def fatbin(arch: str) -> FatbinEntry:
-    kind, a = "sass", parse_arch(arch)
+    kind, a = "ptx" if arch.startswith("compute_") else "sass", parse_arch(arch)
     return FatbinEntry(kind=kind, arch=arch, major=a.major, minor=a.minor, variant=a.variant, compressed=False,
                        compression=None, size=10, uncompressed_size=10, version="1.8", section=".nv_fatbin",
                        container=0, offset=0, relocatable=False)
@@ -112,8 +112,10 @@ def mono(tmp_path: Path, forge_and_plan):  # noqa: ANN001
 def make_run(tmp_path: Path, plan, host, *, inspect=None, environ=None) -> tuple[pipeline.Run, FakeBackend]:  # noqa: ANN001
     backend = FakeBackend()
     services = pipeline.Services(backend=backend, repair_wheel=fake_repair, find_nvcc=fake_nvcc(tmp_path),
-                                 detect_torch=lambda python: None, inspect_wheel=inspect or inspect_as("sm_90"),
-                                 inspect_binary=lambda path: binary_with("sm_90"))
+                                 detect_torch=lambda python: None,
+                                 # what kforge's nvcc wrapper makes a sm_90 build hold (kforge.archenforce)
+                                 inspect_wheel=inspect or inspect_as("sm_90", "compute_90"),
+                                 inspect_binary=lambda path: binary_with("sm_90", "compute_90"))
     env = {"PATH": "/usr/bin:/bin", "KFORGE_COMPILER_CACHE": "none", **(environ or {})}
     run = pipeline.Run(host=host, environ=env, wheelhouse_root=tmp_path / "wheelhouse", cache_dir=tmp_path / "cache",
                        services=services, log=StepLog(total=9, title=plan.id, environ={}), progress=False)
@@ -129,7 +131,9 @@ def test_the_whole_chain_with_fakes_publishes_a_verified_wheel_and_runs_gpu_test
     (request,) = backend.requests
     assert request.env["TINY_THREADS"] == request.env["NVCC_THREADS"] == "3"  # --env reached the project's variable
     assert request.tree == outcome.done.source.tree and request.forge_pythons == plan.pythons
-    assert str(tmp_path / "cuda" / "bin") == request.env["PATH"].split(":")[0]
+    # kforge's nvcc wrapper (a shadow CUDA home, kforge.archenforce) comes first, then the toolkit's bin
+    assert request.env["PATH"].split(":")[:2] == [str(plan.work_dir / "nvcc-wrap" / "cuda" / "bin"), str(tmp_path / "cuda" / "bin")]
+    assert request.env["PYTORCH_NVCC"] == request.env["CUDA_HOME"] + "/bin/nvcc"
     assert [s for s in run.log.timings] == ["preflight", "source", "patches", "toolchain", "build", "report", "repair", "doctor",
                                            "publish"]
     done = outcome.done

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
-from kforge import toolchain
+from kforge import nvccwrap, toolchain
 from kforge.errors import ToolchainError
 
 
@@ -233,8 +234,9 @@ def test_ccache_setup_env_and_wrappers(tmp_path: Path) -> None:
     assert env["PYTORCH_NVCC"] == str(tmp_path / "w" / "nvcc")
     assert env["CCACHE_DEPEND"] == "1" and env["CCACHE_COMPILERCHECK"] == "content"
     wrapper = (tmp_path / "w" / "nvcc").read_text()
-    assert "--generate-dependencies-with-compile) args+=(-MD)" in wrapper
-    assert "exec '/usr/bin/ccache' '/usr/local/cuda/bin/nvcc'" in wrapper
+    config = nvccwrap.Config.from_json(shlex.split(wrapper.splitlines()[-1])[4])  # exec python -I boot CONFIG "$@"
+    assert config.policy.mode == "off" and config.short_deps  # the cache's wrapper enforces nothing
+    assert (config.launcher, config.nvcc) == ("/usr/bin/ccache", "/usr/local/cuda/bin/nvcc")
     assert "exec '/usr/bin/ccache' '/usr/bin/c++'" in (tmp_path / "w" / "c++").read_text()
     assert not (tmp_path / "w" / "cc").exists()  # no real cc found, no wrapper
     # the user's own settings win

@@ -18,6 +18,12 @@ CUDA device code, except libraries a repair tool vendored into ``*.libs/``):
 ``compute_120a`` (PTX)
     needs exactly that PTX.
 
+Exact mode (``exact=True``, what a build whose plan enforces archs uses, and ``kforge doctor
+--exact``) holds every judged binary to exactly the expected names: each expected SASS and PTX
+must be there by name (a compatible ``sm_90a`` does not stand in for ``sm_90``), and any other
+SASS or PTX is an error naming the binary and the arch (``extra-arch``, ``extra-ptx``). With
+``exact_ptx=False`` (a build whose wrapper only checks) PTX is left to the upstream.
+
 Relocatable device code (``__nv_relfatbin`` of an ``-rdc=true`` object that was never
 device-linked) does not count: the driver cannot load it.
 """
@@ -29,6 +35,7 @@ from collections.abc import Sequence
 
 from kforge.arch import PTX, Arch, code_kind, parse_arch
 from kforge.doctor.model import BinaryReport, Finding, WheelReport
+from kforge.doctor.resources import resource_findings
 from kforge.errors import DoctorError
 from kforge.repairpolicy import RepairPolicy, unmangle
 
@@ -40,8 +47,12 @@ def check(
     *,
     expect_archs: Sequence[str | Arch] = (),
     policy: RepairPolicy | None = None,
+    exact: bool = False,
+    exact_ptx: bool = True,
 ) -> list[Finding]:
     """Every finding for ``report``: errors first, then warnings, then info.
+
+    ``exact_ptx=False`` (with ``exact``) holds SASS exactly and leaves PTX unjudged.
 
     ``policy`` None skips the library checks (bundled-but-excluded and unbundled NEEDED).
     """
@@ -62,10 +73,15 @@ def check(
             )
         )
     for binary in judged:
+        if exact:
+            findings.extend(_judge_exact(label, binary, wanted, ptx=exact_ptx))
+            continue
         for text, kind, arch in wanted:
             finding = _judge_arch(label, binary, text, kind, arch)
             if finding:
                 findings.append(finding)
+    for binary in judged:
+        findings.extend(resource_findings(label, binary.path, binary.kernels))
     for binary in binaries:
         for symbol in binary.linked_binary_symbols:
             findings.append(
@@ -111,12 +127,15 @@ def verify(
     report: WheelReport | BinaryReport,
     expect_archs: Sequence[str | Arch] = (),
     policy: RepairPolicy | None = None,
+    *,
+    exact: bool = False,
+    exact_ptx: bool = True,
 ) -> list[Finding]:
     """Like :func:`check`, but raise :class:`DoctorError` when there is any error finding.
 
     Returns the (non-error) findings when the report passes.
     """
-    findings = check(report, expect_archs=expect_archs, policy=policy)
+    findings = check(report, expect_archs=expect_archs, policy=policy, exact=exact, exact_ptx=exact_ptx)
     errors = [f for f in findings if f.is_error]
     if not errors:
         return findings
@@ -126,6 +145,16 @@ def verify(
         fixes.append(
             "build the missing arch: check the -gencode flags the build passed "
             "(TORCH_CUDA_ARCH_LIST, FLASH_ATTN_CUDA_ARCHS, CMAKE_CUDA_ARCHITECTURES) against the target's archs, and rebuild"
+        )
+    if "kernel-over-limit" in codes:
+        fixes.append("size the kernel's tiles for the arch it was built for (shared memory per block, registers per block), or stop building it for that arch")
+    if "stub-sass" in codes:
+        fixes.append("compile the kernels' real bodies for that arch (check the __CUDA_ARCH__ guards and the FLASH_*_DISABLE_* knobs), or drop the arch")
+    if codes & {"extra-arch", "extra-ptx"}:
+        fixes.append(
+            "the build compiled device code the plan did not ask for: keep arch_enforce = \"on\" for the project "
+            "(kforge's nvcc wrapper rewrites hard-coded -gencode/-arch flags; the build report's arch_enforcement "
+            "section lists what it rewrote), or remove the arch from the upstream's build"
         )
     if "unresolved-device-link" in codes:
         fixes.append("link the device code: let nvcc link the library, add an `nvcc -dlink` step, or set CUDA_RESOLVE_DEVICE_SYMBOLS ON")
@@ -189,6 +218,35 @@ def _judge_arch(label: str, binary: BinaryReport, text: str, kind: str | None, w
         binary=binary.path,
         arch=name,
     )
+
+
+def _judge_exact(label: str, binary: BinaryReport, wanted: Sequence[tuple[str, str | None, Arch]], *,
+                 ptx: bool = True) -> list[Finding]:
+    """Exact mode: the binary's SASS names (and PTX names, with ``ptx``) are exactly the expected ones."""
+    sass = {e.arch for e in binary.sass if not e.relocatable}
+    has_ptx = {e.arch for e in binary.ptx} if ptx else set()
+    if not ptx:
+        wanted = [w for w in wanted if w[1] != PTX]
+    want_sass = {text for text, kind, _ in wanted if kind != PTX}
+    want_ptx = {text for text, kind, _ in wanted if kind == PTX}
+    order = {e.arch: e.cuda_arch for e in binary.fatbins}  # sort names by their arch
+    has = _describe(binary)
+    asked = ", ".join(t for t, _, _ in wanted)
+    out = []
+    for text, kind, _ in wanted:
+        if kind == PTX and text not in has_ptx:
+            out.append(Finding("error", "missing-ptx", f"{label}: {binary.path} has no PTX for {text} ({has})",
+                               binary=binary.path, arch=text))
+        elif kind != PTX and text not in sass:
+            out.append(Finding("error", "missing-arch", f"{label}: {binary.path} has no SASS for {text} ({has}); a GPU "
+                               f"with {text} would fail with {NO_KERNEL_IMAGE}", binary=binary.path, arch=text))
+    for name in sorted(sass - want_sass, key=lambda n: order[n]):
+        out.append(Finding("error", "extra-arch", f"{label}: {binary.path} carries SASS {name}, which the plan did not "
+                           f"ask for (it asked for exactly {asked})", binary=binary.path, arch=name))
+    for name in sorted(has_ptx - want_ptx, key=lambda n: order[n]):
+        out.append(Finding("error", "extra-ptx", f"{label}: {binary.path} carries PTX {name}, which the plan did not "
+                           f"ask for (it asked for exactly {asked})", binary=binary.path, arch=name))
+    return out
 
 
 def _ptx_runs_on(ptx: Arch, device: Arch) -> bool:

@@ -11,7 +11,8 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from kforge.doctor.fatbin import count_containers, parse_fatbins
-from kforge.doctor.model import BinaryReport, FatbinEntry, SectionSize
+from kforge.doctor.model import BinaryReport, FatbinEntry, KernelResources, SectionSize
+from kforge.doctor.resources import section_kernels
 
 #: Sections that hold fatbins by name: linked device code, and the relocatable device
 #: code of ``-rdc=true`` objects (which still needs a device link).
@@ -34,6 +35,7 @@ def read_elf(data: bytes, path: str) -> BinaryReport:
         raise NotABinaryError(f"it is not a readable ELF file ({exc})") from exc
 
     fatbins: list[FatbinEntry] = []
+    kernels: list[KernelResources] = []
     sizes = []
     dynsym_undefined: list[str] | None = None
     symtab_undefined: list[str] = []
@@ -46,10 +48,10 @@ def read_elf(data: bytes, path: str) -> BinaryReport:
             sizes.append(SectionSize(name, int(sec["sh_size"])))
         if sec["sh_type"] == "SHT_NOBITS":
             continue
-        if name in FATBIN_SECTIONS:
-            fatbins.extend(parse_fatbins(sec.data(), section=name, strict=True, first_container=count_containers(tuple(fatbins))))
-        elif name in SCANNED_SECTIONS:
-            fatbins.extend(parse_fatbins(sec.data(), section=name, strict=False, first_container=count_containers(tuple(fatbins))))
+        if name in FATBIN_SECTIONS or name in SCANNED_SECTIONS:
+            found = parse_fatbins(sec.data(), section=name, strict=name in FATBIN_SECTIONS, first_container=count_containers(tuple(fatbins)))
+            fatbins.extend(found)
+            kernels.extend(section_kernels(sec.data(), found, strict=name in FATBIN_SECTIONS))
         if isinstance(sec, DynamicSection):
             for tag in sec.iter_tags():
                 if tag.entry.d_tag == "DT_NEEDED":
@@ -83,5 +85,6 @@ def read_elf(data: bytes, path: str) -> BinaryReport:
         rpath=tuple(rpath),
         soname=soname,
         sections=tuple(sizes),
+        kernels=tuple(kernels),
     )
 

@@ -52,6 +52,31 @@ class SectionSize:
 
 
 @dataclass(frozen=True)
+class KernelResources:
+    """One kernel of one cubin: what a launch of it needs (read by :mod:`kforge.doctor.resources`).
+
+    ``static_smem`` excludes the shared memory the driver reserves per block (``reserved_smem``);
+    ``dynamic_smem`` is what the launcher declares in a kforge launch manifest, None when undeclared;
+    ``max_threads`` is the block size its launch bounds declare, None without them.
+    """
+
+    name: str
+    arch: str
+    registers: int | None
+    static_smem: int
+    reserved_smem: int
+    dynamic_smem: int | None
+    stack_bytes: int
+    max_threads: int | None
+    code_bytes: int
+
+    @property
+    def smem_per_block(self) -> int:
+        """Static plus declared dynamic shared memory: what the driver checks against the opt-in limit."""
+        return self.static_smem + (self.dynamic_smem or 0)
+
+
+@dataclass(frozen=True)
 class BinaryReport:
     """What one ELF shared object or PE DLL/pyd carries.
 
@@ -70,6 +95,7 @@ class BinaryReport:
     rpath: tuple[str, ...] = ()
     soname: str | None = None
     sections: tuple[SectionSize, ...] = ()
+    kernels: tuple[KernelResources, ...] = ()  # per kernel per SASS arch (kforge.doctor.resources)
 
     @property
     def is_cuda(self) -> bool:

@@ -12,7 +12,8 @@ import pefile  # type: ignore[import-untyped]
 
 from kforge.doctor.elf import NotABinaryError
 from kforge.doctor.fatbin import count_containers, parse_fatbins
-from kforge.doctor.model import BinaryReport, FatbinEntry, SectionSize
+from kforge.doctor.model import BinaryReport, FatbinEntry, KernelResources, SectionSize
+from kforge.doctor.resources import section_kernels
 
 FATBIN_SECTIONS = (".nv_fatb", ".nv_fatbin", ".nv_fatbi")
 SCANNED_SECTIONS = (".rdata", ".data")
@@ -33,20 +34,21 @@ def read_pe(data: bytes, path: str) -> BinaryReport:
         raise NotABinaryError(f"it is not a readable PE file ({exc})") from exc
     try:
         fatbins: list[FatbinEntry] = []
+        kernels: list[KernelResources] = []
         sizes = []
         for sec in pe.sections:
             name = _section_name(pe, data, sec.Name)
             sizes.append(SectionSize(name, int(sec.SizeOfRawData)))
             if name in FATBIN_SECTIONS or name in SCANNED_SECTIONS:
                 raw = sec.get_data()
-                fatbins.extend(
-                    parse_fatbins(
-                        raw,
-                        section=name,
-                        strict=name in FATBIN_SECTIONS,
-                        first_container=count_containers(tuple(fatbins)),
-                    )
+                found = parse_fatbins(
+                    raw,
+                    section=name,
+                    strict=name in FATBIN_SECTIONS,
+                    first_container=count_containers(tuple(fatbins)),
                 )
+                fatbins.extend(found)
+                kernels.extend(section_kernels(raw, found, strict=name in FATBIN_SECTIONS))
         needed: list[str] = []
         for attr in ("DIRECTORY_ENTRY_IMPORT", "DIRECTORY_ENTRY_DELAY_IMPORT"):
             for entry in getattr(pe, attr, ()):
@@ -63,6 +65,7 @@ def read_pe(data: bytes, path: str) -> BinaryReport:
         containers=count_containers(tuple(fatbins)),
         needed=tuple(needed),
         sections=tuple(sizes),
+        kernels=tuple(kernels),
     )
 
 

@@ -41,11 +41,29 @@ def render_text(report: WheelReport | BinaryReport | Sequence[WheelReport | Bina
             console.print(f"  needs: {', '.join(b.needed) or '-'}")
             flagged = b.linked_binary_symbols
             console.print(f"  undefined symbols: {len(b.undefined_symbols)}" + (f", unresolved device link: {', '.join(flagged)}" if flagged else ""))
+            for line in _kernel_lines(b):
+                console.print(line)
             top = sorted(b.sections, key=lambda s: s.size, reverse=True)[:6]
             console.print("  largest sections: " + ", ".join(f"{s.name} {_human(s.size)}" for s in top))
     for f in findings:
         console.print(f"[{STYLE.get(f.severity, '')}]{f.severity}[/]: {f.message}")
     return buf.getvalue()
+
+
+def _kernel_lines(b: BinaryReport) -> list[str]:
+    """One line per SASS arch: how many kernels, and the most registers and shared memory one asks for."""
+    lines = []
+    order = {e.arch: e.cuda_arch for e in b.fatbins}  # sort the names by their arch (name order as a fallback)
+    for arch in sorted({k.arch for k in b.kernels}, key=lambda n: (n not in order, order.get(n, Arch.observed(1, 0)), n)):
+        ks = [k for k in b.kernels if k.arch == arch]
+        regs = max((k.registers or 0) for k in ks)
+        smem = max(k.smem_per_block for k in ks)
+        declared = sum(1 for k in ks if k.dynamic_smem is not None)
+        lines.append(
+            f"  kernels {arch}: {len(ks)}, up to {regs} registers/thread, up to {smem:,} B shared memory/block "
+            f"(dynamic declared for {declared}, unknown for {len(ks) - declared})"
+        )
+    return lines
 
 
 def _arch_table(binaries: Sequence[BinaryReport]) -> Table:

@@ -1,0 +1,156 @@
+"""kforge.archenforce: the plan's promise, the build-script scan, the wrapper's install, the summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from kforge_testkit import write_forge_toml  # noqa: E402
+
+from kforge.archenforce import install, plan_enforcement, scan_build_scripts, summarize
+from kforge.config import load_forge
+from kforge.errors import ConfigError
+from kforge.host import HostFacts, Resources
+from kforge.jobs import JobProfile
+from kforge.nvccwrap import Config
+from kforge.plan import make_plan
+from kforge.targets import parse_target
+
+FLAGS = ("-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90")
+
+
+def test_scan_finds_hard_coded_flags_not_docs_or_cache_defaults(tmp_path: Path) -> None:
+    (tmp_path / "setup.py").write_text(
+        '"""Builds for ``-gencode`` archs and ``--threads 4`` (docs only)."""\n'
+        'flags = ["-gencode", "arch=compute_75,code=sm_75"]\n'
+        "# flags += ['-gencode', 'arch=compute_80,code=sm_80']  (a comment)\n"
+        'flags += ["--threads", "4"]\n'
+    )
+    (tmp_path / "CMakeLists.txt").write_text(
+        'set(CMAKE_CUDA_ARCHITECTURES "90a" CACHE STRING "default")\nset(CMAKE_CUDA_ARCHITECTURES 75 80 90)\n'
+    )
+    (tmp_path / "third_party" / "cutlass").mkdir(parents=True)
+    (tmp_path / "third_party" / "cutlass" / "CMakeLists.txt").write_text("set(CMAKE_CUDA_ARCHITECTURES 70)\n")
+    assert scan_build_scripts(tmp_path) == (
+        "CMakeLists.txt:2: set(CMAKE_CUDA_ARCHITECTURES 75 80 90)",
+        'setup.py:2: flags = ["-gencode", "arch=compute_75,code=sm_75"]',
+        'setup.py:4: flags += ["--threads", "4"]',
+    )
+
+
+def test_plan_enforcement_modes_and_contents(tmp_path: Path) -> None:
+    (tmp_path / "setup.py").write_text('f = ["-gencode", "arch=compute_75,code=sm_75"]\n')
+    on = plan_enforcement("on", FLAGS, 2, backend="native", platform_os="linux", scripts_dir=tmp_path)
+    assert on.exact and on.exact_ptx and on.sass == ("sm_90",) and on.ptx == ("compute_90",)
+    assert on.contents() == "SASS sm_90, PTX compute_90"
+    assert "will rewrite where they differ: setup.py:1" in on.describe() and "--threads (to 2)" in on.describe()
+    off = plan_enforcement("off", FLAGS, 2, backend="native", platform_os="linux", scripts_dir=tmp_path)
+    assert not off.exact and off.hardcoded == () and off.describe().startswith("off (forge.toml)")
+    # a container build or Windows cannot run the POSIX wrapper: held to check (the doctor stays exact)
+    for backend, os_name in (("cibuildwheel", "linux"), ("native", "windows")):
+        e = plan_enforcement("on", FLAGS, 2, backend=backend, platform_os=os_name, scripts_dir=None)
+        assert e.mode == "check" and e.exact and not e.exact_ptx and e.reason
+        assert "PTX compute_90 if the upstream embeds PTX" in e.contents()
+    missing = plan_enforcement("on", FLAGS, 2, backend="native", platform_os="linux", scripts_dir=tmp_path / "none")
+    assert "not checked out" in missing.scanned
+
+
+def test_install_routes_every_nvcc_through_the_wrapper(tmp_path: Path) -> None:
+    real = tmp_path / "cuda"
+    (real / "bin").mkdir(parents=True)
+    (real / "include").mkdir()
+    (real / "bin" / "ptxas").write_text("")
+    nvcc = real / "bin" / "nvcc"
+    nvcc.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    nvcc.chmod(0o755)
+    e = plan_enforcement("on", FLAGS, 2, backend="native", platform_os="linux", scripts_dir=None)
+    setup = install(e, nvcc=nvcc, cuda_home=real, dest=tmp_path / "wrap", env={"PATH": "/usr/bin:/bin"})
+    home = Path(setup.env["CUDA_HOME"])
+    assert (home / "bin" / "nvcc") == setup.wrapper and setup.env["PYTORCH_NVCC"] == str(setup.wrapper)
+    assert (home / "include").resolve() == (real / "include").resolve() and (home / "bin" / "ptxas").is_symlink()
+    assert setup.env["CUDACXX"] == str(setup.direct) and setup.env["PATH"].startswith(str(home / "bin"))
+    config = Config.from_json(shlex.split(setup.wrapper.read_text().splitlines()[-1])[4])
+    assert config.nvcc == str(nvcc) and config.launcher is None and config.policy.mode == "on"
+
+    env = {"PATH": setup.env["PATH"], "NVCC_APPEND_FLAGS": "-arch=sm_80"}
+    for exe in (setup.wrapper, setup.direct):  # the real wrapper script, through /bin/sh and python -I
+        out = subprocess.run([str(exe), "-c", "k.cu", "-gencode", "arch=compute_75,code=sm_75", "--threads", "4"],
+                             env=env, capture_output=True, text=True, check=True)
+        assert json.loads(out.stdout) == ["-c", "k.cu", *FLAGS, "--threads", "2"]
+    version = subprocess.run([str(setup.wrapper), "--version"], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(version.stdout) == ["--version"]
+    summary = summarize(setup.log, "on")
+    assert summary.steps == 2 and summary.groups[0].asked == ("sm_75", "sm_80", "compute_80")
+    assert summary.groups[0].count == 2 and summary.threads == ((4, 2, 2),)
+    assert summary.lines()[0] == ("arch enforcement: rewrote 2 nvcc step(s) that asked for sm_75 sm_80 compute_80 "
+                                  "to sm_90 compute_90 (e.g. k.cu)")
+    assert summary.to_dict()["threads"] == [{"asked": 4, "got": 2, "count": 2}]
+
+
+def test_summary_of_no_rewrites(tmp_path: Path) -> None:
+    s = summarize(tmp_path / "absent.jsonl", "check")
+    assert s.steps == 0 and s.lines() == ["arch enforcement (check): every nvcc step already asked for the plan's archs"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the wrapper is a POSIX script")
+def test_wrapper_startup_is_small(tmp_path: Path) -> None:
+    """The wrapper runs once per compile unit: python -I plus kforge.nvccwrap (stdlib only)."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    out = subprocess.run([sys.executable, "-I", "-X", "importtime", "-c", f"import sys; sys.path.insert(0, {src!r}); "
+                          "import kforge.nvccwrap"], capture_output=True, text=True, check=True)
+    assert "kforge.nvccwrap" in out.stderr
+    assert "kforge.arch\n" not in out.stderr and "packaging" not in out.stderr and "rich" not in out.stderr
+
+
+PROJECT = """\
+[projects.up]
+source = {{ local = "up" }}
+archs = ["sm_80", "sm_90"]
+platforms = ["linux-x86_64"]
+{extra}
+"""
+
+
+def test_forge_toml_key_and_the_plan_field(tmp_path: Path) -> None:
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "CMakeLists.txt").write_text("set(CMAKE_CUDA_ARCHITECTURES 75 80 90)\n")
+    write_forge_toml(tmp_path, PROJECT.format(extra='arch_enforce = "chek"'))
+    with pytest.raises(ConfigError, match="did you mean 'check'"):
+        load_forge(tmp_path)
+    write_forge_toml(tmp_path, PROJECT.format(extra=""))
+    forge = load_forge(tmp_path)
+    assert forge.project("up").arch_enforce == "on"
+    host = HostFacts(platform="linux-x86_64", python="3.11", resources=Resources(2, 8 << 30, 8 << 30))
+    profile = JobProfile(project="up", arch_count=1, peak_rss_per_unit=1 << 30, unit_seconds=10.0,
+                         unit_seconds_max=10.0, samples=1, source="test")
+    plan = make_plan(forge, parse_target(forge, "up-sm90", "linux-x86_64"), host, job_profile=profile)
+    assert plan.enforce is not None and plan.enforce.mode == "on"
+    assert plan.enforce.sass == ("sm_90",) and plan.enforce.ptx == ("compute_90",)
+    assert plan.enforce.hardcoded == ("CMakeLists.txt:1: set(CMAKE_CUDA_ARCHITECTURES 75 80 90)",)
+    assert plan.to_dict()["arch_enforce"]["sass"] == ["sm_90"]
+
+
+@pytest.mark.parametrize("target, mode, binaries", [
+    ("flash-attn-sm90", "on", "every CUDA binary holds exactly SASS sm_90, PTX compute_90"),
+    ("flash-attn-sm120-windows", "check", "every CUDA binary holds exactly SASS sm_120, PTX compute_120 if the upstream"),
+    ("fmha-sm90", "on", "every CUDA binary holds exactly SASS sm_90a, PTX compute_90a"),
+])
+def test_the_repos_own_targets_say_what_their_binaries_hold(target: str, mode: str, binaries: str) -> None:
+    root = Path(__file__).resolve().parents[2]
+    forge = load_forge(root)
+    host = HostFacts(platform="linux-x86_64", python="3.11", resources=Resources(16, 100 << 30, 128 << 30))
+    profile = JobProfile(project="x", arch_count=1, peak_rss_per_unit=1 << 30, unit_seconds=10.0,
+                         unit_seconds_max=10.0, samples=1, source="test")
+    plan = make_plan(forge, parse_target(forge, target, "linux-x86_64"), host, job_profile=profile)
+    assert plan.enforce is not None and plan.enforce.mode == mode
+    text = plan.render()
+    assert binaries in text and "  enforce     " + mode in text
+    # the wrapper enforces exactly the flags the plan prints
+    assert plan.enforce.flags == plan.nvcc_flags

@@ -1,0 +1,152 @@
+"""kforge.nvccwrap: every spelling of nvcc's arch flags rewritten to the plan's; host-only steps untouched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kforge.nvccwrap import (
+    Config,
+    Policy,
+    fold_env_flags,
+    main,
+    policy_from_flags,
+    rewrite,
+    short_dependency_flags,
+    split_gencode,
+)
+
+SM90 = policy_from_flags(["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"], threads=2)
+PLAN_FLAGS = ["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90", "--threads", "2"]
+TWO = policy_from_flags(["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_120a,code=sm_120a",
+                         "-gencode=arch=compute_120a,code=compute_120a"])
+
+
+def test_policy_from_the_plans_flags() -> None:
+    assert [(a.virtual, a.sass, a.ptx, a.key) for a in TWO.archs] == [
+        ("compute_80", "sm_80", False, "80"), ("compute_120a", "sm_120a", True, "120")]
+    assert TWO.codes == ("sm_80", "sm_120a", "compute_120a")
+    with pytest.raises(ValueError, match="not a -gencode flag"):
+        policy_from_flags(["-O3"])
+    with pytest.raises(ValueError, match="mode"):
+        policy_from_flags([], mode="maybe")
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("arch=compute_90,code=sm_90", ("compute_90", ("sm_90",))),
+    ("arch=compute_90a,code=[sm_90a,compute_90a]", ("compute_90a", ("sm_90a", "compute_90a"))),
+    ('arch=compute_100f,code="sm_100f,compute_100f"', ("compute_100f", ("sm_100f", "compute_100f"))),
+])
+def test_split_gencode(value: str, expected: tuple[str, tuple[str, ...]]) -> None:
+    assert split_gencode(value) == expected
+
+
+@pytest.mark.parametrize("flags, asked", [
+    (["-gencode", "arch=compute_75,code=sm_75", "-gencode", "arch=compute_80,code=sm_80",
+      "-gencode", "arch=compute_90,code=sm_90"], ("sm_75", "sm_80", "sm_90")),
+    (["-gencode=arch=compute_75,code=sm_75", "-gencode=arch=compute_90,code=[sm_90,compute_90]"],
+     ("sm_75", "sm_90", "compute_90")),
+    (["--generate-code=arch=compute_80,code=sm_80"], ("sm_80",)),
+    (["--generate-code", "arch=compute_80,code=sm_80"], ("sm_80",)),
+    (["-arch=sm_90"], ("sm_90", "compute_90")),
+    (["-arch", "sm_90a"], ("sm_90a", "compute_90a")),
+    (["--gpu-architecture=compute_90"], ("compute_90",)),
+    (["--gpu-architecture", "compute_80", "--gpu-code", "sm_80,sm_86"], ("sm_80", "sm_86")),
+    (["-arch=compute_90", "-code=sm_90,compute_90"], ("sm_90", "compute_90")),
+    (["-arch=all-major"], ("all-major",)),
+    ([], ("nvcc default",)),
+])
+def test_every_spelling_becomes_the_plans_archs(flags: list[str], asked: tuple[str, ...]) -> None:
+    argv = ["-c", "k.cu", "-o", "k.o", "-O3", *flags]
+    r = rewrite(argv, SM90)
+    assert r.device and r.asked == asked
+    assert r.argv == ("-c", "k.cu", "-o", "k.o", "-O3", *PLAN_FLAGS)
+    assert r.got == ("sm_90", "compute_90")
+    assert r.changed == (set(asked) != {"sm_90", "compute_90"})
+
+
+def test_a_step_asking_exactly_the_plan_is_not_a_change() -> None:
+    r = rewrite(["-c", "k.cu", *PLAN_FLAGS], SM90)
+    assert r.device and not r.changed and r.argv == ("-c", "k.cu", *PLAN_FLAGS)
+
+
+def test_threads_in_every_spelling_become_the_plans() -> None:
+    for spelling in (["--threads", "4"], ["--threads=4"], ["-t", "4"], ["-t=4"]):
+        r = rewrite(["-c", "k.cu", "-gencode=arch=compute_90,code=[sm_90,compute_90]", *spelling], SM90)
+        assert r.threads_asked == 4 and r.threads_got == 2 and r.changed, spelling
+        assert r.argv[-2:] == ("--threads", "2") and "4" not in r.argv
+
+
+def test_per_file_split_survives_and_a_foreign_list_gets_every_plan_arch() -> None:
+    # FA3-style: this unit is compiled for sm_80 only; the plan has sm_80 and sm_120a: it keeps sm_80
+    r = rewrite(["-c", "flash_sm80.cu", "-gencode", "arch=compute_80,code=sm_80"], TWO)
+    assert r.got == ("sm_80",) and not r.changed
+    # asked for 120 (plain): it gets the plan's spelling of 120, sm_120a + PTX
+    r = rewrite(["-c", "k.cu", "-arch=sm_120"], TWO)
+    assert r.got == ("sm_120a", "compute_120a")
+    # asked for none of the plan's archs: every plan arch
+    r = rewrite(["-c", "k.cu", "-gencode", "arch=compute_75,code=sm_75"], TWO)
+    assert r.got == ("sm_80", "sm_120a", "compute_120a")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--version"], ["-V"], ["--list-gpu-arch"], ["-E", "k.cu", "-arch=sm_80"], ["-M", "k.cu", "-arch=sm_80"],
+    ["-MM", "k.cu"], ["--generate-dependencies", "k.cu"], ["-c", "host.cpp", "-arch=sm_80"],
+    ["-lib", "a.o", "b.o", "-o", "libx.a"], ["-arch=sm_80"],
+])
+def test_host_only_steps_pass_untouched(argv: list[str]) -> None:
+    r = rewrite(argv, SM90)
+    assert r.argv == tuple(argv) and not r.device and not r.changed
+
+
+def test_nvcc_driven_link_is_a_device_step() -> None:
+    # nvcc links a registration stub built for the link's archs (sm_75 when none is given, nvcc 13.0)
+    r = rewrite(["-shared", "a.o", "b.o", "-o", "lib.so"], SM90)
+    assert r.device and r.asked == ("nvcc default",) and r.got == ("sm_90", "compute_90")
+    # a -x cu compile of a .cpp file is CUDA; -Xcompiler values are not inputs or flags
+    r = rewrite(["-x", "cu", "-c", "k.cpp", "-Xcompiler", "-fPIC", "-arch=sm_80"], SM90)
+    assert r.device and r.argv[:6] == ("-x", "cu", "-c", "k.cpp", "-Xcompiler", "-fPIC")
+    assert rewrite(["-dc", "k.o.cu"], SM90).device
+
+
+def test_check_and_off_modes_run_the_command_as_given() -> None:
+    argv = ["-c", "k.cu", "-gencode", "arch=compute_75,code=sm_75"]
+    check = rewrite(argv, Policy(mode="check", archs=SM90.archs, threads=2))
+    assert check.argv == tuple(argv) and check.changed and check.got == ("sm_90", "compute_90")
+    off = rewrite(argv, Policy(mode="off", archs=SM90.archs))
+    assert off.argv == tuple(argv) and not off.changed
+
+
+def test_env_flags_are_folded_and_short_dependency_spelling() -> None:
+    env = {"NVCC_PREPEND_FLAGS": "-O2", "NVCC_APPEND_FLAGS": "-gencode arch=compute_120a,code=sm_120a"}
+    assert fold_env_flags(["-c", "k.cu"], env) == ["-O2", "-c", "k.cu", "-gencode", "arch=compute_120a,code=sm_120a"]
+    assert short_dependency_flags(["--generate-dependencies-with-compile", "--dependency-output", "k.d", "-c",
+                                   "k.cu", "--dependency-output=x.d"]) == ["-MD", "-MF", "k.d", "-c", "k.cu", "-MF", "x.d"]
+
+
+def test_config_round_trips_through_json() -> None:
+    config = Config(policy=TWO, nvcc="/cuda/bin/nvcc", launcher="/usr/bin/ccache", log="/w/r.jsonl", short_deps=True)
+    assert Config.from_json(config.to_json()) == config
+
+
+def test_main_rewrites_logs_and_execs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[tuple[str, list[str], dict[str, str]]] = []
+    monkeypatch.setattr("os.execvpe", lambda exe, argv, env: ran.append((exe, list(argv), dict(env))))
+    log = tmp_path / "rewrites.jsonl"
+    config = Config(policy=SM90, nvcc="/cuda/bin/nvcc", launcher="/usr/bin/ccache", log=str(log))
+    env = {"NVCC_APPEND_FLAGS": "-gencode arch=compute_75,code=sm_75", "PATH": "/usr/bin"}
+    assert main([config.to_json(), "-c", "k.cu", "-o", "k.o"], env) == 0
+    exe, argv, child_env = ran[0]
+    assert exe == "/usr/bin/ccache" and argv == ["/usr/bin/ccache", "/cuda/bin/nvcc", "-c", "k.cu", "-o", "k.o", *PLAN_FLAGS]
+    assert "NVCC_APPEND_FLAGS" not in child_env  # folded in and enforced, not re-added by nvcc
+    (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entry["asked"] == ["sm_75"] and entry["got"] == ["sm_90", "compute_90"] and entry["inputs"] == ["k.cu"]
+    # a host-only step: no log line, untouched
+    assert main([config.to_json(), "--version"], {}) == 0
+    assert ran[-1][1] == ["/usr/bin/ccache", "/cuda/bin/nvcc", "--version"] and len(log.read_text().splitlines()) == 1
+    assert main([], {}) == 2
+    # the build's NVCC_THREADS (an OOM retry halves it) wins over the plan's count
+    assert main([config.to_json(), "-c", "k.cu", "-t", "8"], {"NVCC_THREADS": "1"}) == 0
+    assert ran[-1][1][-2:] == ["--threads", "1"]
