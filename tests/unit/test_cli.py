@@ -68,8 +68,16 @@ def test_no_forge_toml(tmp_path: Path) -> None:
 
 def test_targets_lists_the_matrix() -> None:
     out = kforge("targets", "--json")
-    ids = {t["id"] for t in json.loads(out.stdout)}
-    assert {"flashmla-sm120", "fmha-sm90", "flash-attn-sm120-windows"} <= ids
+    rows = {t["id"]: t for t in json.loads(out.stdout)}
+    assert {"flashmla-sm120", "fmha-sm90", "flash-attn-sm120-windows", "flash-attn-release"} <= set(rows)
+    assert rows["flash-attn-release"]["archs"] == ["sm_80", "sm_90", "sm_100", "sm_120"]
+    assert rows["fmha-sm90"]["arch"] == "sm_90a" and rows["fmha-sm90"]["archs"] == ["sm_90a"]
+
+
+def test_plan_of_a_multi_arch_target_shows_the_rendered_set() -> None:
+    out = kforge("plan", "flash-attn-sm80+sm120-windows")
+    assert out.returncode == 0, out.stderr
+    assert "FLASH_ATTN_CUDA_ARCHS=80;120" in out.stdout and "torch2.11.sm80.sm120" in out.stdout
 
 
 def test_exit_codes_are_distinct() -> None:

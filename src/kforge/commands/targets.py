@@ -23,8 +23,9 @@ def run(args: argparse.Namespace) -> int:
         forge.project(name)  # an unknown name is an error with a did-you-mean, not an empty list
     targets = [t for t in expand_matrix(forge, platform_name()) if not args.project or t.project in args.project]
     if args.json:
-        print(json.dumps([{"id": t.id, "project": t.project, "arch": t.arch.sm, "platform": t.platform} for t in targets], indent=2))
+        print(json.dumps([{"id": t.id, "project": t.project, "arch": t.arch_names,
+                           "archs": [a.sm for a in t.archs], "platform": t.platform} for t in targets], indent=2))
     else:
         for t in targets:
-            print(f"{t.id:36} {t.arch.sm:9} {t.platform}")
+            print(f"{t.id:36} {t.arch_names:9} {t.platform}")
     return 0
