@@ -3,7 +3,8 @@
 One table (:data:`KNOWN_ARCHS`) holds every fact kforge uses about a GPU architecture:
 its name, the first CUDA that compiles it, which ``a`` (arch-specific) and ``f`` (family)
 variants exist and from which CUDA, and the last CUDA that still knows it. Parsing,
-toolchain checks and the upstream knob renderers (:mod:`kforge.archrender`) all read it;
+toolchain checks and the upstream knob renderers (:mod:`kforge.archrender`, which imports this module, never
+the reverse) all read it;
 no other module repeats a minimum-CUDA fact.
 
 Sources for the table: ``/work/shared/UPSTREAM_FACTS.md`` ("Minimum CUDA per
@@ -26,26 +27,16 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
 from kforge.errors import ArchError, ToolchainError, did_you_mean
 
-if TYPE_CHECKING:
-    from kforge.archrender import (
-        RENDERERS,
-        default_variant,
-        render_cmake_architectures,
-        render_disable_flags,
-        render_flashinfer,
-        render_gencode,
-        render_numbers,
-        render_torch_arch_list,
-    )
-
 VARIANTS = ("", "a", "f")
 """Every variant suffix: none, ``a`` (arch-specific features), ``f`` (family-portable)."""
+
+SASS, PTX, LTO = "sass", "ptx", "lto"
+"""Kinds of device code for an arch: machine code (``sm_90a``), PTX (``compute_90a``), LTO IR (``lto_90a``)."""
 
 
 @dataclass(frozen=True)
@@ -166,32 +157,49 @@ def _check_known(major: int, minor: int, variant: str, text: str | None = None) 
 
 @dataclass(frozen=True, order=True)
 class Arch:
-    """One GPU architecture to build for, e.g. ``sm_120a``, optionally with PTX embedded."""
+    """One GPU architecture, e.g. ``sm_120a``: the one arch type of kforge.
+
+    ``ptx``: a build embeds PTX for it besides SASS (``90+PTX``). The constructor checks the
+    arch against :data:`KNOWN_ARCHS`; :meth:`observed` builds one read from a binary, which
+    may be outside the table (``sm_70`` in an old wheel) and is only checked for its shape.
+    """
 
     major: int
     minor: int
     variant: str = ""
     ptx: bool = False
+    known: bool = field(default=True, compare=False, repr=False)
+    """False for an arch read from a binary (:meth:`observed`), which the table need not list."""
 
     def __post_init__(self) -> None:
-        _check_known(self.major, self.minor, self.variant)
+        if self.known:
+            _check_known(self.major, self.minor, self.variant)
+        elif self.variant not in VARIANTS or not (0 <= self.minor <= 9) or self.major < 1:
+            raise ArchError(f"sm_{self.major}{self.minor}{self.variant} is not a CUDA arch",
+                            why="an arch is a major >= 1, a minor 0-9 and an optional 'a' or 'f'")
+
+    @classmethod
+    def observed(cls, major: int, minor: int, variant: str = "") -> Arch:
+        """An arch as a binary names it (a fatbin entry): not checked against the table."""
+        return cls(major, minor, variant, known=False)
 
     @property
-    def numeric(self) -> int:
-        """``major*10 + minor`` without the variant: the key into :data:`KNOWN_ARCHS`."""
+    def number(self) -> int:
+        """``major*10 + minor`` without the variant: ``120`` for ``sm_120a``, the key into :data:`KNOWN_ARCHS`."""
         return self.major * 10 + self.minor
 
     @property
-    def number(self) -> str:
-        return f"{self.numeric}{self.variant}"
+    def suffixed(self) -> str:
+        """The number with its variant suffix: ``"120a"`` (CMake's and nvcc's spelling after ``sm_``)."""
+        return f"{self.number}{self.variant}"
 
     @property
     def sm(self) -> str:
-        return f"sm_{self.number}"
+        return f"sm_{self.suffixed}"
 
     @property
     def compute(self) -> str:
-        return f"compute_{self.number}"
+        return f"compute_{self.suffixed}"
 
     @property
     def dotted(self) -> str:
@@ -199,11 +207,14 @@ class Arch:
 
     @property
     def info(self) -> ArchInfo:
-        return KNOWN_ARCHS[self.numeric]
+        info = KNOWN_ARCHS.get(self.number)
+        if info is None:
+            _check_known(self.major, self.minor, self.variant)  # raises the table's error
+        return KNOWN_ARCHS[self.number]
 
     @property
     def base(self) -> Arch:
-        return Arch(self.major, self.minor)
+        return Arch(self.major, self.minor, known=self.known)
 
     @property
     def min_cuda(self) -> Version:
@@ -229,7 +240,7 @@ class Arch:
 # Parsing
 
 _SPELLING = re.compile(
-    r"""^(?:(?P<prefix>sm|compute)_?)?
+    r"""^(?:(?P<prefix>sm|compute|lto)_?)?
         (?:(?P<major>\d{1,2})\.(?P<minor>\d)|(?P<number>\d{2,3}))
         (?P<variant>[a-z])?
         (?P<ptx>\+ptx)?$""",
@@ -248,9 +259,10 @@ def _spellings() -> list[str]:
 
 
 def parse_arch(text: str) -> Arch:
-    """Parse any spelling of one arch: ``sm_120a``, ``SM120``, ``12.0f``, ``compute_90a``, ``9.0+PTX``.
+    """Parse any spelling of one arch: ``sm_120a``, ``SM120``, ``12.0f``, ``compute_90a``, ``lto_90``, ``9.0+PTX``.
 
-    ``compute_X`` names the same arch as ``sm_X`` (it does not imply PTX: add ``+PTX``).
+    ``compute_X`` (and ``lto_X``) name the same arch as ``sm_X``: the prefix does not imply PTX
+    (add ``+PTX``); :func:`code_kind` says which kind of device code a prefix names.
     """
     if not isinstance(text, str):
         raise ArchError(f"a CUDA arch must be text like 'sm_90a', not {type(text).__name__} {text!r}")
@@ -270,6 +282,16 @@ def parse_arch(text: str) -> Arch:
     variant = m["variant"] or ""
     _check_known(major, minor, variant, text.strip())
     return Arch(major, minor, variant, ptx=bool(m["ptx"]))
+
+
+def code_kind(text: str) -> str | None:
+    """The kind of device code a spelling names: :data:`SASS` for ``sm_``, :data:`PTX` for ``compute_``,
+    :data:`LTO` for ``lto_``, ``None`` for a bare number (``90a``, ``9.0``)."""
+    low = text.strip().lower()
+    for prefix, kind in (("sm", SASS), ("compute", PTX), ("lto", LTO)):
+        if low.startswith(prefix):
+            return kind
+    return None
 
 
 def parse_arch_list(value: str | Sequence[str]) -> tuple[Arch, ...]:
@@ -447,48 +469,10 @@ def filter_supported(
     return tuple(kept), tuple(dropped)
 
 
-def parse_nvcc_arch_list(text: str) -> frozenset[str]:
-    """Parse ``nvcc --list-gpu-arch`` (or ``--list-gpu-code``) output into names like ``compute_90``."""
-    names = frozenset(re.findall(r"\b(?:compute|sm|lto)_\d+[af]?\b", text))
-    if not names:
-        snippet = " ".join(text.split())[:200] or "(empty)"
-        raise ToolchainError(
-            "could not read the arch list printed by `nvcc --list-gpu-arch`",
-            why=f"expected lines like compute_90, got: {snippet}",
-            fix="check that the selected nvcc runs (CUDA >= 11.0 has --list-gpu-arch)",
-        )
-    return names
-
-
-# The renderers live in kforge.archrender (a module of their own); they are re-exported here
-# lazily (PEP 562) so `from kforge.arch import render_gencode` works in either import order.
-_RENDER_NAMES = frozenset(
-    {
-        "RENDERERS",
-        "default_variant",
-        "render_cmake_architectures",
-        "render_disable_flags",
-        "render_flashinfer",
-        "render_gencode",
-        "render_numbers",
-        "render_torch_arch_list",
-    }
-)
-
-
-def __getattr__(name: str) -> object:
-    if name in _RENDER_NAMES:
-        from kforge import archrender
-
-        return getattr(archrender, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 __all__ = [
-    "KNOWN_ARCHS", "LEGACY_ARCHS", "RENDERERS", "VARIANTS", "Arch", "ArchInfo", "Dropped", "all_archs",
-    "as_cuda_version", "cuda_supports", "default_variant", "filter_supported", "host_arch", "parse_arch",
-    "parse_arch_list", "parse_nvcc_arch_list", "render_cmake_architectures", "render_disable_flags",
-    "render_flashinfer", "render_gencode", "render_numbers", "render_torch_arch_list", "require_supported",
-    "supported_archs", "unsupported_reason",
+    "KNOWN_ARCHS", "LEGACY_ARCHS", "LTO", "PTX", "SASS", "VARIANTS", "Arch", "ArchInfo", "Dropped", "all_archs",
+    "as_cuda_version", "code_kind", "cuda_supports", "filter_supported", "host_arch", "parse_arch",
+    "parse_arch_list", "require_supported", "supported_archs", "unsupported_reason",
 ]
 
 

@@ -1,9 +1,12 @@
-"""Renderers: one arch list, written in each upstream knob's own format.
+"""Renderers: one arch set, written in each upstream knob's own format.
 
-Every function takes a sequence of :class:`~kforge.arch.Arch` (already parsed and checked)
-and returns the exact string (or flags) the upstream build reads. They are pure; the
-suffix rules they need come from :mod:`kforge.arch`. ``RENDERERS`` maps the format names
-that forge.toml uses to these functions.
+The ``render_*`` functions take a sequence of :class:`~kforge.arch.Arch` (already parsed and
+checked) and return the exact string (or flags) the upstream build reads. They are pure; the
+suffix rules they need come from :mod:`kforge.arch` (this module imports it, never the reverse).
+
+``RENDERERS`` maps each format name forge.toml uses (``arch_knobs[].format``) to a renderer with
+the one signature :data:`Renderer`: ``(archs, knob, cuda) -> {variable: value}``. :func:`render_knob`
+is the one dispatch through it.
 
 PTX policy (``ptx=``) for the renderers that can embed PTX (gencode, torch, cmake):
 
@@ -16,13 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, Protocol
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kforge.arch import KNOWN_ARCHS, Arch, as_cuda_version
-from kforge.errors import ArchError, ToolchainError
+from kforge.errors import ArchError, ToolchainError, did_you_mean
 
 PtxPolicy = bool | Literal["last"]
 
@@ -58,9 +61,9 @@ def _plan(archs: Sequence[Arch], ptx: PtxPolicy) -> list[tuple[Arch, bool, bool]
     if not items:
         raise ArchError("the arch list is empty", fix="name at least one arch, e.g. '80;90a;120'")
     highest = max(items, key=lambda a: (a.major, a.minor, a.variant)) if ptx == "last" else None
-    family = {a.numeric for a in items if a.variant == "f"}
+    family = {a.number for a in items if a.variant == "f"}
     return [
-        (a, not (a.variant == "" and a.numeric in family), a.ptx or ptx is True or a is highest)
+        (a, not (a.variant == "" and a.number in family), a.ptx or ptx is True or a is highest)
         for a in items
     ]
 
@@ -80,8 +83,8 @@ def render_numbers(archs: Sequence[Arch], sep: str = ";") -> str:
     """``FLASH_ATTN_CUDA_ARCHS`` style: ``80;90;120``. Variants and PTX are dropped (upstream picks them)."""
     numbers: list[str] = []
     for a in _dedupe(archs):
-        if str(a.numeric) not in numbers:
-            numbers.append(str(a.numeric))
+        if str(a.number) not in numbers:
+            numbers.append(str(a.number))
     return sep.join(numbers)
 
 
@@ -95,7 +98,7 @@ def render_torch_arch_list(archs: Sequence[Arch], *, ptx: PtxPolicy = "last") ->
     """``TORCH_CUDA_ARCH_LIST``: ``8.0;9.0a;12.0+PTX`` (torch adds PTX for entries with ``+PTX``)."""
     out: list[str] = []
     for a, _sass, p in _plan(archs, ptx):  # no 'f' gets through, so every entry keeps its SASS
-        if a.variant == "f" or a.numeric in TORCH_UNKNOWN:
+        if a.variant == "f" or a.number in TORCH_UNKNOWN:
             instead = a.with_variant("a") if "a" in a.info.variants else None
             raise ArchError(
                 f"TORCH_CUDA_ARCH_LIST cannot name {a.dotted} ({a})",
@@ -122,14 +125,14 @@ def render_cmake_architectures(
         family = [a for a, _, _ in items if a.variant == "f"]
         if family and cm < CMAKE_FAMILY_SUFFIX_MIN:
             raise ToolchainError(
-                f"CMake {cm} cannot take {family[0].number} in CMAKE_CUDA_ARCHITECTURES",
+                f"CMake {cm} cannot take {family[0].suffixed} in CMAKE_CUDA_ARCHITECTURES",
                 why=f"CMake accepts family ('f') archs there from {CMAKE_FAMILY_SUFFIX_MIN} on; older "
                 "versions only accept plain numbers and 'a'",
                 fix=f"use CMake >= {CMAKE_FAMILY_SUFFIX_MIN} (pip install 'cmake>={CMAKE_FAMILY_SUFFIX_MIN}'), "
-                f"or use {family[0].with_variant('a').number} or {family[0].base.number} instead",
+                f"or use {family[0].with_variant('a').suffixed} or {family[0].base.suffixed} instead",
             )
     suffix = {(True, True): "", (True, False): "-real", (False, True): "-virtual"}
-    return ";".join(a.number + suffix[sass, p] for a, sass, p in items if sass or p)
+    return ";".join(a.suffixed + suffix[sass, p] for a, sass, p in items if sass or p)
 
 
 FLASHINFER_RULE_VALID_FOR = SpecifierSet(">=0.6,<0.7")
@@ -176,8 +179,8 @@ def render_flashinfer(archs: Sequence[Arch], cuda: Version | str) -> str:
     A plain arch is left out when its ``f`` variant is listed (nvcc refuses both at once).
     """
     chosen = _dedupe(default_variant(a, cuda) for a in _dedupe(archs))
-    family = {a.numeric for a in chosen if a.variant == "f"}
-    return " ".join(a.dotted for a in chosen if a.variant or a.numeric not in family)
+    family = {a.number for a in chosen if a.variant == "f"}
+    return " ".join(a.dotted for a in chosen if a.variant or a.number not in family)
 
 
 def render_disable_flags(
@@ -188,17 +191,69 @@ def render_disable_flags(
     ``families={"SM90": {90}, "SM100": {100, 103}}, prefix="FLASH_MLA_DISABLE_"`` and archs
     ``sm_120`` -> ``{"FLASH_MLA_DISABLE_SM90": "1", "FLASH_MLA_DISABLE_SM100": "1"}``.
     """
-    wanted = {a.numeric for a in _dedupe(archs)}
+    wanted = {a.number for a in _dedupe(archs)}
     return {f"{prefix}{name}": "1" for name, members in families.items() if not wanted & set(members)}
 
 
-RENDERERS: Mapping[str, Callable[..., object]] = MappingProxyType(
+class KnobSpec(Protocol):
+    """What a renderer reads from one ``arch_knobs`` entry (:class:`kforge.config.ArchKnob` is one)."""
+
+    @property
+    def format(self) -> str: ...
+    @property
+    def env(self) -> str | None: ...
+    @property
+    def prefix(self) -> str | None: ...
+    @property
+    def value(self) -> str: ...
+    @property
+    def families(self) -> Mapping[str, tuple[int, ...]]: ...
+    @property
+    def only(self) -> tuple[int, ...] | None: ...
+
+
+Renderer = Callable[[Sequence[Arch], KnobSpec, Version], dict[str, str]]
+"""The one renderer signature: the build's arch set, the knob, the CUDA it builds with -> the variables to set."""
+
+
+def _only(archs: Sequence[Arch], knob: KnobSpec) -> tuple[Arch, ...]:
+    return tuple(a for a in archs if knob.only is None or a.number in knob.only)
+
+
+def _variable(value: Callable[[tuple[Arch, ...], Version], str]) -> Renderer:
+    """A renderer for a knob that is one variable (``knob.env``), fed the archs ``knob.only`` keeps."""
+
+    def render(archs: Sequence[Arch], knob: KnobSpec, cuda: Version) -> dict[str, str]:
+        chosen = _only(archs, knob)
+        return {knob.env or "": value(chosen, cuda)} if chosen else {}
+
+    render.__doc__ = value.__doc__
+    return render
+
+
+def _disable_flags(archs: Sequence[Arch], knob: KnobSpec, cuda: Version) -> dict[str, str]:
+    """``{prefix+family: knob.value}`` for every family none of ``archs`` is in (see :func:`render_disable_flags`)."""
+    return {name: knob.value for name in render_disable_flags(archs, knob.families, knob.prefix or "")}
+
+
+RENDERERS: Mapping[str, Renderer] = MappingProxyType(
     {
-        "gencode": render_gencode,
-        "numbers": render_numbers,
-        "torch": render_torch_arch_list,
-        "cmake": render_cmake_architectures,
-        "flashinfer": render_flashinfer,
-        "disable-flags": render_disable_flags,
+        "gencode": _variable(lambda archs, cuda: " ".join(render_gencode(archs))),
+        "numbers": _variable(lambda archs, cuda: render_numbers(archs)),
+        "torch": _variable(lambda archs, cuda: render_torch_arch_list(archs)),
+        "cmake": _variable(lambda archs, cuda: render_cmake_architectures(archs)),
+        "flashinfer": _variable(render_flashinfer),
+        "disable-flags": _disable_flags,
     }
 )
+
+
+def render_knob(knob: KnobSpec, archs: Sequence[Arch], cuda: Version | str) -> dict[str, str]:
+    """One arch knob of a project, rendered for the build's arch set through :data:`RENDERERS`."""
+    renderer = RENDERERS.get(knob.format)
+    if renderer is None:
+        raise ArchError(
+            f"arch knob format '{knob.format}' has no renderer{did_you_mean(knob.format, RENDERERS)}",
+            fix=f"use one of: {', '.join(RENDERERS)}",
+        )
+    return renderer(archs, knob, as_cuda_version(cuda))

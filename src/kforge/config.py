@@ -20,7 +20,8 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from kforge.arch import RENDERERS, Arch, parse_arch
+from kforge.arch import Arch, parse_arch
+from kforge.archrender import RENDERERS
 from kforge.backends import BACKENDS
 from kforge.errors import ArchError, ConfigError, decode_utf8, did_you_mean
 from kforge.releasematrix import Release, ReleaseTable, read_release
@@ -38,6 +39,7 @@ else:  # pragma: no cover
 FORGE_FILE = "forge.toml"
 _MANYLINUX_TAG = re.compile(r"^manylinux_[0-9]+_[0-9]+$")
 VARIANT_RULES = ("declared", "flashinfer")
+RELEASE_SET = "release"  # the arch set whose wheels carry no arch label (docs/forge-toml.md, "Targets and wheel names")
 ARCH_ENFORCE_MODES = ("on", "check", "off")  # kforge.nvccwrap.MODES
 
 
@@ -67,7 +69,7 @@ class Platform:
 class ArchKnob:
     """How a project reads its arch list: one environment variable (or a family of flags)."""
 
-    format: str  # a key of kforge.arch.RENDERERS
+    format: str  # a key of kforge.archrender.RENDERERS
     env: str | None = None  # the variable that receives the rendered list
     prefix: str | None = None  # disable-flags: FLASH_MLA_DISABLE_
     value: EnvValue = EnvValue("1")  # disable-flags: the value written for a disabled family
@@ -161,6 +163,13 @@ class Project:
 
     def unbuildable_reason(self, arch: Arch) -> str | None:
         return self.unbuildable.get(arch.base.sm)
+    arch_sets: Mapping[str, tuple[Arch, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """Named sets of declared archs, usable as a target (``flash-attn-release``); ``release`` is the default set."""
+
+    @property
+    def release_set(self) -> tuple[Arch, ...] | None:
+        """The project's default release set (``arch_sets.release``): its wheels carry no arch label."""
+        return self.arch_sets.get(RELEASE_SET)
 
 
 @dataclass(frozen=True)
@@ -303,6 +312,7 @@ class ProjectTable:
     build_requires: tuple[str, ...] = ()  # packages a provisioned variant environment gets besides torch
     release: ReleaseTable | None = None  # the release matrix: archs x variants, less excludes
     unbuildable: Mapping[str, str] = field(default_factory=_empty)  # arch -> why it can't build yet
+    arch_sets: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)  # each a set of declared archs
     arch_enforce: str = "on"  # on | check | off (kforge.archenforce)
 
 
@@ -486,6 +496,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag), build_requires=t.build_requires,
         release=read_release(t.release, f"{key}.release", project_archs=archs, torch_abi=t.torch_abi,
                              error=r.error) if t.release else None,
+        arch_sets=_arch_sets(r, f"{key}.arch_sets", t.arch_sets, archs, platforms),
         profiles=MappingProxyType({p: Profile(name=p, **r.values(Profile, d, f"{key}.profiles.{p}", skip=("name",)))
                                    for p, d in t.profiles.items()}),
     )
@@ -541,6 +552,44 @@ def _archs(r: Reader, key: str, t: ProjectTable) -> tuple[tuple[Arch, ...], Arch
     if not any(a.base == default.base for a in archs):
         raise r.error(f"{key}.default_arch", f"is {default.sm}, which is not in archs")
     return tuple(archs), next(a for a in archs if a.base == default.base)
+
+
+def _arch_sets(r: Reader, key: str, sets: Mapping[str, tuple[str, ...]], archs: tuple[Arch, ...],
+               platforms: Mapping[str, Platform]) -> Mapping[str, tuple[Arch, ...]]:
+    """``arch_sets = { release = ["sm_80", "sm_90"] }``: each name a target token, each arch a declared one."""
+    out: dict[str, tuple[Arch, ...]] = {}
+    for name, texts in sets.items():
+        where = f"{key}.{name}"
+        if not name or not name[0].isalpha() or not all(c.isalnum() or c == "_" for c in name) or name != name.lower():
+            raise r.error(where, "is not a valid arch set name",
+                          fix="use lower-case letters, digits and '_', starting with a letter (it becomes part of target ids)")
+        if _is_arch_spelling(name) or name in {n for p in platforms.values() for n in p.suffix_names}:
+            raise r.error(where, f"'{name}' reads as an arch or a platform in a target id", fix="pick another name, e.g. release")
+        chosen: list[Arch] = []
+        for i, text in enumerate(texts):
+            arch = _arch(r, f"{where}[{i}]", text)
+            declared = next((a for a in archs if a.base == arch.base), None)
+            if declared is None:
+                raise r.error(f"{where}[{i}]", f"is {arch.sm}, which is not in {key.rsplit('.', 1)[0]}.archs",
+                              fix=f"use archs the project declares: {', '.join(a.sm for a in archs)}")
+            if arch.variant and arch.variant != declared.variant:
+                raise r.error(f"{where}[{i}]", f"is {arch.sm}, but the project declares {declared.sm}",
+                              fix=f"write {declared.sm} (or the plain {declared.base.sm})")
+            if any(a.base == declared.base for a in chosen):
+                raise r.error(f"{where}[{i}]", f"lists {declared.base.sm} twice")
+            chosen.append(declared)
+        if not chosen:
+            raise r.error(where, "is empty", fix="name at least one arch")
+        out[name] = tuple(sorted(chosen))
+    return MappingProxyType(out)
+
+
+def _is_arch_spelling(text: str) -> bool:
+    try:
+        parse_arch(text)
+    except ArchError:
+        return False
+    return True
 
 
 def _sources(r: Reader, key: str, t: SourceTable) -> tuple[GitSource | None, SdistSource | None, LocalSource | None, Source]:

@@ -84,7 +84,6 @@ class PlanOptions:
     allow_unknown_cuda: bool | None = None  # True: a --cuda/KFORGE_CUDA outside kforge.inputs.CUDA_RELEASES is fine
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # --env KEY=VALUE, applied last
     cuda_from: str | None = None  # which layer set ``cuda`` ("KFORGE_CUDA" or "--cuda"), for the plan's story
-    label_archs: bool = False  # kforge release: the wheel's local label names its archs (several archs, one index)
 
     @classmethod
     def from_cascade(cls, environ: Mapping[str, str], **cli: Any) -> PlanOptions:

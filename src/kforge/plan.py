@@ -21,20 +21,9 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from kforge.arch import (
-    Arch,
-    as_cuda_version,
-    default_variant,
-    render_cmake_architectures,
-    render_disable_flags,
-    render_flashinfer,
-    render_gencode,
-    render_numbers,
-    render_torch_arch_list,
-    require_supported,
-)
+from kforge.arch import Arch, as_cuda_version, require_supported
 from kforge.archenforce import ArchEnforcement, plan_enforcement
-from kforge.archrender import FLASHINFER_RULE_VALID_FOR
+from kforge.archrender import FLASHINFER_RULE_VALID_FOR, default_variant, render_gencode, render_knob
 from kforge.backends import BACKENDS
 from kforge.config import ArchKnob, Forge, GpuTests, Platform, Project, normalise_env_value
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
@@ -44,12 +33,13 @@ from kforge.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
 from kforge.jobs import JobChoice, JobProfile, choose_jobs
 from kforge.options import BY_NAME, PlanOptions, parse_value
 from kforge.platformtag import parse_tag
-from kforge.repair import RepairPolicy, default_policy
+from kforge.repairpolicy import RepairPolicy, default_policy
 from kforge.series import PatchContext, Series, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 from kforge.targets import Target
 from kforge.toolchain import host_include_env
-from kforge.variant import Provisioning, Variant, local_label, parse_python, parse_version, provisioning, wheel_label
+from kforge.variant import Provisioning, Variant, parse_python, parse_version, provisioning
+from kforge.wheelname import local_version_label
 
 __all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
 
@@ -244,38 +234,11 @@ def require_current_knowledge(project: Project) -> None:
             )
 
 
-def effective_archs(project: Project, arch: Arch, cuda: Version) -> tuple[Arch, ...]:
-    if project.variant_rule == "flashinfer" and not arch.variant:
-        return (default_variant(arch, cuda),)
-    return (arch,)
+def effective_archs(project: Project, archs: tuple[Arch, ...], cuda: Version) -> tuple[Arch, ...]:
+    if project.variant_rule == "flashinfer":
+        return tuple(a if a.variant else default_variant(a, cuda) for a in archs)
+    return archs
 
-
-def render_knob(knob: ArchKnob, archs: tuple[Arch, ...], cuda: Version) -> dict[str, str]:
-    """One arch knob of a project, rendered for these archs."""
-    if knob.format == "disable-flags":
-        flags = render_disable_flags(archs, knob.families, knob.prefix or "")
-        return {name: knob.value for name in flags}
-    chosen = tuple(a for a in archs if knob.only is None or a.major * 10 + a.minor in knob.only)
-    if not chosen:
-        return {}
-    if knob.format == "gencode":
-        value = " ".join(render_gencode(chosen))
-    elif knob.format == "flashinfer":
-        value = render_flashinfer(chosen, cuda)
-    elif knob.format == "numbers":
-        value = render_numbers(chosen)
-    elif knob.format == "torch":
-        value = render_torch_arch_list(chosen)
-    elif knob.format == "cmake":
-        value = render_cmake_architectures(chosen)
-    else:  # config.py validated the name against kforge.arch.RENDERERS
-        raise ConfigError(f"arch knob format '{knob.format}' has no renderer in plan.py", fix="report this as a kforge bug")
-    return {knob.env or "": value}
-
-
-def local_version_label(cuda: Version, torch: Version | None) -> str:
-    """FA2's convention: ``cu130torch2.11`` (kforge.variant.wheel_label is the rule; this keeps the old call)."""
-    return wheel_label(Variant(cuda=cuda, python="3", torch=torch)) or f"cu{cuda.major}{cuda.minor}"
 
 
 def make_plan(
@@ -299,8 +262,7 @@ def make_plan(
     jobs = _jobs(project, host, options, job_profile)
     variant = Variant(cuda=Version(f"{toolchain.cuda.major}.{toolchain.cuda.minor}"), python=toolchain.python,
                       torch=toolchain.torch if project.torch_abi else None)
-    local_version = local_label(variant, tuple(f"{a.major * 10 + a.minor}{a.variant}" for a in archs),
-                                torch_abi=project.torch_abi, arch_part=options.label_archs)
+    local_version = local_version_label(project, target.archs, toolchain.cuda, toolchain.torch)
     env = _env(project, platform, profile, archs, toolchain, jobs, host, local_version, options.env)
     backend = _backend(options.backend or project.backend)
     ctx = PatchContext(platform=target.platform, archs=tuple(a.sm for a in archs),
@@ -400,7 +362,7 @@ def _toolchain(forge: Forge, project: Project, target: Target, host: HostFacts,
                options: PlanOptions) -> tuple[Toolchain, tuple[Arch, ...]]:
     """Which CUDA (and torch), and can it compile these archs?"""
     cuda, cuda_from = _select_cuda(forge, host, options)
-    archs = effective_archs(project, target.arch, cuda)
+    archs = effective_archs(project, target.archs, cuda)
     native = target.platform == host.platform  # a Windows target planned on Linux uses that host's toolkit
     same_as_installed = native and host.cuda_version is not None and cuda == as_cuda_version(host.cuda_version)
     require_supported(archs, cuda, nvcc_archs=host.nvcc_archs if same_as_installed else None,

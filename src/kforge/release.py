@@ -144,7 +144,6 @@ def plan_release(forge: Forge, project_name: str, host: HostFacts, options: Plan
             raise ConfigError(f"--{name} (or KFORGE_{name.upper()}) does not apply to a release: its variants come from "
                               f"[projects.{project.name}.release]", fix=f"drop --{name}, or edit the release matrix")
     builds = expand(project.release, host.python)
-    several = len({b.arch for b in builds}) > 1
     published = wheelhouse.list_wheels(wheelhouse_root, project.name)
     identities: dict[str, str] = {}
     items = []
@@ -152,7 +151,7 @@ def plan_release(forge: Forge, project_name: str, host: HostFacts, options: Plan
         target = make_target(forge, project, build.arch, host.platform, host.platform)
         v = build.variant
         opts = replace(options, cuda=f"{v.cuda.major}.{v.cuda.minor}", cuda_from="the release matrix",
-                       torch=str(v.torch) if v.torch is not None else None, python=v.python, label_archs=several)
+                       torch=str(v.torch) if v.torch is not None else None, python=v.python)
         plan = make_plan(forge, target, host, opts,
                          job_profile=jobs.load_profile(cache_dir, project.name, 1))
         key = repr(plan.source)

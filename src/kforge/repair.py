@@ -6,17 +6,12 @@ libraries that must *not* be bundled, because torch or the NVIDIA driver provide
 (``libtorch*``, ``libc10*``, ``libcuda.so*``, ``nvcuda.dll``, and the CUDA runtime when the
 project links it shared). Everything else an extension needs is grafted into the wheel.
 
-This module also owns the wheel's local version label (``+cu130torch2.11``, the
-flash-attention convention) and a RECORD-correct rewrite of a built wheel's version.
+The policy itself lives in :mod:`kforge.repairpolicy` (the doctor reads it too). This module
+also rewrites a built wheel's version with a local label (``+cu130torch2.11``), RECORD included.
 """
 
 from __future__ import annotations
 
-import base64
-import csv
-import fnmatch
-import hashlib
-import io
 import os
 import re
 import shutil
@@ -30,92 +25,18 @@ from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
+from wheel.wheelfile import WheelFile
 
 from kforge import platformtag
-from kforge.doctor.wheel import BINARY_NAME
-from kforge.errors import RepairError, ToolchainError
+from kforge.doctor.wheel import BINARY_NAME, inspect_wheel
+from kforge.errors import RepairError
+from kforge.repairpolicy import RepairPolicy, default_policy, unmangle
 
-#: Never bundled, torch provides them (Linux sonames, Windows DLL names).
-TORCH_LINUX = ("libtorch*", "libc10*")
-TORCH_WINDOWS = ("torch*.dll", "c10*.dll")
-#: Never bundled, the NVIDIA driver provides them.
-DRIVER_LINUX = ("libcuda.so*",)
-DRIVER_WINDOWS = ("nvcuda.dll",)
-#: Not bundled when the project links the CUDA runtime shared (torch or the
-#: nvidia-cuda-runtime wheel provide it); static cudart has no NEEDED entry at all.
-CUDART_LINUX = ("libcudart.so*",)
-CUDART_WINDOWS = ("cudart64_*.dll",)
+__all__ = [  # the policy is re-exported: callers that repair use one module
+    "RepairPolicy", "RepairResult", "apply_local_version", "default_policy", "platform_tag", "repair_wheel", "unmangle",
+]
 
-#: Libraries every manylinux system has (a NEEDED on these is fine unbundled).
-LINUX_SYSTEM = (
-    "libc.so.6", "libm.so.6", "libdl.so.2", "librt.so.1", "libpthread.so.0", "libutil.so.1",
-    "libresolv.so.2", "libnsl.so.1", "libcrypt.so.1", "libstdc++.so.6", "libgcc_s.so.1",
-    "ld-linux-*.so.*", "ld64.so.*",
-)  # fmt: skip
-#: DLLs every Windows system (with the VC++ runtime Python itself needs) has.
-WINDOWS_SYSTEM = (
-    "api-ms-win-*.dll", "ext-ms-*.dll", "kernel32.dll", "kernelbase.dll", "ntdll.dll", "user32.dll",
-    "advapi32.dll", "shell32.dll", "ole32.dll", "oleaut32.dll", "ws2_32.dll", "msvcrt.dll",
-    "ucrtbase.dll", "vcruntime140*.dll", "msvcp140*.dll", "vcomp140.dll", "concrt140.dll",
-    "python3*.dll", "bcrypt.dll", "crypt32.dll", "dbghelp.dll", "gdi32.dll", "shlwapi.dll",
-    "version.dll", "psapi.dll", "setupapi.dll", "iphlpapi.dll", "secur32.dll", "winmm.dll",
-    "rpcrt4.dll", "comdlg32.dll",
-)  # fmt: skip
-
-#: auditwheel and delvewheel rename what they graft: libfoo-1a2b3c4d.so.1, foo-1a2b3c4d.dll.
-_GRAFT_HASH = re.compile(r"^(?P<stem>.+?)-[0-9a-f]{8,}(?P<rest>\.so(?:\.[0-9]+)*|\.dll)$", re.IGNORECASE)
 _ELF_OR_PE = BINARY_NAME  # the doctor's rule for "a binary in a wheel"
-
-
-def unmangle(filename: str) -> str:
-    """``libcudart-1a2b3c4d.so.13`` -> ``libcudart.so.13``: the name before the repair tool renamed it."""
-    m = _GRAFT_HASH.match(filename)
-    return m.group("stem") + m.group("rest") if m else filename
-
-
-@dataclass(frozen=True)
-class RepairPolicy:
-    """Which libraries stay out of the wheel (``exclude``), and which the system has anyway.
-
-    Patterns are shell globs, matched case-insensitively against a library's file name
-    (after undoing the repair tools' hash mangling). Patterns ending in ``.dll`` go to
-    delvewheel, the rest to auditwheel.
-    """
-
-    exclude: tuple[str, ...]
-    system: tuple[str, ...] = LINUX_SYSTEM + WINDOWS_SYSTEM
-    name: str = "default"
-
-    def excludes(self, library: str) -> bool:
-        return _matches(unmangle(os.path.basename(library)), self.exclude)
-
-    def is_system(self, library: str) -> bool:
-        return _matches(os.path.basename(library), self.system)
-
-    @property
-    def linux_exclude(self) -> tuple[str, ...]:
-        return tuple(p for p in self.exclude if not p.lower().endswith(".dll"))
-
-    @property
-    def windows_exclude(self) -> tuple[str, ...]:
-        return tuple(p for p in self.exclude if p.lower().endswith(".dll"))
-
-
-def _matches(name: str, patterns: Sequence[str]) -> bool:
-    low = name.lower()
-    return any(fnmatch.fnmatchcase(low, p.lower()) for p in patterns)
-
-
-def default_policy(project: str = "default", *, torch: bool = True, cudart_shared: bool = False, extra: Sequence[str] = ()) -> RepairPolicy:
-    """The per-project default: the driver always; torch's libraries when the project builds against
-    torch; the CUDA runtime only when it is linked shared; plus ``extra`` patterns from forge.toml."""
-    exclude: list[str] = [*DRIVER_LINUX, *DRIVER_WINDOWS]
-    if torch:
-        exclude += [*TORCH_LINUX, *TORCH_WINDOWS]
-    if cudart_shared:
-        exclude += [*CUDART_LINUX, *CUDART_WINDOWS]
-    exclude += [p for p in extra if p not in exclude]
-    return RepairPolicy(exclude=tuple(exclude), name=project)
 
 
 @dataclass(frozen=True)
@@ -282,10 +203,6 @@ def _wheel_members(wheel: Path) -> list[str]:
 
 
 def _excluded_needed(wheel: Path, policy: RepairPolicy) -> tuple[str, ...]:
-    from kforge.doctor.wheel import (
-        inspect_wheel,  # late: the doctor imports this module's policy
-    )
-
     report = inspect_wheel(wheel)
     return tuple(sorted({lib for b in report.binaries for lib in b.needed if policy.excludes(lib)}))
 
@@ -318,38 +235,14 @@ def _tool_error(tool: str, wheel: Path, cmd: Sequence[str], code: int, log: str)
 # -- local version -------------------------------------------------------------------------
 
 
-def local_version(cuda: str | None, torch: str | None, *, cxx11_abi: bool | None = None) -> str | None:
-    """The local version label that says what a wheel needs at run time (flash-attention's convention).
-
-    ``("13.0", "2.11.0")`` -> ``"cu130torch2.11"``; ``cxx11_abi`` appends ``cxx11abiTRUE``/``FALSE``.
-    Torch-free wheels (``torch=None``) need no label: None.
-    """
-    if torch is None:
-        return None
-    label = ""
-    if cuda is not None:
-        m = re.match(r"^(\d+)\.(\d+)", cuda.strip())
-        if not m:
-            raise ToolchainError(f"'{cuda}' is not a CUDA version", why="expected MAJOR.MINOR such as 13.0", fix="pass the nvcc version the toolchain detected")
-        label += f"cu{m.group(1)}{m.group(2)}"
-    try:
-        tv = Version(torch.strip())
-    except InvalidVersion as exc:
-        raise ToolchainError(f"'{torch}' is not a torch version", why=str(exc), fix="pass torch.__version__, e.g. 2.11.0+cu130") from exc
-    label += f"torch{tv.major}.{tv.minor}"
-    if cxx11_abi is not None:
-        label += f"cxx11abi{'TRUE' if cxx11_abi else 'FALSE'}"
-    return label
-
-
 def apply_local_version(wheel: Path | str, label: str | None, *, out_dir: Path | str | None = None) -> Path:
     """Write a copy of ``wheel`` whose version carries ``+label`` and return its path.
 
     The file name, ``METADATA``'s ``Version:``, the ``.dist-info`` (and ``.data``) directory
-    names and ``RECORD`` (hashes and sizes of every file) are all rewritten, so pip and
-    ``wheel unpack`` accept the result. A version that already has a local part keeps it:
-    ``1.0.0+abc123`` becomes ``1.0.0+abc123.cu130torch2.11``. ``label=None`` returns ``wheel``.
-    The input is left as it is; the output appears only once complete.
+    names and ``RECORD`` (written by :class:`wheel.wheelfile.WheelFile`, with the hash and size
+    of every file) are all rewritten, so pip and ``wheel unpack`` accept the result. A version
+    that already has a local part keeps it: ``1.0.0+abc123`` becomes ``1.0.0+abc123.cu130torch2.11``.
+    ``label=None`` returns ``wheel``. The input is left as it is; the output appears only once complete.
     """
     wheel = Path(wheel)
     if not label:
@@ -368,47 +261,49 @@ def apply_local_version(wheel: Path | str, label: str | None, *, out_dir: Path |
     renames = {}
     for prefix in prefixes:
         stem, _, suffix = prefix.rpartition(".")
-        name_part, _, ver_part = stem.rpartition("-")
+        _name_part, _, ver_part = stem.rpartition("-")
         if Version(ver_part) != version:
             raise RepairError(f"{wheel.name} has an inconsistent {prefix}", why=f"its version {ver_part} differs from the file name's {old_v}", fix="rebuild the wheel")
-        renames[prefix] = f"{name_part}-{new_version}.{suffix}"
+        renames[prefix] = f"{parts[0]}-{new_version}.{suffix}"  # named after the file, as WheelFile expects
     dist_info = [p for p in prefixes if p.endswith(".dist-info")]
     if len(dist_info) != 1:
         raise RepairError(f"{wheel.name} has {len(dist_info)} .dist-info directories", why="a wheel has exactly one", fix="rebuild the wheel")
-    record_name = f"{renames[dist_info[0]]}/RECORD"
+    new_dist_info = renames[dist_info[0]]
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".kforge-version-", suffix=".whl", dir=target.parent)
-    os.close(fd)
-    try:
-        with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
-            record: list[tuple[str, str, str]] = []
+    with tempfile.TemporaryDirectory(prefix=".kforge-version-", dir=target.parent) as tmp:
+        staged = Path(tmp) / target.name  # WheelFile reads the dist-info name from the file name
+        with zipfile.ZipFile(wheel) as src, _RelabelledWheel(staged, "w") as dst:
+            old_record = next((i for i in src.infolist() if i.filename == f"{dist_info[0]}/RECORD"), None)
+            dst.record_date = old_record.date_time if old_record else (1980, 1, 1, 0, 0, 0)
             for info in src.infolist():
                 top, _, rest = info.filename.partition("/")
                 new_name = f"{renames[top]}/{rest}" if top in renames else info.filename
-                if new_name == record_name or new_name.endswith((".dist-info/RECORD.jws", ".dist-info/RECORD.p7s")):
+                if new_name.startswith(f"{new_dist_info}/RECORD"):  # RECORD (and its signatures): WheelFile writes it
                     continue
                 data = src.read(info)
-                if new_name == f"{renames[dist_info[0]]}/METADATA":
+                if new_name == f"{new_dist_info}/METADATA":
                     data = _set_metadata_version(data, str(new_version))
                 out = zipfile.ZipInfo(new_name, date_time=info.date_time)
                 out.external_attr = info.external_attr
                 out.compress_type = info.compress_type
                 dst.writestr(out, data)
-                if not new_name.endswith("/"):
-                    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-                    record.append((new_name, f"sha256={digest}", str(len(data))))
-            record.append((record_name, "", ""))
-            info = zipfile.ZipInfo(record_name, date_time=(1980, 1, 1, 0, 0, 0))
+        os.replace(staged, target)
+    return target
+
+
+class _RelabelledWheel(WheelFile):
+    """:class:`WheelFile` whose RECORD gets the date of the wheel it was made from, not the clock's,
+    so relabelling the same wheel twice gives the same bytes."""
+
+    record_date: tuple[int, int, int, int, int, int] = (1980, 1, 1, 0, 0, 0)
+
+    def writestr(self, zinfo_or_arcname: str | zipfile.ZipInfo, data: bytes | str, compress_type: int | None = None) -> None:
+        if zinfo_or_arcname == self.record_path:  # WheelFile.close() writes RECORD by name
+            info = zipfile.ZipInfo(self.record_path, date_time=self.record_date)
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
-            buf = io.StringIO()
-            csv.writer(buf, lineterminator="\n").writerows(record)
-            dst.writestr(info, buf.getvalue())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+            zinfo_or_arcname = info
+        super().writestr(zinfo_or_arcname, data, compress_type)
 
 
 def _set_metadata_version(data: bytes, version: str) -> bytes:

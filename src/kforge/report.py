@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kforge.errors import BuildError
+from kforge.fsutil import atomic_write_text
 
 # ---------------------------------------------------------------------------- .ninja_log
 
@@ -149,14 +148,6 @@ def _peak_for(output: str, peaks: Mapping[str, int]) -> int | None:
     return None
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def write_report(report: BuildReport, out_dir: Path, *,
                  sections: Mapping[str, object] | None = None) -> tuple[Path, Path]:
     """Write ``report.json`` and ``timeline.html`` into ``out_dir``; return their paths.
@@ -174,8 +165,8 @@ def write_report(report: BuildReport, out_dir: Path, *,
         **dict(sections or {}),
     }
     json_path, html_path = out_dir / "report.json", out_dir / "timeline.html"
-    _atomic_write(json_path, json.dumps(data, indent=2) + "\n")
-    _atomic_write(html_path, timeline_html(report))
+    atomic_write_text(json_path, json.dumps(data, indent=2) + "\n")
+    atomic_write_text(html_path, timeline_html(report))
     return json_path, html_path
 
 

@@ -8,6 +8,7 @@ Works with ``https://`` indexes and with ``file://`` ones (tests build their own
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -28,7 +29,7 @@ from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist
 from packaging.version import InvalidVersion, Version
 
 from kforge.errors import SourceError
-from kforge.fsutil import sha256_file
+from kforge.fsutil import atomic_write_bytes, sha256_file
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
 _ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
@@ -185,25 +186,11 @@ def fetch(
             why="forge.toml pins none and the index lists none",
             fix="pin sha256 for this sdist in forge.toml",
         )
-    target_dir = cache_path(cache_dir, name, version, expected)
-    target_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=target_dir)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write((opener or default_opener)(entry.url, "*/*"))
-        actual = sha256_file(Path(tmp))
-        if actual != expected:
-            raise _mismatch(name, version, expected, actual, entry.url, source="the download has")
-        final = target_dir / Path(entry.filename).name
-        os.replace(tmp, final)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        try:  # leave no empty cache directory behind (another process may be filling it: fine)
-            if not any(target_dir.iterdir()):
-                target_dir.rmdir()
-        except OSError:
-            pass
+    data = (opener or default_opener)(entry.url, "*/*")
+    actual = hashlib.sha256(data).hexdigest()  # checked in memory: a bad download never reaches the cache
+    if actual != expected:
+        raise _mismatch(name, version, expected, actual, entry.url, source="the download has")
+    final = atomic_write_bytes(cache_path(cache_dir, name, version, expected) / Path(entry.filename).name, data)
     return FetchedSdist(final, expected, entry.url, from_cache=False)
 
 

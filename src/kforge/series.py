@@ -27,8 +27,9 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from kforge.arch import parse_arch as _parse_arch
+from kforge.arch import Arch, parse_arch
 from kforge.errors import KforgeError, PatchError, decode_utf8, did_you_mean
+from kforge.fsutil import sha256_file
 
 KEYS = ("platform", "arch", "upstream")
 _COND = re.compile(r"^(?P<key>[a-z_]+)(?P<op>==|=|!=|>=|<=|>|<)(?P<value>.+)$")
@@ -39,17 +40,18 @@ class PatchContext:
     """What a build looks like, to select conditional entries."""
 
     platform: str  # a forge.toml platform name ("linux-x86_64") or an OS ("windows")
-    archs: tuple[str, ...] = ()  # "sm_120a", "sm_90a", "120", ...
+    archs: tuple[Arch | str, ...] = ()  # the build's archs: Arch, or any spelling ("sm_120a", "120")
     upstream_version: str | None = None
 
 
-def parse_arch(text: str) -> tuple[int, str]:
-    """``"sm_120a"`` -> ``(120, "a")``, through kforge's one arch table (every spelling it takes)."""
+def _arch(value: Arch | str) -> Arch:
+    """An arch of a condition or a context, through kforge's one arch table (every spelling it takes)."""
+    if isinstance(value, Arch):
+        return value
     try:
-        arch = _parse_arch(text)
+        return parse_arch(value)
     except KforgeError as exc:
-        raise PatchError(f"'{text.strip()}' is not an arch: {exc.what}", fix=exc.fix or "write archs like sm_90a, sm_120 or 12.0a") from None
-    return arch.major * 10 + arch.minor, arch.variant
+        raise PatchError(f"'{value.strip()}' is not an arch: {exc.what}", fix=exc.fix or "write archs like sm_90a, sm_120 or 12.0a") from None
 
 
 @dataclass(frozen=True)
@@ -81,14 +83,14 @@ class Condition:
         return version in SpecifierSet(self._specifier())
 
     def _arch_holds(self, ctx: PatchContext) -> bool:
-        archs = [parse_arch(a) for a in ctx.archs]
+        archs = [_arch(a) for a in ctx.archs]
         if self.op in ("=", "==", "!="):
-            wanted = [parse_arch(v) for v in self.value.split(",")]
-            any_match = any(n == wn and (not wv or v == wv) for n, v in archs for wn, wv in wanted)
+            wanted = [_arch(v) for v in self.value.split(",")]
+            any_match = any(a.number == w.number and (not w.variant or a.variant == w.variant) for a in archs for w in wanted)
             return any_match if self.op != "!=" else not any_match
-        num, _ = parse_arch(self.value)
+        num = _arch(self.value).number
         cmp = {">=": int.__ge__, "<=": int.__le__, ">": int.__gt__, "<": int.__lt__}[self.op]
-        return any(cmp(n, num) for n, _ in archs)
+        return any(cmp(a.number, num) for a in archs)
 
     def _specifier(self) -> str:
         parts = [p.strip() for p in self.value.split(",")]
@@ -100,7 +102,7 @@ class Condition:
             if self.key == "arch":
                 for v in self.value.split(","):
                     try:
-                        parse_arch(v)
+                        _arch(v)
                     except PatchError as exc:
                         raise PatchError(f"{where}: '{self}': {exc.what}", fix=exc.fix) from None
                 if self.op not in ("=", "==", "!=") and "," in self.value:
@@ -199,7 +201,7 @@ def series_hash(series: Series, ctx: PatchContext | None = None) -> str:
         h.update(e.name.encode() + b"\0")
         if ctx is None:
             h.update(e.condition_text.encode() + b"\0")
-        h.update(hashlib.sha256(e.path.read_bytes()).digest())
+        h.update(bytes.fromhex(sha256_file(e.path)))
     return h.hexdigest()
 
 

@@ -107,7 +107,7 @@ def _register_matrix(nox: Any, root: Path, venv_params: list[str]) -> None:
             session.run(*kforge_cmd, "build", _t, *session.posargs, external=True)
 
         add(f"build-{target.id}", build,
-            f"{project.name} {target.arch.sm} {target.platform}: plan, source, patches, build, repair, doctor, publish{where}",
+            f"{project.name} {target.arch_names} {target.platform}: plan, source, patches, build, repair, doctor, publish{where}",
             tags, venv_params=venv_params)
 
         def test(session: Any, _t: str = target.id) -> None:
@@ -115,7 +115,7 @@ def _register_matrix(nox: Any, root: Path, venv_params: list[str]) -> None:
             session.run(*kforge_cmd, "test", _t, *session.posargs, external=True)
 
         add(f"test-{target.id}", test,
-            f"{project.name} {target.arch.sm}: install the wheel from the wheelhouse index and run its GPU tests",
+            f"{project.name} {target.arch_names}: install the wheel from the wheelhouse index and run its GPU tests",
             [target.project, target.arch_token, target.platform, "test"], venv_params=venv_params)
 
     for project in forge.projects.values():

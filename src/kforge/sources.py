@@ -25,6 +25,7 @@ from pathlib import Path
 from kforge import gitarchive
 from kforge import sdist as _sdist
 from kforge.errors import SourceError
+from kforge.fsutil import sha256_file
 from kforge.gittree import has_commit, nested_states, run_git, submodules_at
 from kforge.mirrors import NO_MIRRORS, Mirrors, git_config_args
 
@@ -107,8 +108,6 @@ class PreparedSource:
 # --------------------------------------------------------------------------- git helpers
 
 
-def _git_out(args: Sequence[str], cwd: Path) -> str:
-    return run_git(args, cwd=cwd).stdout.decode().strip()
 
 
 def is_checkout(path: Path) -> bool:
@@ -449,5 +448,5 @@ def tree_hash(path: Path, *, exclude: Sequence[str] = (".git",)) -> str:
                 h.update(b"L\0" + rel + b"\0" + os.readlink(full).encode() + b"\0")
             else:
                 mode = b"x" if st.st_mode & stat.S_IXUSR else b"-"
-                h.update(b"F\0" + rel + b"\0" + mode + b"\0" + hashlib.sha256(full.read_bytes()).digest())
+                h.update(b"F\0" + rel + b"\0" + mode + b"\0" + bytes.fromhex(sha256_file(full)))
     return h.hexdigest()

@@ -3,8 +3,9 @@
 A build is target x variant. The variant id is readable and stable: ``cu130-torch2.11-cp312``; a torch-free
 project (``torch_abi = false``) drops the torch part (``cu130-cp312``). The same id names the variant's
 build environment in the kforge cache, the per-variant wheelhouse folders, the release manifest and CI job
-names. A wheel's local version label is :func:`wheel_label` (``cu130torch2.11``: the CUDA and torch parts,
-since the Python is already in the wheel's tag); this is the one place that spells it.
+names. A wheel's local version label is kforge.wheelname's (``cu130torch2.11`` for torch-ABI wheels, then
+the arch part unless the build is the project's ``release`` arch set); :func:`wheel_label` spells the variant
+part the same way, and the Python needs no part (it is in the wheel's tag).
 
 :func:`provisioning` says, for each part, whether the host has it or how kforge will provision it. It is
 pure: the host's facts are passed in.
@@ -80,25 +81,13 @@ class Variant:
 def wheel_label(variant: Variant) -> str | None:
     """The wheel's local version label part for the variant: ``cu130torch2.11`` (FA2's convention).
 
-    Torch-free wheels get none (their name stays the upstream one). The Python needs no part: it is in the
-    wheel's tag. The arch label (kforge.wheelname, where present) is joined after this part with a dot.
+    Torch-free wheels get none. The Python needs no part: it is in the wheel's tag. kforge.wheelname makes a
+    build's whole label: this part (it spells it the same), then the arch part unless the build is the
+    project's ``release`` arch set.
     """
     if variant.torch is None:
         return None
     return f"{variant.cuda_tag}torch{variant.torch_short}"
-
-
-def local_label(variant: Variant, arch_numbers: tuple[str, ...], *, torch_abi: bool, arch_part: bool) -> str | None:
-    """A build's whole local version label: the variant part (torch-ABI wheels), then one ``sm<N>[a|f]`` part
-    per arch when ``arch_part`` (a release of several archs: each arch's wheel needs its own name).
-
-    ``arch_numbers`` are ``90a``-style spellings. The arch helper's kforge.wheelname spells the same arch part
-    (and leaves it out for the project's release set); when both are on main, that rule replaces ``arch_part``.
-    """
-    parts = [wheel_label(variant)] if torch_abi else []
-    if arch_part:
-        parts.append(".".join(f"sm{n}" for n in arch_numbers))
-    return ".".join(p for p in parts if p) or None
 
 
 def parse_python(text: str, where: str) -> str:

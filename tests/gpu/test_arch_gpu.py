@@ -101,5 +101,5 @@ def test_older_sass_alone_gives_no_kernel_image_and_ptx_fixes_it(device, tmp_pat
     old = older[-1]
     run = _build_and_run(nvcc, tmp_path, render_gencode([old], ptx=False))
     assert run.returncode == 3 and "no kernel image" in run.stdout, (old, run.stdout)
-    run = _build_and_run(nvcc, tmp_path, render_gencode([parse_arch(f"{old.number}+PTX")], ptx=False))
+    run = _build_and_run(nvcc, tmp_path, render_gencode([parse_arch(f"{old.suffixed}+PTX")], ptx=False))
     assert (run.returncode, run.stdout.strip()) == (0, "ok"), (old, run.stdout)

@@ -23,12 +23,12 @@ from kforge.arch import (
     VARIANTS,
     Arch,
     parse_arch_list,
-    parse_nvcc_arch_list,
     require_supported,
     supported_archs,
 )
 from kforge.archrender import render_gencode
 from kforge.errors import ToolchainError
+from kforge.toolchain import nvcc_info
 
 pytestmark = pytest.mark.integration
 
@@ -52,8 +52,9 @@ def nvcc() -> RealNvcc:
     version = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
     m = re.search(r"release (\d+\.\d+)", version)
     assert m, version
-    listing = subprocess.run([path, "--list-gpu-arch"], capture_output=True, text=True, check=True).stdout
-    return RealNvcc(path, Version(m[1]), parse_nvcc_arch_list(listing))
+    listed = nvcc_info(Path(path)).gpu_archs  # kforge's own reading of `nvcc --list-gpu-arch`
+    assert listed, "nvcc --list-gpu-arch printed nothing"
+    return RealNvcc(path, Version(m[1]), listed)
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +98,7 @@ def fatbin_entries(data: bytes) -> list[Entry]:
 
 def test_table_agrees_with_nvcc_list(nvcc):
     listed = {int(re.search(r"\d+", n)[0]) for n in nvcc.listed if n.startswith("compute_")}
-    table = {a.numeric for a in supported_archs(nvcc.cuda)}
+    table = {a.number for a in supported_archs(nvcc.cuda)}
     assert listed - table == set(), f"nvcc {nvcc.cuda} lists archs the table says it lacks (or does not know)"
     assert table - listed == set(), f"the table says nvcc {nvcc.cuda} has archs it does not list"
     # and the nvcc list is consistent with require_supported's own view
@@ -119,7 +120,7 @@ def test_nvcc_accepts_every_variant_the_table_allows(nvcc, kernel):
         assert proc.returncode == 0, proc.stderr
         # the planned fatbinary command lists one ELF and one PTX image per arch
         planned = set(re.findall(r"--image3=kind=(elf|ptx),sm=(\d+[af]?)", proc.stdout + proc.stderr))
-        assert planned == {(kind, a.number) for a in batch for kind in ("elf", "ptx")}
+        assert planned == {(kind, a.suffixed) for a in batch for kind in ("elf", "ptx")}
 
 
 @pytest.mark.parametrize("number", list(KNOWN_ARCHS))

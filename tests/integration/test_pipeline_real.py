@@ -94,6 +94,25 @@ def test_missing_arch_fails_the_build_and_publishes_nothing(mono) -> None:
     assert not list(wheelhouse.glob("**/*.whl"))
 
 
+def test_builds_of_different_arch_sets_leave_distinct_wheels(mono) -> None:
+    """One arch, then two in one build (tiny-sm90+sm120): both wheels stay in the wheelhouse and the index."""
+    root, env = mono
+    with (root / "forge.toml").open("a") as fh:
+        fh.write(KNOBS.format(fmt="cmake"))
+    wheelhouse = root / "wheelhouse"
+    for target in ("tiny-sm90", "tiny-sm120+sm90"):
+        out = kforge("build", target, "--wheelhouse", str(wheelhouse), "--no-progress", cwd=root, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+    wheels = sorted(w.name for w in (wheelhouse / "tiny").glob("*.whl"))
+    assert [w.split("-")[1] for w in wheels] == ["0.1.0+sm90a", "0.1.0+sm90a.sm120a"]
+    fat = json.loads(Path(str(wheelhouse / "tiny" / wheels[1]) + ".manifest.json").read_text())
+    assert fat["target"] == "tiny-sm90+sm120" and fat["archs"] == ["sm_90a", "sm_120a"]
+    sass = {f["arch"] for b in fat["doctor"]["binaries"] for f in b["fatbins"] if f["kind"] == "sass"}
+    assert sass == {"sm_90a", "sm_120a"}
+    page = next((wheelhouse / "simple").glob("*/index.html")).read_text()
+    assert all(w in page for w in wheels)
+
+
 def test_variant_the_knob_cannot_carry_is_refused_at_plan_time(mono) -> None:
     root, env = mono
     with (root / "forge.toml").open("a") as fh:
@@ -126,7 +145,8 @@ def fmha_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_fmha_main_job_wheel(fmha_wheelhouse: Path, tmp_path: Path) -> None:
     (wheel,) = (fmha_wheelhouse / "fmha").glob("kforge_fmha-*.whl")
-    assert wheel.name.startswith("kforge_fmha-0.1.0-py3-none-manylinux_") and wheel.name.endswith("_x86_64.whl")
+    # the arch label keeps it apart from other fmha builds (kforge.wheelname); fmha-release has none
+    assert wheel.name.startswith("kforge_fmha-0.1.0+sm90a-py3-none-manylinux_") and wheel.name.endswith("_x86_64.whl")
     manifest = json.loads(Path(str(wheel) + ".manifest.json").read_text())
     assert manifest["target"] == "fmha-sm90" and manifest["source_kind"] == "local"
     binaries = manifest["doctor"]["binaries"]

@@ -15,7 +15,6 @@ from kforge.errors import RepairError
 from kforge.repair import (
     apply_local_version,
     default_policy,
-    local_version,
     repair_wheel,
     unmangle,
 )
@@ -171,8 +170,7 @@ def test_delvewheel_failure_is_a_repair_error(windows_wheel: Path, tmp_path: Pat
 
 
 def test_local_version_rewrite_installs_with_pip(linux_wheel: Path, tmp_path: Path) -> None:
-    label = local_version("13.0", "2.11.0+cu130")
-    assert label == "cu130torch2.11"
+    label = "cu130torch2.11"
     out = apply_local_version(linux_wheel, label, out_dir=tmp_path / "dist")
     assert out.name == "kforge_fixture-0.1.0+cu130torch2.11-cp311-cp311-linux_x86_64.whl"
     target = tmp_path / "site"

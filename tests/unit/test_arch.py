@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 from packaging.version import Version
@@ -14,12 +16,12 @@ from kforge.arch import (
     Dropped,
     all_archs,
     as_cuda_version,
+    code_kind,
     cuda_supports,
     filter_supported,
     host_arch,
     parse_arch,
     parse_arch_list,
-    parse_nvcc_arch_list,
     require_supported,
     supported_archs,
 )
@@ -109,8 +111,8 @@ def test_all_archs_lists_every_variant_once():
 
 def test_arch_properties():
     a = Arch(12, 0, "a")
-    assert (a.number, a.sm, a.compute, a.dotted, str(a)) == ("120a", "sm_120a", "compute_120a", "12.0a", "sm_120a")
-    assert a.numeric == 120
+    assert (a.suffixed, a.sm, a.compute, a.dotted, str(a)) == ("120a", "sm_120a", "compute_120a", "12.0a", "sm_120a")
+    assert a.number == 120 and isinstance(a.number, int)
     assert a.base == Arch(12, 0)
     assert Arch(9, 0, "a", ptx=True).base == Arch(9, 0)
     assert a.with_variant("f") == Arch(12, 0, "f")
@@ -175,7 +177,7 @@ def test_parse_arch_spellings(text, expected):
 
 @pytest.mark.parametrize("arch", all_archs(), ids=str)
 def test_every_table_arch_round_trips_through_its_spellings(arch):
-    for text in (arch.sm, arch.number, arch.dotted, arch.compute, arch.sm.upper(), arch.dotted + "+PTX"):
+    for text in (arch.sm, arch.suffixed, arch.dotted, arch.compute, arch.sm.upper(), arch.dotted + "+PTX"):
         parsed = parse_arch(text)
         assert parsed.base == arch.base and parsed.variant == arch.variant
 
@@ -304,10 +306,9 @@ def test_cuda_supports_every_arch_from_its_own_min_cuda():
 
 
 def test_supported_archs_for_cuda_13_0_and_12_8():
-    assert [a.number for a in supported_archs("13.0")] == [
-        "75", "80", "86", "87", "88", "89", "90", "100", "103", "110", "120", "121"]
-    assert [a.number for a in supported_archs("12.8")] == ["75", "80", "86", "87", "89", "90", "100", "101", "120"]
-    with_variants = {a.number for a in supported_archs("12.8", variants=True)}
+    assert [a.number for a in supported_archs("13.0")] == [75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121]
+    assert [a.number for a in supported_archs("12.8")] == [75, 80, 86, 87, 89, 90, 100, 101, 120]
+    with_variants = {a.suffixed for a in supported_archs("12.8", variants=True)}
     assert {"90a", "100a", "101a", "120a"} <= with_variants
     assert not {"100f", "120f", "103a", "121a"} & with_variants
 
@@ -342,7 +343,7 @@ def test_require_supported_sm101_on_13_0_says_renamed_sm110():
 
 
 def test_require_supported_with_real_nvcc_13_list():
-    listed = parse_nvcc_arch_list(NVCC_13_0_LIST_GPU_ARCH)
+    listed = frozenset(NVCC_13_0_LIST_GPU_ARCH.split())
     require_supported(parse_arch_list("75;88;90a;100f;103a;110f;120f;121"), "13.0", nvcc_archs=listed)
     with pytest.raises(ToolchainError, match="renamed it sm_110"):
         require_supported([Arch(10, 1)], "13.0", nvcc_archs=listed)
@@ -378,7 +379,7 @@ def test_filter_supported_splits_and_keeps_order():
 
 def test_filter_supported_on_13_0_drops_sm101_with_the_rename():
     kept, dropped = filter_supported(parse_arch_list("90a;101;110"), "13.0",
-                                     nvcc_archs=parse_nvcc_arch_list(NVCC_13_0_LIST_GPU_ARCH))
+                                     nvcc_archs=frozenset(NVCC_13_0_LIST_GPU_ARCH.split()))
     assert kept == (Arch(9, 0, "a"), Arch(11, 0))
     assert len(dropped) == 1 and "renamed it sm_110" in dropped[0].reason
 
@@ -386,25 +387,33 @@ def test_filter_supported_on_13_0_drops_sm101_with_the_rename():
 # ------------------------------------------------------------------ nvcc --list-gpu-arch
 
 
-def test_parse_nvcc_arch_list_on_real_13_0_output():
-    got = parse_nvcc_arch_list(NVCC_13_0_LIST_GPU_ARCH)
-    assert got == frozenset(f"compute_{n}" for n in (75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121))
+def test_real_13_0_list_agrees_with_the_table():
+    # kforge.toolchain.nvcc_info keeps the listing as whitespace-separated names
+    listed = {int(name.split("_")[1]) for name in NVCC_13_0_LIST_GPU_ARCH.split()}
+    assert listed == {a.number for a in supported_archs("13.0")}
 
 
-def test_parse_nvcc_arch_list_agrees_with_the_table_for_13_0():
-    listed = {int(name.split("_")[1]) for name in parse_nvcc_arch_list(NVCC_13_0_LIST_GPU_ARCH)}
-    assert listed == {a.numeric for a in supported_archs("13.0")}
+def test_observed_arch_is_outside_the_table_but_compares_equal():
+    old = Arch.observed(7, 0)
+    assert old.sm == "sm_70" and old.number == 70
+    assert Arch.observed(9, 0, "a") == Arch(9, 0, "a")
+    with pytest.raises(ArchError, match="no longer supported"):
+        old.info  # noqa: B018
+    with pytest.raises(ArchError, match="not a CUDA arch"):
+        Arch.observed(9, 0, "x")
 
 
-def test_parse_nvcc_arch_list_takes_list_gpu_code_and_crlf():
-    got = parse_nvcc_arch_list("sm_90\r\nsm_90a\r\nlto_90\r\ncompute_100f\r\n")
-    assert got == frozenset({"sm_90", "sm_90a", "lto_90", "compute_100f"})
+@pytest.mark.parametrize(("text", "kind"), [("sm_90a", "sass"), ("compute_120f", "ptx"), ("lto_90", "lto"), ("10.3a", None),
+                                            ("90", None)])
+def test_code_kind_and_one_parse(text, kind):
+    assert code_kind(text) == kind
+    assert parse_arch(text).major in (9, 10, 12)
 
 
-@pytest.mark.parametrize("text", ["", "nvcc fatal   : Unknown option '--list-gpu-arch'", "\n\n"])
-def test_parse_nvcc_arch_list_rejects_output_without_archs(text):
-    with pytest.raises(ToolchainError, match="could not read the arch list"):
-        parse_nvcc_arch_list(text)
+def test_importing_arch_does_not_import_the_renderers():
+    code = "import sys, kforge.arch; print('kforge.archrender' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_module_has_no_second_copy_of_min_cuda_facts():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
 import pytest
 from packaging.version import Version
 
@@ -15,6 +18,7 @@ from kforge.archrender import (
     render_disable_flags,
     render_flashinfer,
     render_gencode,
+    render_knob,
     render_numbers,
     render_torch_arch_list,
 )
@@ -25,18 +29,53 @@ A = parse_arch_list  # short alias for the tables below
 FLASH_MLA_FAMILIES = {"SM90": {90}, "SM100": {100, 103}}
 
 
-def test_renderers_are_reexported_from_kforge_arch():
-    assert arch_api.render_gencode is render_gencode
-    assert arch_api.RENDERERS is RENDERERS
-    assert arch_api.default_variant is default_variant
+def test_arch_does_not_reexport_the_renderers():
+    # archrender imports arch, never the reverse: no lazy re-export either
     with pytest.raises(AttributeError):
-        arch_api.render_nothing  # noqa: B018
+        arch_api.render_gencode  # noqa: B018
+
+
+@dataclass(frozen=True)
+class Knob:
+    format: str
+    env: str | None = None
+    prefix: str | None = None
+    value: str = "1"
+    families: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    only: tuple[int, ...] | None = None
+
+
+CUDA13 = Version("13.0")
 
 
 def test_renderer_names():
     assert set(RENDERERS) == {"gencode", "numbers", "torch", "cmake", "flashinfer", "disable-flags"}
-    assert RENDERERS["torch"] is render_torch_arch_list
-    assert RENDERERS["disable-flags"] is render_disable_flags
+
+
+@pytest.mark.parametrize(
+    ("knob", "archs", "expected"),
+    [
+        (Knob("numbers", "FLASH_ATTN_CUDA_ARCHS"), "80;120", {"FLASH_ATTN_CUDA_ARCHS": "80;120"}),
+        (Knob("torch", "TORCH_CUDA_ARCH_LIST"), "100a;120a", {"TORCH_CUDA_ARCH_LIST": "10.0a;12.0a+PTX"}),
+        (Knob("cmake", "CMAKE_CUDA_ARCHITECTURES"), "80;90a", {"CMAKE_CUDA_ARCHITECTURES": "80-real;90a"}),
+        (Knob("flashinfer", "FLASHINFER_CUDA_ARCH_LIST"), "80;90;120", {"FLASHINFER_CUDA_ARCH_LIST": "8.0 9.0a 12.0f"}),
+        (Knob("gencode", "NVCC_APPEND_FLAGS", only=(120, 121)), "100f;120a",
+         {"NVCC_APPEND_FLAGS": "-gencode=arch=compute_120a,code=sm_120a -gencode=arch=compute_120a,code=compute_120a"}),
+        (Knob("gencode", "NVCC_APPEND_FLAGS", only=(120, 121)), "90a;100f", {}),
+        (Knob("disable-flags", prefix="FLASH_MLA_DISABLE_", families={"SM90": (90,), "SM100": (100, 103)}), "100f;120a",
+         {"FLASH_MLA_DISABLE_SM90": "1"}),
+        (Knob("disable-flags", prefix="FLASH_ATTENTION_DISABLE_", value="TRUE", families={"SM80": (80,)}), "90a",
+         {"FLASH_ATTENTION_DISABLE_SM80": "TRUE"}),
+    ],
+)
+def test_every_renderer_has_one_signature_and_takes_the_set(knob, archs, expected):
+    assert RENDERERS[knob.format](A(archs), knob, CUDA13) == expected
+    assert render_knob(knob, A(archs), "13.0") == expected
+
+
+def test_render_knob_unknown_format():
+    with pytest.raises(ArchError, match="has no renderer.*did you mean 'numbers'"):
+        render_knob(Knob("number", "X"), A("80"), CUDA13)
 
 
 # ------------------------------------------------------------------ gencode

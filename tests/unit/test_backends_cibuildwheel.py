@@ -100,7 +100,7 @@ def test_torch_project_on_linux(tmp_path):
     for key, value in plan.env.items():
         if key not in ("CUDA_HOME", "CUDACXX", "CPLUS_INCLUDE_PATH"):
             assert env[key] == value, key
-    assert env["FLASH_ATTN_CUDA_ARCHS"] == "120" and env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11"
+    assert env["FLASH_ATTN_CUDA_ARCHS"] == "120" and env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11.sm120"  # arch label: not a release set
     assert env["MAX_JOBS"] == str(plan.jobs.max_jobs) and env["NVCC_THREADS"] == str(plan.jobs.nvcc_threads)
     assert env["CUDA_HOME"] == "/usr/local/cuda-13.0" and env["CUDACXX"] == "/usr/local/cuda-13.0/bin/nvcc"
     assert env["CPLUS_INCLUDE_PATH"] == "/usr/local/cuda-13.0/include/cccl"  # CUDA 13's CCCL for g++, in the container

@@ -68,12 +68,20 @@ def test_no_forge_toml(tmp_path: Path) -> None:
 
 def test_targets_lists_the_matrix() -> None:
     out = kforge("targets", "--json")
-    targets = {t["id"]: t for t in json.loads(out.stdout)}
-    assert {"flashmla-sm120", "fmha-sm90", "flash-attn-sm120-windows"} <= set(targets)
+    rows = {t["id"]: t for t in json.loads(out.stdout)}
+    assert {"flashmla-sm120", "fmha-sm90", "flash-attn-sm120-windows", "flash-attn-release"} <= set(rows)
+    assert rows["flash-attn-release"]["archs"] == ["sm_80", "sm_90", "sm_100", "sm_120"]
+    assert rows["fmha-sm90"]["arch"] == "sm_90a" and rows["fmha-sm90"]["archs"] == ["sm_90a"]
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    assert targets["fmha-sm90"]["variants"] == [f"cu130-{py}"]  # forge.toml's fmha release matrix
-    assert "cu128-torch2.9-cp312" in targets["flash-attn-sm90"]["variants"]
-    assert targets["flashmla-sm120"]["variants"] == []  # no release matrix
+    assert rows["fmha-sm90"]["variants"] == [f"cu130-{py}"]  # forge.toml's fmha release matrix
+    assert "cu128-torch2.9-cp312" in rows["flash-attn-sm90"]["variants"]
+    assert rows["flashmla-sm120"]["variants"] == []  # no release matrix
+
+
+def test_plan_of_a_multi_arch_target_shows_the_rendered_set() -> None:
+    out = kforge("plan", "flash-attn-sm80+sm120-windows")
+    assert out.returncode == 0, out.stderr
+    assert "FLASH_ATTN_CUDA_ARCHS=80;120" in out.stdout and "torch2.11.sm80.sm120" in out.stdout
 
 
 def test_exit_codes_are_distinct() -> None:

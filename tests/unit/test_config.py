@@ -77,6 +77,13 @@ def test_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
         ("[platforms.linux-x86_64]\nos='linux'\n[projects]\n", "projects", "is empty"),
         (MINIMAL.replace('format = "numbers" }', 'format = "numbers", only = ["120"] }'), "projects.demo.arch_knobs[0].only[0]", "arch number"),
         ("[toolchains]\ncuda = []\n" + MINIMAL, "toolchains.cuda", "is empty"),
+        (MINIMAL + 'arch_sets = { release = ["sm_80", "sm_100"] }\n', "projects.demo.arch_sets.release[1]", "not in projects.demo.archs"),
+        (MINIMAL + 'arch_sets = { release = ["sm_80", "8.0"] }\n', "projects.demo.arch_sets.release[1]", "lists sm_80 twice"),
+        (MINIMAL + 'arch_sets = { sm90 = ["sm_90a"] }\n', "projects.demo.arch_sets.sm90", "reads as an arch"),
+        (MINIMAL + 'arch_sets = { linux = ["sm_90a"] }\n', "projects.demo.arch_sets.linux", "or a platform"),
+        (MINIMAL + 'arch_sets = { "a-b" = ["sm_90a"] }\n', "projects.demo.arch_sets.a-b", "not a valid arch set name"),
+        (MINIMAL + 'arch_sets = { release = [] }\n', "projects.demo.arch_sets.release", "is empty"),
+        (MINIMAL + 'arch_sets = { release = ["sm_90f"] }\n', "projects.demo.arch_sets.release[0]", "no 'f' variant"),
     ],
 )
 def test_malformed_files_name_the_key(tmp_path: Path, text: str, key_path: str, hint: str) -> None:
@@ -86,6 +93,13 @@ def test_malformed_files_name_the_key(tmp_path: Path, text: str, key_path: str, 
     assert key_path in message
     assert hint in message
     assert "Traceback" not in message
+
+
+def test_arch_sets_resolve_to_the_declared_archs_in_order(tmp_path: Path) -> None:
+    demo = load_forge(write(tmp_path, MINIMAL + 'arch_sets = { release = ["9.0", "sm_80"], hopper = ["sm_90a"] }\n')).projects["demo"]
+    assert [a.sm for a in demo.arch_sets["release"]] == ["sm_80", "sm_90a"]  # the declared variant, sorted
+    assert demo.release_set == demo.arch_sets["release"]
+    assert load_forge(write(tmp_path, MINIMAL)).projects["demo"].release_set is None
 
 
 def test_duplicate_project_is_a_toml_error(tmp_path: Path) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from kforge.arch import Arch, code_kind, parse_arch
 from kforge.doctor import (
     BinaryReport,
     FatbinEntry,
@@ -15,13 +17,15 @@ from kforge.doctor import (
     to_json,
     verify,
 )
-from kforge.doctor.model import CudaArch, parse_arch
 from kforge.errors import ArchError, DoctorError
-from kforge.repair import default_policy
+from kforge.repairpolicy import default_policy
 
 
 def fb(name: str, *, relocatable: bool = False, compressed: bool = False) -> FatbinEntry:
-    kind, arch = parse_arch(name)
+    # as the fatbin parser does: any arch a binary names, even one outside kforge's table (sm_70)
+    m = re.fullmatch(r"(?:sm|compute)_(\d+)(\d)([af]?)", name)
+    assert m, name
+    kind, arch = code_kind(name), Arch.observed(int(m[1]), int(m[2]), m[3])
     assert kind in ("sass", "ptx")
     return FatbinEntry(
         kind=kind, arch=name, major=arch.major, minor=arch.minor, variant=arch.variant,
@@ -79,10 +83,9 @@ def test_plus_ptx_needs_the_ptx_too() -> None:
 
 
 def test_arch_objects_from_the_plan_are_accepted() -> None:
-    from kforge.arch import parse_arch as parse_known
-
-    assert check(binary("sm_90a"), expect_archs=[parse_known("sm_90a")]) == []
-    assert check(binary("sm_90a"), expect_archs=[parse_known("sm_100a")])[0].code == "missing-arch"
+    assert check(binary("sm_90a"), expect_archs=[parse_arch("sm_90a")]) == []
+    assert check(binary("sm_90a"), expect_archs=[parse_arch("sm_100a")])[0].code == "missing-arch"
+    assert [f.code for f in check(binary("sm_90"), expect_archs=[parse_arch("sm_90+PTX")])] == ["missing-ptx"]
 
 
 def test_misspelt_expected_arch_is_an_arch_error() -> None:
@@ -174,12 +177,24 @@ def test_to_json_round_trips_the_facts() -> None:
 
 
 def test_arch_spelling_helpers() -> None:
-    assert parse_arch("sm_90a") == ("sass", CudaArch(9, 0, "a"))
-    assert parse_arch("compute_120f") == ("ptx", CudaArch(12, 0, "f"))
-    assert parse_arch("10.3a") == (None, CudaArch(10, 3, "a"))
-    assert min([CudaArch(12, 0), CudaArch(9, 0, "a"), CudaArch(10, 0, "f")]) == CudaArch(9, 0, "a")
+    # the doctor uses kforge.arch's one model: Arch, parse_arch, and code_kind for the prefix
+    assert (code_kind("sm_90a"), parse_arch("sm_90a")) == ("sass", Arch(9, 0, "a"))
+    assert (code_kind("compute_120f"), parse_arch("compute_120f")) == ("ptx", Arch(12, 0, "f"))
+    assert (code_kind("10.3a"), parse_arch("10.3a")) == (None, Arch(10, 3, "a"))
+    assert min([Arch(12, 0), Arch(9, 0, "a"), Arch(10, 0, "f")]) == Arch(9, 0, "a")
+    assert fb("sm_90a").cuda_arch == Arch(9, 0, "a")
     with pytest.raises(ArchError):
         parse_arch("hopper")
+
+
+def test_a_binary_with_an_arch_outside_the_table_is_still_described() -> None:
+    # sm_70 (dropped by CUDA 13) in an old wheel: the doctor reports it rather than failing
+    old = FatbinEntry(kind="sass", arch="sm_70", major=7, minor=0, variant="", compressed=False, compression=None,
+                      size=1, uncompressed_size=1, version="1.8", section=".nv_fatbin", container=0, offset=0)
+    b = BinaryReport(path="old.so", format="elf", size=1, fatbins=(old,), containers=1)
+    (finding,) = check(b, expect_archs=["sm_80"])
+    assert finding.code == "missing-arch" and "it has sm_70" in finding.message
+    assert "70" in render_text(b)
 
 
 def test_finding_prints_as_one_line() -> None:

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from kforge.arch import parse_arch
 from kforge.config import load_forge
 from kforge.errors import PatchError
 from kforge.patches import analyse
-from kforge.series import Condition, PatchContext, load_series, parse_arch, parse_patch, series_hash
+from kforge.series import Condition, PatchContext, load_series, parse_patch, series_hash
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -140,11 +141,11 @@ def test_series_hash_follows_bytes_order_and_selection(tmp_path: Path) -> None:
     assert series_hash(load_series(d), win) != h_win
 
 
-def test_parse_arch_spellings() -> None:
-    assert parse_arch("sm_120a") == (120, "a")
-    assert parse_arch("120") == (120, "")
-    assert parse_arch("compute_90a") == (90, "a")
-    assert parse_arch("10.3f") == (103, "f")
+def test_conditions_and_contexts_take_every_arch_spelling_and_arch_values() -> None:
+    # one arch model: the series reads archs through kforge.arch (strings or Arch values)
+    assert Condition("arch", "=", "12.0a").holds(PatchContext("linux", (parse_arch("sm_120a"),)))
+    assert Condition("arch", ">=", "compute_100").holds(PatchContext("linux", ("10.3f",)))
+    assert not Condition("arch", "=", "120f").holds(PatchContext("linux", (parse_arch("120a"),)))
 
 
 def test_parse_patch_reads_files_and_hunks(tmp_path: Path) -> None:

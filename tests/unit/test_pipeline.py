@@ -140,7 +140,8 @@ def test_the_whole_chain_with_fakes_publishes_a_verified_wheel_and_runs_gpu_test
     done = outcome.done
     assert done.source is not None and (done.source.tree / "tests" / "test_k.py").is_file()
     assert done.repair and done.repair[0].tag == "manylinux_2_28_x86_64"
-    assert outcome.wheel == tmp_path / "wheelhouse" / "tiny" / "tiny-0.1.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    # relabelled with its arch set (kforge.wheelname), so other builds of tiny never overwrite it
+    assert outcome.wheel == tmp_path / "wheelhouse" / "tiny" / "tiny-0.1.0+sm90-cp311-cp311-manylinux_2_28_x86_64.whl"
     manifest = json.loads(outcome.manifest.read_text())
     assert manifest["archs"] == ["sm_90"] and manifest["toolchain"]["nvcc_threads"] == 3
     assert manifest["repaired_tag"] == "manylinux_2_28_x86_64" and manifest["source_kind"] == "local"
@@ -153,7 +154,7 @@ def test_the_whole_chain_with_fakes_publishes_a_verified_wheel_and_runs_gpu_test
                            runner=lambda cmd, env, cwd=None, capture=False: (calls.append(list(cmd)), (0, ""))[1],
                            inspect_wheel=inspect_as("sm_90"))
     assert result.status == "passed" and result.wheel == outcome.wheel
-    assert calls[0][1:4] == ["-m", "pip", "install"] and calls[0][-1] == "tiny==0.1.0"
+    assert calls[0][1:4] == ["-m", "pip", "install"] and calls[0][-1] == "tiny==0.1.0+sm90"  # exactly this build
     assert calls[1][1:3] == ["-m", "pytest"] and "/test-tiny-sm90/src/" in calls[1][3] and calls[1][3].endswith("/tests") and "-x" in calls[1]
     assert time.monotonic() - started < 1.0
 

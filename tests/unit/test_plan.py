@@ -80,8 +80,8 @@ def test_flash_attn_sm120_windows(forge) -> None:
 def test_flash_attn_linux_skips_windows_patch(forge) -> None:
     plan = plan_for(forge, "flash-attn-sm90")
     assert not any("MSVC" in p for p in plan.patches)
-    assert plan.env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11"
-    assert plan.local_version == "cu130torch2.11"
+    assert plan.env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11.sm90"  # not the release set: an arch label
+    assert plan.local_version == "cu130torch2.11.sm90"
 
 
 @pytest.mark.parametrize(("target", "cuda", "rendered"), [
@@ -130,14 +130,14 @@ def test_cccl_host_include_path_is_a_toolchain_fact(forge) -> None:
 def test_fa3_is_offline_and_has_no_sm100(forge) -> None:
     plan = plan_for(forge, "flash-attn3-sm90")
     assert plan.env["FLASH_ATTENTION_OFFLINE_BUILD"] == "TRUE"
-    assert plan.env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11"
+    assert plan.env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11.sm90a"  # not a release set: an arch label (kforge.wheelname)
     assert all(a.major != 10 for a in forge.projects["flash-attn3"].archs)
 
 
 def test_fmha_is_torch_free_and_uses_cmake_archs(forge) -> None:
     plan = plan_for(forge, "fmha-sm90")
     assert plan.env["CMAKE_CUDA_ARCHITECTURES"] == "90a"
-    assert plan.local_version is None and plan.toolchain.torch is None
+    assert plan.local_version == "sm90a" and plan.toolchain.torch is None  # torch-free: only the arch label
     assert plan.env["CUDA_HOME"] == "/usr/local/cuda-13.0"
 
 
@@ -276,7 +276,7 @@ def test_plan_names_the_variant_and_how_each_part_is_provisioned(forge):
     assert prov["torch"]["present"] is False and "uv pip install torch==2.9.1" in prov["torch"]["how"]
     assert prov["python"]["present"] is False and "uv venv --python 3.10" in prov["python"]["how"]
     assert prov["cuda"]["present"] is True
-    assert plan.local_version == "cu130torch2.9"
+    assert plan.local_version == "cu130torch2.9.sm90"  # kforge.wheelname: variant part, then arch
     assert "variant     cu130-torch2.9-cp310" in plan.render()
 
 
@@ -297,7 +297,7 @@ def test_fmha_variant_drops_torch(forge):
     target = parse_target(forge, "fmha-sm90", "linux-x86_64")
     plan = make_plan(forge, target, host(), PlanOptions(python="3.12"), job_profile=profile("fmha"))
     assert plan.variant is not None and plan.variant.id == "cu130-cp312"
-    assert plan.local_version is None
+    assert plan.local_version == "sm90a"  # no torch part; the arch part (not fmha's release set)
 
 
 def test_cuda_12_comes_from_the_system(forge):
@@ -305,3 +305,45 @@ def test_cuda_12_comes_from_the_system(forge):
     plan = make_plan(forge, target, host(), PlanOptions(cuda="12.8"), job_profile=profile("flash-attn"))
     assert "/usr/local/cuda-12.8" in plan.toolchain.action
     assert plan.variant is not None and plan.variant.id.startswith("cu128-")
+
+
+# ------------------------------------------------------------------ multi-arch targets (issue 12)
+
+
+def test_flash_attn_sm80_sm120_windows_renders_the_set(forge) -> None:
+    plan = plan_for(forge, "flash-attn-sm80+sm120-windows")
+    assert plan.env["FLASH_ATTN_CUDA_ARCHS"] == "80;120"
+    assert [a.sm for a in plan.archs] == ["sm_80", "sm_120"]
+    assert plan.local_version == plan.env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11.sm80.sm120"
+    assert any(p.startswith("0003-setup-MSVC") for p in plan.patches)  # the Windows patch is selected
+
+
+def test_flashmla_sm100_sm120_plans_both_families(forge) -> None:
+    plan = plan_for(forge, "flashmla-sm100+sm120")
+    assert [a.sm for a in plan.archs] == ["sm_100f", "sm_120a"]
+    assert plan.env["FLASH_MLA_DISABLE_SM90"] == "1" and "FLASH_MLA_DISABLE_SM100" not in plan.env
+    assert "12.0a" in plan.env["TORCH_CUDA_ARCH_LIST"]  # sm_120 reaches torch's extension builder (upstream has no gencode for it)
+    assert "-gencode=arch=compute_100f,code=sm_100f" in plan.nvcc_flags
+    assert plan.local_version == "cu130torch2.11.sm100f.sm120a"
+
+
+def test_flashinfer_set_applies_its_variant_rule_to_every_arch(forge) -> None:
+    plan = plan_for(forge, "flashinfer-sm90+sm120")
+    assert plan.env["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a 12.0f"
+    assert [a.sm for a in plan.archs] == ["sm_90a", "sm_120f"]
+
+
+def test_fmha_set_renders_cmake_and_release_has_no_arch_label(forge) -> None:
+    pair = plan_for(forge, "fmha-sm80+sm90")
+    assert pair.env["CMAKE_CUDA_ARCHITECTURES"] == "80-real;90a"
+    assert pair.local_version == "sm80.sm90a"
+    release = plan_for(forge, "fmha-release")
+    assert release.env["CMAKE_CUDA_ARCHITECTURES"] == "80-real;86-real;89-real;90a-real;100a-real;120a"
+    assert release.local_version is None
+    assert plan_for(forge, "flash-attn-release").local_version == "cu130torch2.11"
+
+
+def test_builds_that_differ_in_archs_never_share_a_label(forge) -> None:
+    ids = ["fmha-sm80", "fmha-sm90", "fmha-sm80+sm90", "fmha-release", "fmha-sm120", "fmha-sm86+sm89"]
+    labels = [plan_for(forge, i).local_version for i in ids]
+    assert len(set(labels)) == len(ids), dict(zip(ids, labels, strict=True))

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kforge.errors import RepairError, ToolchainError
+from kforge.errors import RepairError
 from kforge.repair import (
     apply_local_version,
     default_policy,
-    local_version,
     platform_tag,
     repair_wheel,
     unmangle,
@@ -58,28 +57,6 @@ def test_unmangle() -> None:
     assert unmangle("libcudart-1a2b3c4d.so.13") == "libcudart.so.13"
     assert unmangle("kfhelper-0123456789abcdef0123456789abcdef.dll") == "kfhelper.dll"
     assert unmangle("libfoo-bar.so") == "libfoo-bar.so"
-
-
-@pytest.mark.parametrize(
-    ("cuda", "torch", "abi", "label"),
-    [
-        ("13.0", "2.11.0", None, "cu130torch2.11"),
-        ("12.8.1", "2.9.0+cu128", None, "cu128torch2.9"),
-        ("13.0", "2.11.0", False, "cu130torch2.11cxx11abiFALSE"),
-        (None, "2.11.0", None, "torch2.11"),
-        ("13.0", None, None, None),
-        (None, None, None, None),
-    ],
-)
-def test_local_version(cuda: str | None, torch: str | None, abi: bool | None, label: str | None) -> None:
-    assert local_version(cuda, torch, cxx11_abi=abi) == label
-
-
-def test_local_version_rejects_garbage() -> None:
-    with pytest.raises(ToolchainError):
-        local_version("thirteen", "2.11.0")
-    with pytest.raises(ToolchainError):
-        local_version("13.0", "latest")
 
 
 def _wheel(tmp_path: Path, version: str = "1.0.0") -> Path:
@@ -184,3 +161,13 @@ def test_wheel_without_binaries_is_copied_through_without_running_a_tool(tmp_pat
 
     result = repair_wheel(src, tmp_path / "out", platform=platform, policy=default_policy(), runner=must_not_run)
     assert not result.repaired and result.tag == "any" and result.wheel.read_bytes() == src.read_bytes()
+
+
+def test_apply_local_version_is_reproducible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # RECORD gets the source wheel's date, not the clock's: relabelling twice gives the same bytes
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    src = _wheel(tmp_path)
+    first = apply_local_version(src, "sm90a", out_dir=tmp_path / "a").read_bytes()
+    monkeypatch.setattr("time.time", lambda: 2_000_000_000.0)  # a later clock
+    second = apply_local_version(src, "sm90a", out_dir=tmp_path / "b").read_bytes()
+    assert first == second

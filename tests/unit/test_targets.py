@@ -82,3 +82,57 @@ def test_matrix_has_the_sessions_the_readme_promises(forge) -> None:
     assert "flashmla-sm120-windows" in ids
     assert not any(t.endswith("-linux-arm") and "-sm80" in t for t in ids)
     assert len(ids) == len(expand_matrix(forge, HOST))  # ids are unique
+
+
+# ------------------------------------------------------------------ multi-arch targets and arch sets
+
+
+@pytest.mark.parametrize(
+    ("text", "archs", "platform", "canonical"),
+    [
+        ("flash-attn-sm80+sm120-windows", ["sm_80", "sm_120"], "windows-amd64", "flash-attn-sm80+sm120-windows"),
+        ("flash-attn-sm120+sm80-windows", ["sm_80", "sm_120"], "windows-amd64", "flash-attn-sm80+sm120-windows"),  # one id
+        ("flashmla-sm100+sm120", ["sm_100f", "sm_120a"], "linux-x86_64", "flashmla-sm100+sm120"),
+        ("flashinfer-sm90+sm120f", ["sm_90", "sm_120f"], "linux-x86_64", "flashinfer-sm90+sm120f"),
+        ("flash-attn-release", ["sm_80", "sm_90", "sm_100", "sm_120"], "linux-x86_64", "flash-attn-release"),
+        ("fmha-release-windows", ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"], "windows-amd64",
+         "fmha-release-windows"),
+    ],
+)
+def test_multi_arch_targets(forge, text, archs, platform, canonical) -> None:
+    t = parse_target(forge, text, HOST)
+    assert ([a.sm for a in t.archs], t.platform, t.id) == (archs, platform, canonical)
+    assert parse_target(forge, t.id, HOST) == t  # the id parses back to the same target
+
+
+def test_a_multi_arch_target_has_no_single_arch(forge) -> None:
+    t = parse_target(forge, "flashmla-sm100+sm120", HOST)
+    assert t.arch_names == "sm_100f sm_120a"
+    with pytest.raises(TargetError, match="builds 2 archs"):
+        t.arch  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "needle"),
+    [
+        ("fmha-sm90+sm90a", TargetError, "names sm_90 twice"),
+        ("fmha-sm80+sm91", ArchError, "'sm91' in target"),
+        ("flashmla-sm90+sm80", ArchError, "flashmla does not support sm_80"),
+        ("flash-attn-sm80+sm100-windows", TargetError, "flash-attn sm_100 on windows-amd64 is excluded"),
+        ("flash-attn-relase", ArchError, "did you mean 'release'"),
+        ("flash-attn-release-windows", TargetError, "excluded"),  # sm_100 of the set is excluded on Windows
+    ],
+)
+def test_bad_multi_arch_targets(forge, text, error, needle) -> None:
+    with pytest.raises(error) as info:
+        parse_target(forge, text, HOST)
+    assert needle in str(info.value)
+
+
+def test_matrix_lists_the_arch_sets_after_the_single_archs(forge) -> None:
+    targets = expand_matrix(forge, HOST)
+    ids = [t.id for t in targets]
+    assert {"fmha-release", "flash-attn-release", "flashmla-release", "fmha-release-windows"} <= set(ids)
+    assert "flash-attn-release-windows" not in ids  # its sm_100 is excluded on Windows
+    assert ids.index("fmha-release") > ids.index("fmha-sm120")
+    assert all(parse_target(forge, i, HOST).id == i for i in ids)

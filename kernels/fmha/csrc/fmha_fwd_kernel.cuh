@@ -242,6 +242,87 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
   }
 }
 
+// Where one CTA's (query block, head, batch) tile lives, for both forward kernels: the sequence
+// lengths of this batch entry (varlen through cu_seqlens, or padded), the first query row, the
+// Q/K/V/O pointers (GQA: the K/V head is head / head_ratio), the LSE offset, and how many key
+// tiles of block_n keys the block visits (a causal mask, bottom-right aligned, cuts the rest).
+template <typename T>
+struct TileSetup {
+  int sq, sk;        // query and key lengths
+  int row0;          // first query row of this block
+  int64_t lse_off;   // LSE index of row 0 of this batch entry (before head and row)
+  int n_blocks;      // key tiles this block visits
+  const T* q;        // row row0 of this head's Q
+  const T* k;        // key 0 of this head's K
+  const T* v;        // key 0 of this head's V
+  T* o;              // row row0 of this head's O
+};
+
+// Fills `t` and returns true, or returns false when the block starts past the last query row
+// (the CTA has nothing to do).
+template <typename T, bool CAUSAL>
+__device__ __forceinline__ bool setup_tile(const FwdParams& p, int m_block, int head, int b,
+                                           int block_m, int block_n, TileSetup<T>& t) {
+  int sq = p.seqlen_q, sk = p.seqlen_k;
+  int64_t q_off, o_off, lse_off, k_off, v_off;
+  if (p.cu_seqlens_q != nullptr) {
+    const int start = p.cu_seqlens_q[b];
+    sq = p.cu_seqlens_q[b + 1] - start;
+    q_off = start * p.q_row_stride;
+    o_off = start * p.o_row_stride;
+    lse_off = start;
+  } else {
+    q_off = b * p.q_batch_stride;
+    o_off = b * p.o_batch_stride;
+    lse_off = b * p.lse_batch_stride;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    const int start = p.cu_seqlens_k[b];
+    sk = p.cu_seqlens_k[b + 1] - start;
+    k_off = start * p.k_row_stride;
+    v_off = start * p.v_row_stride;
+  } else {
+    k_off = b * p.k_batch_stride;
+    v_off = b * p.v_batch_stride;
+  }
+  const int row0 = m_block * block_m;
+  if (row0 >= sq) return false;
+  const int kv_head = head / p.head_ratio;
+  int n_blocks = (sk + block_n - 1) / block_n;
+  if (CAUSAL) {
+    // Last visible key of the last row of this block, bottom-right aligned.
+    const int last_row = min(sq, row0 + block_m) - 1;
+    const int last_key = last_row + sk - sq;
+    n_blocks = min(n_blocks, last_key < 0 ? 0 : (last_key + block_n) / block_n);
+  }
+  t.sq = sq;
+  t.sk = sk;
+  t.row0 = row0;
+  t.lse_off = lse_off;
+  t.n_blocks = n_blocks;
+  t.q = static_cast<const T*>(p.q) + q_off + head * p.q_head_stride + row0 * p.q_row_stride;
+  t.k = static_cast<const T*>(p.k) + k_off + kv_head * p.k_head_stride;
+  t.v = static_cast<const T*>(p.v) + v_off + kv_head * p.v_head_stride;
+  t.o = static_cast<T*>(p.o) + o_off + head * p.o_head_stride + row0 * p.o_row_stride;
+  return true;
+}
+
+// End of the online softmax for one query row whose partial sums sit in 4 adjacent lanes (the
+// mma/wgmma accumulator layout): reduce the sum, write the row's LSE (natural log) from lane
+// 4k when `row` < sq, and return the factor that normalises O (0 for a row with no visible key).
+__device__ __forceinline__ float finish_row(const FwdParams& p, float partial_sum, float row_max,
+                                            float scale_log2, int64_t lse_index, bool write_lse) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  float sum = partial_sum;
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  const bool empty = !(sum > 0.f);
+  if (p.lse != nullptr && write_lse) {
+    p.lse[lse_index] = empty ? -__builtin_huge_valf() : (row_max * scale_log2 + __log2f(sum)) * kLn2;
+  }
+  return empty ? 0.f : 1.f / sum;
+}
+
 }  // namespace detail
 
 template <typename T, int HDIM, bool CAUSAL>
@@ -273,44 +354,14 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
   const int warp = tid / 32;
   const int lane = tid % 32;
 
-  int sq = p.seqlen_q, sk = p.seqlen_k;
-  int64_t q_off, o_off, lse_off, k_off, v_off;
-  if (p.cu_seqlens_q != nullptr) {
-    const int start = p.cu_seqlens_q[b];
-    sq = p.cu_seqlens_q[b + 1] - start;
-    q_off = start * p.q_row_stride;
-    o_off = start * p.o_row_stride;
-    lse_off = start;
-  } else {
-    q_off = b * p.q_batch_stride;
-    o_off = b * p.o_batch_stride;
-    lse_off = b * p.lse_batch_stride;
-  }
-  if (p.cu_seqlens_k != nullptr) {
-    const int start = p.cu_seqlens_k[b];
-    sk = p.cu_seqlens_k[b + 1] - start;
-    k_off = start * p.k_row_stride;
-    v_off = start * p.v_row_stride;
-  } else {
-    k_off = b * p.k_batch_stride;
-    v_off = b * p.v_batch_stride;
-  }
-  const int row0 = m_block * BM;
-  if (row0 >= sq) return;
-  const int kv_head = head / p.head_ratio;
-
-  const T* gQ = static_cast<const T*>(p.q) + q_off + head * p.q_head_stride + row0 * p.q_row_stride;
-  const T* gK = static_cast<const T*>(p.k) + k_off + kv_head * p.k_head_stride;
-  const T* gV = static_cast<const T*>(p.v) + v_off + kv_head * p.v_head_stride;
-  T* gO = static_cast<T*>(p.o) + o_off + head * p.o_head_stride + row0 * p.o_row_stride;
-
-  int n_blocks = (sk + BN - 1) / BN;
-  if (CAUSAL) {
-    // Last visible key of the last row of this block, bottom-right aligned.
-    const int last_row = min(sq, row0 + BM) - 1;
-    const int last_key = last_row + sk - sq;
-    n_blocks = min(n_blocks, last_key < 0 ? 0 : (last_key + BN) / BN);
-  }
+  TileSetup<T> tile;
+  if (!setup_tile<T, CAUSAL>(p, m_block, head, b, BM, BN, tile)) return;
+  const int sq = tile.sq, sk = tile.sk, row0 = tile.row0, n_blocks = tile.n_blocks;
+  const int64_t lse_off = tile.lse_off;
+  const T* gQ = tile.q;
+  const T* gK = tile.k;
+  const T* gV = tile.v;
+  T* gO = tile.o;
 
   load_tile<BM, HDIM, NTHREADS>(sQ, gQ, p.q_row_stride, sq - row0, tid);
   if (n_blocks > 0) {
@@ -620,26 +671,17 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
 
   // Epilogue: normalise, write LSE, stage O through this warp's rows of sQ, store 16 bytes
   // per thread. A warp only ever reads its own rows of sQ, so no CTA barrier is needed.
-  constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float sum = row_sum[mt][r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const bool empty = !(sum > 0.f);
-      const float inv = empty ? 0.f : 1.f / sum;
+      const int row = row0 + warp_row + mt * 16 + lane / 4 + 8 * r;
+      const float inv = finish_row(p, row_sum[mt][r], row_max[mt][r], scale_log2,
+                                   lse_off + head * p.lse_head_stride + row, (lane % 4) == 0 && row < sq);
 #pragma unroll
       for (int d = 0; d < DT; ++d) {
         acc[mt][d][2 * r] *= inv;
         acc[mt][d][2 * r + 1] *= inv;
-      }
-      const int row = row0 + warp_row + mt * 16 + lane / 4 + 8 * r;
-      if (p.lse != nullptr && (lane % 4) == 0 && row < sq) {
-        const float lse =
-            empty ? kNegInf : (row_max[mt][r] * scale_log2 + __log2f(sum)) * kLn2;
-        p.lse[lse_off + head * p.lse_head_stride + row] = lse;
       }
     }
 #pragma unroll

@@ -13,7 +13,8 @@
 // memory (K-major); O += P V is wgmma m64n64k16 with P taken straight from the S accumulators
 // as the register A operand and V read MN-major (transposed) from shared memory. Each step
 // issues Q K^T first, then the cp.async loads of the next tile, then waits. The softmax
-// (stale max, exp2 domain), the masking rules, GQA and varlen follow fmha_fwd_kernel.cuh.
+// (stale max, exp2 domain) and the masking rules follow fmha_fwd_kernel.cuh; the tile setup
+// (GQA, varlen, causal key range) and the row epilogue are its detail::setup_tile and finish_row.
 // The compile-time options below (ping-pong, n128 P V, load order) were measured on an H200;
 // docs/benchmarks.md has the numbers.
 #pragma once
@@ -249,43 +250,14 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_fwd_sm90_kernel(const FwdPar
   const int warp = (tid % 128) / 32;
   const int lane = tid % 32;
 
-  int sq = p.seqlen_q, sk = p.seqlen_k;
-  int64_t q_off, o_off, lse_off, k_off, v_off;
-  if (p.cu_seqlens_q != nullptr) {
-    const int start = p.cu_seqlens_q[b];
-    sq = p.cu_seqlens_q[b + 1] - start;
-    q_off = start * p.q_row_stride;
-    o_off = start * p.o_row_stride;
-    lse_off = start;
-  } else {
-    q_off = b * p.q_batch_stride;
-    o_off = b * p.o_batch_stride;
-    lse_off = b * p.lse_batch_stride;
-  }
-  if (p.cu_seqlens_k != nullptr) {
-    const int start = p.cu_seqlens_k[b];
-    sk = p.cu_seqlens_k[b + 1] - start;
-    k_off = start * p.k_row_stride;
-    v_off = start * p.v_row_stride;
-  } else {
-    k_off = b * p.k_batch_stride;
-    v_off = b * p.v_batch_stride;
-  }
-  const int row0 = m_block * kBlockM;
-  if (row0 >= sq) return;
-  const int kv_head = head / p.head_ratio;
-
-  const T* gQ = static_cast<const T*>(p.q) + q_off + head * p.q_head_stride + row0 * p.q_row_stride;
-  const T* gK = static_cast<const T*>(p.k) + k_off + kv_head * p.k_head_stride;
-  const T* gV = static_cast<const T*>(p.v) + v_off + kv_head * p.v_head_stride;
-  T* gO = static_cast<T*>(p.o) + o_off + head * p.o_head_stride + row0 * p.o_row_stride;
-
-  int n_blocks = (sk + kBlockN - 1) / kBlockN;
-  if (CAUSAL) {
-    const int last_row = min(sq, row0 + kBlockM) - 1;
-    const int last_key = last_row + sk - sq;
-    n_blocks = min(n_blocks, last_key < 0 ? 0 : (last_key + kBlockN) / kBlockN);
-  }
+  TileSetup<T> tile;
+  if (!setup_tile<T, CAUSAL>(p, m_block, head, b, kBlockM, kBlockN, tile)) return;
+  const int sq = tile.sq, sk = tile.sk, row0 = tile.row0, n_blocks = tile.n_blocks;
+  const int64_t lse_off = tile.lse_off;
+  const T* gQ = tile.q;
+  const T* gK = tile.k;
+  const T* gV = tile.v;
+  T* gO = tile.o;
 
   auto load_kv = [&](int n, int kbuf, int vbuf) {
     const int64_t koff = static_cast<int64_t>(n) * kBlockN;
@@ -482,20 +454,12 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_fwd_sm90_kernel(const FwdPar
   // Epilogue: normalise, write the LSE, stage O through this warp's own rows of sQ.
   cp_async_wait<0>();
   __syncthreads();
-  constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const bool empty = !(sum > 0.f);
-    const float inv = empty ? 0.f : 1.f / sum;
     const int lrow = wrow + 8 * r;
     const int row = row0 + lrow;
-    if (p.lse != nullptr && t == 0 && row < sq) {
-      const float lse = empty ? kNegInf : (row_max[r] * scale_log2 + __log2f(sum)) * kLn2;
-      p.lse[lse_off + head * p.lse_head_stride + row] = lse;
-    }
+    const float inv = finish_row(p, row_sum[r], row_max[r], scale_log2,
+                                 lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
 #pragma unroll
     for (int d = 0; d < 2; ++d) {
 #pragma unroll

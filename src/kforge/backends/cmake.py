@@ -19,7 +19,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from kforge.arch import render_cmake_architectures
+from kforge.archrender import render_cmake_architectures
 from kforge.backends import BuildRequest, BuildResult
 from kforge.backends._runner import (
     LAUNCHER_LANGS,

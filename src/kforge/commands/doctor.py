@@ -17,7 +17,7 @@ from kforge.doctor.checks import expected
 from kforge.doctor.judgement import Judgement, from_manifest_file, manifest_for, with_overrides
 from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import DoctorError
-from kforge.repair import default_policy
+from kforge.repairpolicy import default_policy
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -30,11 +30,13 @@ def run(args: argparse.Namespace) -> int:
 
         def variants(t):  # type: ignore[no-untyped-def]
             release = forge.projects[t.project].release
-            return [b.variant.id for b in expand(release, python) if b.arch.base == t.arch.base] if release else []
+            if release is None or len(t.archs) != 1:
+                return []
+            return [b.variant.id for b in expand(release, python) if b.arch.base == t.archs[0].base]
 
-        print(json.dumps([{"id": t.id, "project": t.project, "arch": t.arch.sm, "platform": t.platform,
-                           "variants": variants(t)} for t in targets], indent=2))
+        print(json.dumps([{"id": t.id, "project": t.project, "arch": t.arch_names, "archs": [a.sm for a in t.archs],
+                           "platform": t.platform, "variants": variants(t)} for t in targets], indent=2))
     else:
         for t in targets:
-            print(f"{t.id:36} {t.arch.sm:9} {t.platform}")
+            print(f"{t.id:36} {t.arch_names:9} {t.platform}")
     return 0

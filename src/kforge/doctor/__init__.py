@@ -17,12 +17,10 @@ from kforge.doctor.checks import check, verify
 from kforge.doctor.fatbin import FatbinFormatError, parse_fatbins
 from kforge.doctor.model import (
     BinaryReport,
-    CudaArch,
     FatbinEntry,
     Finding,
     SectionSize,
     WheelReport,
-    parse_arch,
 )
 from kforge.doctor.render import render_text, to_dict, to_json
 from kforge.doctor.wheel import (
@@ -34,7 +32,6 @@ from kforge.doctor.wheel import (
 
 __all__ = [
     "BinaryReport",
-    "CudaArch",
     "FatbinEntry",
     "FatbinFormatError",
     "Finding",
@@ -45,7 +42,6 @@ __all__ = [
     "inspect_bytes",
     "inspect_wheel",
     "inspect_wheels",
-    "parse_arch",
     "parse_fatbins",
     "render_text",
     "to_dict",

@@ -32,21 +32,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from kforge.doctor.model import (
-    PTX,
-    BinaryReport,
-    CudaArch,
-    Finding,
-    WheelReport,
-    parse_arch,
-)
+from kforge.arch import PTX, Arch, code_kind, parse_arch
+from kforge.doctor.model import BinaryReport, Finding, WheelReport
 from kforge.doctor.resources import resource_findings
 from kforge.errors import DoctorError
-
-if TYPE_CHECKING:
-    from kforge.repair import RepairPolicy
+from kforge.repairpolicy import RepairPolicy, unmangle
 
 NO_KERNEL_IMAGE = "'no kernel image is available for execution on the device'"
 
@@ -54,7 +45,7 @@ NO_KERNEL_IMAGE = "'no kernel image is available for execution on the device'"
 def check(
     report: WheelReport | BinaryReport,
     *,
-    expect_archs: Sequence[object] = (),
+    expect_archs: Sequence[str | Arch] = (),
     policy: RepairPolicy | None = None,
     exact: bool = False,
     exact_ptx: bool = True,
@@ -110,38 +101,31 @@ def check(
     return sorted(findings, key=lambda f: order.get(f.severity, 3))
 
 
-def expected(expect_archs: Sequence[object]) -> list[tuple[str, str | None, CudaArch]]:
+def expected(expect_archs: Sequence[str | Arch]) -> list[tuple[str, str | None, Arch]]:
     """``(label, kind, arch)`` for each expected arch: kind is PTX for ``compute_XY`` (PTX required),
-    None for SASS. ``sm_90+PTX`` (or a :class:`kforge.arch.Arch` with ``ptx``) asks for both.
+    None for SASS. ``sm_90+PTX`` (or an :class:`~kforge.arch.Arch` with ``ptx``) asks for both.
 
     Spellings go through :func:`kforge.arch.parse_arch`, the one table of known archs and suffixes,
     so a misspelt or unknown arch is an :class:`~kforge.errors.ArchError` with a suggestion.
     """
-    from kforge.arch import parse_arch as parse_known
-
-    out: list[tuple[str, str | None, CudaArch]] = []
+    out: list[tuple[str, str | None, Arch]] = []
     for item in expect_archs:
-        if isinstance(item, str):
-            text = item.strip().lower()
-            known = parse_known(text)
-            pair = CudaArch(known.major, known.minor, known.variant)
-            if text.startswith("compute_"):
-                kinds: tuple[str | None, ...] = (PTX,)
-            else:
-                kinds = (None, PTX) if known.ptx else (None,)
-        else:  # a kforge.arch.Arch from the plan
-            pair = CudaArch(item.major, item.minor, item.variant)  # type: ignore[attr-defined]
-            kinds = (None, PTX) if getattr(item, "ptx", False) else (None,)
+        arch = parse_arch(item) if isinstance(item, str) else item
+        if isinstance(item, str) and code_kind(item) == PTX:
+            kinds: tuple[str | None, ...] = (PTX,)
+        else:
+            kinds = (None, PTX) if arch.ptx else (None,)
+        want = arch.with_ptx(False)
         for kind in kinds:
-            label = pair.compute if kind == PTX else pair.sm
+            label = want.compute if kind == PTX else want.sm
             if all(label != w[0] for w in out):
-                out.append((label, kind, pair))
+                out.append((label, kind, want))
     return out
 
 
 def verify(
     report: WheelReport | BinaryReport,
-    expect_archs: Sequence[object] = (),
+    expect_archs: Sequence[str | Arch] = (),
     policy: RepairPolicy | None = None,
     *,
     exact: bool = False,
@@ -189,7 +173,7 @@ def _vendored(path: str) -> bool:
     return top.endswith(".libs") or "/.libs/" in f"/{path}"
 
 
-def _judge_arch(label: str, binary: BinaryReport, text: str, kind: str | None, want: CudaArch) -> Finding | None:
+def _judge_arch(label: str, binary: BinaryReport, text: str, kind: str | None, want: Arch) -> Finding | None:
     sass = {e.cuda_arch for e in binary.sass if not e.relocatable}
     ptx = {e.cuda_arch for e in binary.ptx}
     has = _describe(binary)
@@ -236,7 +220,7 @@ def _judge_arch(label: str, binary: BinaryReport, text: str, kind: str | None, w
     )
 
 
-def _judge_exact(label: str, binary: BinaryReport, wanted: Sequence[tuple[str, str | None, CudaArch]], *,
+def _judge_exact(label: str, binary: BinaryReport, wanted: Sequence[tuple[str, str | None, Arch]], *,
                  ptx: bool = True) -> list[Finding]:
     """Exact mode: the binary's SASS names (and PTX names, with ``ptx``) are exactly the expected ones."""
     sass = {e.arch for e in binary.sass if not e.relocatable}
@@ -245,6 +229,7 @@ def _judge_exact(label: str, binary: BinaryReport, wanted: Sequence[tuple[str, s
         wanted = [w for w in wanted if w[1] != PTX]
     want_sass = {text for text, kind, _ in wanted if kind != PTX}
     want_ptx = {text for text, kind, _ in wanted if kind == PTX}
+    order = {e.arch: e.cuda_arch for e in binary.fatbins}  # sort names by their arch
     has = _describe(binary)
     asked = ", ".join(t for t, _, _ in wanted)
     out = []
@@ -255,16 +240,16 @@ def _judge_exact(label: str, binary: BinaryReport, wanted: Sequence[tuple[str, s
         elif kind != PTX and text not in sass:
             out.append(Finding("error", "missing-arch", f"{label}: {binary.path} has no SASS for {text} ({has}); a GPU "
                                f"with {text} would fail with {NO_KERNEL_IMAGE}", binary=binary.path, arch=text))
-    for name in sorted(sass - want_sass, key=lambda n: parse_arch(n)[1]):
+    for name in sorted(sass - want_sass, key=lambda n: order[n]):
         out.append(Finding("error", "extra-arch", f"{label}: {binary.path} carries SASS {name}, which the plan did not "
                            f"ask for (it asked for exactly {asked})", binary=binary.path, arch=name))
-    for name in sorted(has_ptx - want_ptx, key=lambda n: parse_arch(n)[1]):
+    for name in sorted(has_ptx - want_ptx, key=lambda n: order[n]):
         out.append(Finding("error", "extra-ptx", f"{label}: {binary.path} carries PTX {name}, which the plan did not "
                            f"ask for (it asked for exactly {asked})", binary=binary.path, arch=name))
     return out
 
 
-def _ptx_runs_on(ptx: CudaArch, device: CudaArch) -> bool:
+def _ptx_runs_on(ptx: Arch, device: Arch) -> bool:
     if ptx.variant == "a":
         return (ptx.major, ptx.minor) == (device.major, device.minor)
     if ptx.variant == "f":
@@ -273,8 +258,8 @@ def _ptx_runs_on(ptx: CudaArch, device: CudaArch) -> bool:
 
 
 def _describe(binary: BinaryReport) -> str:
-    sass = [e.arch for e in binary.sass if not e.relocatable]
-    sass_names = sorted(set(sass), key=lambda n: parse_arch(n)[1])
+    sass = {e.arch: e.cuda_arch for e in binary.sass if not e.relocatable}
+    sass_names = sorted(sass, key=lambda n: sass[n])
     parts = [f"it has {', '.join(sass_names)}" if sass_names else "it has no SASS"]
     if binary.ptx_archs:
         parts.append(f"PTX {', '.join(binary.ptx_archs)}")
@@ -282,8 +267,6 @@ def _describe(binary: BinaryReport) -> str:
 
 
 def _library_findings(label: str, binaries: Sequence[BinaryReport], files: Sequence[str], policy: RepairPolicy) -> list[Finding]:
-    from kforge.repair import unmangle
-
     findings = []
     basenames = {f.rsplit("/", 1)[-1] for f in files} | {b.path.rsplit("/", 1)[-1] for b in binaries}
     for f in files:

@@ -1,4 +1,4 @@
-"""Result types of the wheel doctor, and the CUDA arch spelling it reads and writes.
+"""Result types of the wheel doctor (its arch type is :class:`kforge.arch.Arch`).
 
 Everything here is a frozen dataclass, so a report can be compared, hashed, stored in a
 manifest (:func:`kforge.doctor.render.to_json`) and handed from step to step unchanged.
@@ -6,68 +6,14 @@ manifest (:func:`kforge.doctor.render.to_json`) and handed from step to step unc
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from kforge.errors import ArchError
+from kforge.arch import LTO, PTX, SASS, Arch
 
-#: Kinds of payload in a fatbin: device code (SASS in a cubin ELF), PTX text, LTO IR.
-SASS, PTX, LTO = "sass", "ptx", "lto"
-
-_ARCH_RE = re.compile(r"^(?:(?P<prefix>sm|compute|lto)_)?(?P<num>\d{2,3}|\d{1,2}\.\d)(?P<variant>[af]?)$")
-
-
-@dataclass(frozen=True, order=True)
-class CudaArch:
-    """A compute capability with its suffix: ``sm_90a`` is ``CudaArch(9, 0, "a")``.
-
-    ``variant`` is ``""`` (portable within its major version), ``"a"`` (arch-specific:
-    runs only on exactly this compute capability) or ``"f"`` (family-specific: runs on
-    this compute capability and later minors of the same family).
-    """
-
-    major: int
-    minor: int
-    variant: str = ""
-
-    @property
-    def number(self) -> int:
-        return self.major * 10 + self.minor
-
-    @property
-    def sm(self) -> str:
-        return f"sm_{self.number}{self.variant}"
-
-    @property
-    def compute(self) -> str:
-        return f"compute_{self.number}{self.variant}"
-
-    def __str__(self) -> str:
-        return self.sm
-
-
-def parse_arch(text: str) -> tuple[str | None, CudaArch]:
-    """Parse ``sm_90a``, ``compute_120f``, ``90a``, ``9.0a`` or ``120``.
-
-    Returns ``(kind, arch)`` where kind is :data:`SASS` for an ``sm_`` prefix, :data:`PTX`
-    for ``compute_``, :data:`LTO` for ``lto_`` and ``None`` for a bare number.
-    """
-    m = _ARCH_RE.match(text.strip().lower())
-    if not m:
-        raise ArchError(
-            f"'{text}' is not a CUDA arch",
-            why="kforge reads arches as sm_XY[a|f], compute_XY[a|f], XY[a|f] or X.Y[a|f]",
-            fix="write it like sm_90a, compute_120f, 90a or 12.0f",
-        )
-    num = m.group("num")
-    if "." in num:
-        major_s, minor_s = num.split(".")
-        major, minor = int(major_s), int(minor_s)
-    else:
-        major, minor = divmod(int(num), 10)
-    prefix = m.group("prefix")
-    kind = {"sm": SASS, "compute": PTX, "lto": LTO}.get(prefix) if prefix else None
-    return kind, CudaArch(major, minor, m.group("variant"))
+# Kinds of payload in a fatbin (device code in a cubin ELF, PTX text, LTO IR) and the arch type:
+# kforge.arch's, the one model of an arch. An entry's arch may be outside kforge's table (an old
+# wheel's sm_70), so it is built with Arch.observed.
+__all__ = ["LTO", "PTX", "SASS", "Arch", "BinaryReport", "FatbinEntry", "Finding", "SectionSize", "WheelReport"]
 
 
 @dataclass(frozen=True)
@@ -95,8 +41,8 @@ class FatbinEntry:
     relocatable: bool = False
 
     @property
-    def cuda_arch(self) -> CudaArch:
-        return CudaArch(self.major, self.minor, self.variant)
+    def cuda_arch(self) -> Arch:
+        return Arch.observed(self.major, self.minor, self.variant)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kforge.doctor.model import PTX, SASS, BinaryReport, CudaArch, Finding, WheelReport, parse_arch
+from kforge.arch import PTX, SASS, Arch
+from kforge.doctor.model import BinaryReport, Finding, WheelReport
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -52,7 +53,8 @@ def render_text(report: WheelReport | BinaryReport | Sequence[WheelReport | Bina
 def _kernel_lines(b: BinaryReport) -> list[str]:
     """One line per SASS arch: how many kernels, and the most registers and shared memory one asks for."""
     lines = []
-    for arch in sorted({k.arch for k in b.kernels}, key=lambda n: parse_arch(n)[1]):
+    order = {e.arch: e.cuda_arch for e in b.fatbins}  # sort the names by their arch (name order as a fallback)
+    for arch in sorted({k.arch for k in b.kernels}, key=lambda n: (n not in order, order.get(n, Arch.observed(1, 0)), n)):
         ks = [k for k in b.kernels if k.arch == arch]
         regs = max((k.registers or 0) for k in ks)
         smem = max(k.smem_per_block for k in ks)
@@ -65,12 +67,12 @@ def _kernel_lines(b: BinaryReport) -> list[str]:
 
 
 def _arch_table(binaries: Sequence[BinaryReport]) -> Table:
-    columns: set[CudaArch] = {e.cuda_arch for b in binaries for e in b.fatbins if e.kind in (SASS, PTX)}
+    columns: set[Arch] = {e.cuda_arch for b in binaries for e in b.fatbins if e.kind in (SASS, PTX)}
     ordered = sorted(columns)
     table = Table(show_lines=False)
     table.add_column("binary")
     for arch in ordered:
-        table.add_column(f"{arch.number}{arch.variant}", justify="center")
+        table.add_column(arch.suffixed, justify="center")
     table.add_column("device code")
     for b in binaries:
         cells = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import zipfile
 from pathlib import Path
@@ -14,6 +13,7 @@ from kforge.doctor.fatbin import FatbinFormatError
 from kforge.doctor.model import BinaryReport, WheelReport
 from kforge.doctor.pe import PE_MAGIC, read_pe
 from kforge.errors import DoctorError
+from kforge.fsutil import sha256_file
 
 BINARY_NAME = re.compile(r"\.(so(\.[0-9]+)*|pyd|dll)$", re.IGNORECASE)
 
@@ -62,10 +62,7 @@ def inspect_wheel(path: Path | str) -> WheelReport:
         name, version, _build, tags = parse_wheel_filename(path.name)
     except InvalidWheelFilename as exc:
         raise DoctorError(f"{path.name} is not a wheel", why=f"its name is not a wheel file name ({exc})", fix="pass a .whl file") from exc
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
+    digest = sha256_file(path)
     try:
         zf = zipfile.ZipFile(path)
     except zipfile.BadZipFile as exc:
@@ -89,7 +86,7 @@ def inspect_wheel(path: Path | str) -> WheelReport:
         version=str(version),
         tags=tuple(sorted(str(t) for t in tags)),
         size=path.stat().st_size,
-        sha256=digest.hexdigest(),
+        sha256=digest,
         binaries=tuple(binaries),
         files=files,
     )
