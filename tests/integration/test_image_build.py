@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from kforge_gitfixtures import make_superproject, make_upstream, use_test_git_config, write_forge  # noqa: E402
+from kforge_gitfixtures import make_tiny_monorepo  # noqa: E402
 
 from kforge.errors import RepairError  # noqa: E402
 
@@ -59,16 +59,10 @@ def test_fmha_built_by_cibuildwheel_in_the_bullseye_image_is_manylinux_2_31(tmp_
 
 def test_a_wheel_newer_than_the_projects_platform_tag_fails_naming_the_symbols(tmp_path, monkeypatch) -> None:
     """A native build on this host (glibc 2.36) against a manylinux_2_17 policy: repair refuses, naming versions."""
-    use_test_git_config(monkeypatch, tmp_path / "home")
-    upstream = tmp_path / "upstream"
-    commit = make_upstream(upstream)
-    root = tmp_path / "mono"
-    make_superproject(root, upstream)
-    write_forge(root, upstream, commit)
+    root, env = make_tiny_monorepo(tmp_path, monkeypatch)
     with (root / "forge.toml").open("a") as fh:
         fh.write('arch_knobs = [{ env = "TINY_CUDA_ARCHS", format = "cmake" }]\nbackend = "native"\n'
                  'build_isolation = false\nplatform_tag = "manylinux_2_17"\n')
-    env = dict(os.environ, KFORGE_CACHE=str(tmp_path / "cache"), KFORGE_COMPILER_CACHE="none")
     plan = kforge("plan", "tiny-sm90", cwd=root, env=env)
     assert "platform    manylinux_2_17" in plan.stdout, plan.stdout + plan.stderr  # the plan says it first
     wh = tmp_path / "wh"

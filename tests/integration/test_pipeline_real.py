@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from kforge_gitfixtures import make_superproject, make_upstream, use_test_git_config, write_forge  # noqa: E402
+from kforge_gitfixtures import make_tiny_monorepo  # noqa: E402
 from kforge_testkit import kforge  # noqa: E402
 
 from kforge.errors import DoctorError  # noqa: E402
@@ -34,16 +34,7 @@ env = {{ TINY_NVCC_FLAGS = "-O0" }}
 
 @pytest.fixture()
 def mono(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    use_test_git_config(monkeypatch, tmp_path / "home")
-    upstream = tmp_path / "upstream"
-    commit = make_upstream(upstream)
-    root = tmp_path / "mono"
-    make_superproject(root, upstream)
-    write_forge(root, upstream, commit)
-    env = dict(os.environ)
-    env["KFORGE_CACHE"] = str(tmp_path / "cache")
-    env["KFORGE_COMPILER_CACHE"] = "none"  # measure the real compile, not a cache hit
-    return root, env
+    return make_tiny_monorepo(tmp_path, monkeypatch)
 
 
 def test_fixture_upstream_through_the_whole_chain(mono) -> None:

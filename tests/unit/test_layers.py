@@ -13,9 +13,6 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "kforge"
 #: Function-level kforge imports that stay for a reason (or belong to another change): path -> why.
 ALLOWED_LOCAL_IMPORTS = {
     "sessions.py": "nox imports the noxfile before kforge is installed; register() imports kforge when called",
-    "arch.py": "arch <-> archrender: the one-arch-model change removes it (issue 9, item 3)",
-    "doctor/checks.py": "doctor <-> repair: the one-arch-model change removes it (issue 9, item 3)",
-    "repair.py": "doctor <-> repair: the one-arch-model change removes it (issue 9, item 3)",
 }
 
 
