@@ -16,14 +16,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge.arch import (
-    Arch,
-    default_variant,
-    host_arch,
-    parse_arch,
-    render_gencode,
-    supported_archs,
-)
+from kforge.arch import Arch, host_arch, parse_arch, supported_archs
+from kforge.archrender import default_variant, render_gencode
 
 pytestmark = pytest.mark.gpu
 
