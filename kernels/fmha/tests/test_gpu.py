@@ -6,7 +6,8 @@ Kernel paths: on an H100/H200 with a 90a build, the accuracy tests run once per 
 (KFORGE_FMHA_SM90_PATH = wgmma, tma-basic, tma-overlap, tma; see kforge_fmha.last_kernel) and
 check that the kernel that ran is the one the path asks for (or, for calls a TMA path cannot
 take, the documented fallback). Elsewhere only the default path runs; the TMA paths are skipped
-with the reason.
+with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma (a comma list) limits the paths; the others
+are skipped with the reason.
 
 Tolerance: the fp32 reference gets the same (rounded) fp16/bf16 inputs. Our error must be at
 most twice the error of torch's own fp16/bf16 SDPA against that reference (with a small floor
@@ -78,6 +79,11 @@ ALL_PATHS = ["wgmma", "tma-basic", "tma-overlap", "tma"]
 TMA_KERNEL = {"tma": "sm90_tma", "tma-overlap": "sm90_tma_overlap", "tma-basic": "sm90_tma_basic"}
 
 
+def _chosen_paths() -> list[str]:
+    chosen = os.environ.get("KFORGE_FMHA_TEST_PATHS")
+    return [p for p in ALL_PATHS if not chosen or p in chosen.split(",")]
+
+
 def _hopper_90a() -> bool:
     return (torch.cuda.get_device_capability() == (9, 0)
             and "90a" in kforge_fmha.built_archs())
@@ -87,6 +93,8 @@ def _hopper_90a() -> bool:
 def sm90_path(request, monkeypatch) -> str:
     """Runs the test with KFORGE_FMHA_SM90_PATH set (TMA paths only where they can run)."""
     path = request.param
+    if path not in _chosen_paths():
+        pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
     if path != "wgmma" and not _hopper_90a():
         pytest.skip(f"the {path} path needs an sm_90 GPU (this is "
                     f"{torch.cuda.get_device_name()}) and a 90a build (built: {kforge_fmha.built_archs()})")
@@ -383,10 +391,13 @@ def test_one_process_switches_paths_between_calls(monkeypatch) -> None:
     if not _hopper_90a():
         pytest.skip("needs an sm_90 GPU and a 90a build to have more than one path")
     q, k, v = (rand(2, 1000, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    paths = _chosen_paths()
+    if "wgmma" not in paths or len(paths) < 2:
+        pytest.skip(f"KFORGE_FMHA_TEST_PATHS leaves {paths}: nothing to compare with wgmma")
     outs = {}
-    for path in ALL_PATHS:
+    for path in paths:
         monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
         outs[path] = kforge_fmha.fmha_fwd(q, k, v, causal=True)
         check_kernel(path, 128)
-    for path in ALL_PATHS[1:]:  # same inputs, different kernels: agree to within rounding
+    for path in paths[1:]:  # same inputs, different kernels: agree to within rounding
         torch.testing.assert_close(outs[path], outs["wgmma"], atol=2e-2, rtol=0)
