@@ -416,7 +416,14 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
       if (needs_mask(n)) mask(n);
       float alpha[2];
       const bool rescale = softmax(alpha);
-      wgmma_wait0();  // P V(i - 1) done: O and P's registers are free
+      // ptxas would sink the exponentials below the wait (next to the packing into pa, which
+      // must wait for P V), and nothing would overlap P V. A warp-uniform branch on their sum
+      // makes them come first; both sides only wait.
+      if (__any_sync(0xffffffffu, __float_as_uint(row_sum[0] + row_sum[1]) == 0xffffffffu)) {
+        asm volatile("wgmma.wait_group.sync.aligned 0; // rare side\n" ::: "memory");
+      } else {
+        wgmma_wait0();  // P V(i - 1) done: O and P's registers are free
+      }
       keep(o[0]);
       if constexpr (kHalves > 1) keep(o[kHalves - 1]);
       keep(pa);
@@ -443,8 +450,6 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
   // Epilogue: normalise, write the LSE, stage O through this warp's own 16 rows of sQ (every
   // Q K^T of this warpgroup has completed, and the other warpgroup only reads its own rows),
   // then 16-byte stores.
-  const T* unused_q = tile.q;
-  (void)unused_q;
   T* gO = tile.o;
   const int64_t lse_off = tile.lse_off;
 #pragma unroll
