@@ -255,6 +255,15 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                        cudaStream_t stream) {
   const void* ptrs[] = {p.q, p.k, p.v, p.o, p.lse, p.cu_seqlens_q, p.cu_seqlens_k};
   const char* names[] = {"q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k"};
+  // The path choice is an argument like the others: checked before any CUDA call.
+  const char* path_raw = nullptr;
+  const Sm90Path path = sm90_path(&path_raw);
+  if (path == Sm90Path::kInvalid) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "KFORGE_FMHA_SM90_PATH is '%s'; use wgmma (the default), tma, tma-overlap or "
+                "tma-basic, or unset it",
+                path_raw);
+  }
   int major = 0, minor = 0;
   kforge_fmha_status st = check_device(&major, &minor);
   if (st != KFORGE_FMHA_SUCCESS) return st;
@@ -287,14 +296,6 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
   p.softmax_scale = s.softmax_scale;
   p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
 
-  const char* path_raw = nullptr;
-  const Sm90Path path = sm90_path(&path_raw);
-  if (path == Sm90Path::kInvalid) {
-    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
-                "KFORGE_FMHA_SM90_PATH is '%s'; use wgmma (the default), tma, tma-overlap or "
-                "tma-basic, or unset it",
-                path_raw);
-  }
   cudaError_t err;
   if (s.dtype == KFORGE_FMHA_FP16) {
     err = s.head_dim == 64 ? dispatch_causal<__half, 64>(p, causal, major, minor, path, stream)
