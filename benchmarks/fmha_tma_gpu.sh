@@ -14,7 +14,8 @@
 #      per path (wgmma and the TMA paths whose smoke passed), SDPA flash/efficient/cuDNN in the
 #      same run                                                      -> $OUT/bench.md, bench.json
 # The library is used straight from the build folder (KFORGE_FMHA_LIBRARY, PYTHONPATH), so
-# nothing is pip-installed and nothing is built twice. $OUT/summary.txt lists each step's status.
+# nothing is pip-installed and nothing is built twice (the build is a clean one, so ptxas.txt
+# always has every kernel). $OUT/summary.txt lists each step's status.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 ROOT=$PWD
@@ -50,7 +51,7 @@ step "device"
 step "build (90a, ptxas -v)"
 if timeout 240 cmake -S kernels/fmha -B "$BUILD" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a \
      -DKFORGE_FMHA_PTXAS_VERBOSE=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
-   timeout 240 cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
+   timeout 240 cmake --build "$BUILD" -j "$JOBS" --clean-first >>"$OUT/build.log" 2>&1; then
   note "build: ok ($(( $(date +%s) - T0 ))s)"
 else
   tail -40 "$OUT/build.log"

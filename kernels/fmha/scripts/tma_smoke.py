@@ -14,7 +14,11 @@ import argparse
 import os
 import sys
 
-import torch
+try:
+    import torch
+except ImportError as exc:  # exit 3, like any other error that is not a wrong answer
+    print(f"tma_smoke.py needs torch: {exc}", file=sys.stderr)
+    sys.exit(3)
 
 EXPECTED = {"wgmma": None, "tma-basic": "sm90_tma_basic", "tma-overlap": "sm90_tma_overlap",
             "tma": "sm90_tma"}
