@@ -7,7 +7,7 @@ from kforge_testkit import write_forge_toml
 
 from kforge.config import load_forge
 from kforge.errors import ConfigError
-from kforge.releasematrix import expand
+from kforge.releasematrix import expand, parse_selector, select
 
 TORCH_PROJECT = """
 [projects.demo]
@@ -27,7 +27,7 @@ def test_expand_is_archs_times_variants_less_excludes(tmp_path):
     write_forge_toml(tmp_path, TORCH_PROJECT)
     forge = load_forge(tmp_path)
     builds = expand(forge.projects["demo"].release, "3.11")
-    assert [(b.arch.sm, b.variant.id) for b in builds] == [
+    assert [(b.archs[0].sm, b.variant.id) for b in builds] == [
         ("sm_90a", "cu130-torch2.11-cp312"), ("sm_90a", "cu128-torch2.9-cp310"), ("sm_120a", "cu130-torch2.11-cp312")]
 
 
@@ -72,3 +72,37 @@ variants = [{ cuda = "13.0", torch = "2.11" }]
 """)
     with pytest.raises(ConfigError, match="torch-free"):
         load_forge(tmp_path)
+
+
+def test_selectors_name_an_arch_a_variant_or_both(tmp_path):
+    write_forge_toml(tmp_path, TORCH_PROJECT)
+    builds = expand(load_forge(tmp_path).projects["demo"].release, "3.11")
+    assert [b.key for b in builds] == ["sm_90a/cu130-torch2.11-cp312", "sm_90a/cu128-torch2.9-cp310",
+                                       "sm_120a/cu130-torch2.11-cp312"]
+
+    def keys(*texts):  # noqa: ANN002, ANN202
+        return [b.key for b in select(builds, [parse_selector(t) for t in texts], "demo")]
+
+    assert keys("sm_90") == keys("sm90a") == keys("9.0") == ["sm_90a/cu130-torch2.11-cp312", "sm_90a/cu128-torch2.9-cp310"]
+    assert keys("cu130-torch2.11-cp312") == ["sm_90a/cu130-torch2.11-cp312", "sm_120a/cu130-torch2.11-cp312"]
+    assert keys("sm_120/cu130-torch2.11-cp312") == ["sm_120a/cu130-torch2.11-cp312"]
+    assert keys("sm_120", "sm_90/cu128-torch2.9-cp310") == ["sm_90a/cu128-torch2.9-cp310", "sm_120a/cu130-torch2.11-cp312"]
+    assert keys() == [b.key for b in builds]  # no selector: the whole matrix
+    with pytest.raises(ConfigError, match="matches no build") as err:
+        keys("sm_120/cu128-torch2.9-cp310")  # excluded by the matrix
+    assert "sm_120a/cu130-torch2.11-cp312" in err.value.why
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("sm_90/", "one side of '/' is empty"),
+    ("/cu130-cp312", "one side of '/' is empty"),
+    ("sm_90/cu130", "not a variant id"),
+    ("cu130-torch2.11.0-cp312", "not a variant id"),
+    ("sm_99x", "is not a CUDA arch"),
+    ("everything", "is not a CUDA arch"),
+])
+def test_bad_selectors_say_how_to_write_one(text, problem):
+    with pytest.raises(ConfigError) as err:
+        parse_selector(text)
+    assert "is not a build selector" in err.value.what and problem in err.value.why
+    assert "--only sm_90/cu130-torch2.11-cp312" in err.value.fix
