@@ -206,18 +206,24 @@ def plan_release(forge: Forge, project_name: str, host: HostFacts, options: Plan
 def _check_names_differ(project: str, torch_abi: bool, items: list[ReleaseItem]) -> None:
     """Two builds whose wheels would get the same file name would replace each other in the index.
 
-    A torch-ABI wheel's name carries CUDA and torch (its label) and the Python (its tag). A torch-free wheel's
-    label names only its archs, and its tag may be ``py3-none``: two of its variants would collide.
+    A wheel's name is the project's, its version with the local label, and its tags. A torch-ABI wheel's label
+    carries CUDA and torch and its tag the Python; a torch-free wheel's label names only its archs and its tag
+    may be ``py3-none``: two of its variants would collide. Two entries with the same archs (``sm_90a`` and an
+    arch set of just sm_90a) get the same label too.
     """
-    seen: dict[tuple[str, str | None, str], ReleaseItem] = {}
+    seen: dict[tuple[str | None, str], ReleaseItem] = {}
     for item in items:
-        key = (item.plan.id, item.plan.local_version, item.plan.toolchain.python if torch_abi else "")
+        key = (item.plan.local_version, item.plan.toolchain.python if torch_abi else "")
         if key in seen:
+            first = seen[key]
+            same_build = first.plan.id == item.plan.id
             raise ConfigError(
-                f"the release matrix of {project} has {seen[key].variant} and {item.variant} for {item.plan.id}, and "
-                "both wheels would get the same file name",
-                why="a torch-free wheel's name has no CUDA or Python part (its label names its archs only)",
-                fix=f"keep one variant per arch in [projects.{project}.release], or exclude one of them")
+                f"the release matrix of {project} has {first.key} and {item.key}, and both wheels would get the same "
+                f"file name (local version label {item.plan.local_version or 'none'})",
+                why=("a torch-free wheel's name has no CUDA or Python part (its label names its archs only)" if same_build
+                     else f"{first.plan.id} and {item.plan.id} compile the same archs"),
+                fix=(f"keep one variant per arch in [projects.{project}.release], or exclude one of them" if same_build
+                     else f"list those archs once in [projects.{project}.release] archs"))
         seen[key] = item
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from kforge.arch import Arch, parse_arch
-from kforge.errors import ArchError, ConfigError
+from kforge.errors import ArchError, ConfigError, did_you_mean
 from kforge.variant import Variant, parse_python, parse_variant_id, parse_version
 
 
@@ -134,7 +134,7 @@ def read_release(t: ReleaseTable, key: str, *, project_archs: Sequence[Arch], to
         if text in sets:
             entry = ReleaseArchs(tuple(sets[text]), text)
         else:
-            arch = _arch(text, f"{key}.archs[{i}]", error, sets)
+            arch = _arch(text, f"{key}.archs[{i}]", error, sets, names=True)
             declared = next((a for a in project_archs if a.base == arch.base), None)
             if declared is None:
                 raise error(f"{key}.archs[{i}]", f"is {arch.sm}, which is not in the project's archs")
@@ -251,12 +251,21 @@ def select(builds: Sequence[ReleaseBuild], selectors: Sequence[Selector], projec
 
 
 def _arch(text: str, key: str, error: Callable[[str, str], ConfigError],
-          sets: Mapping[str, object] | None = None) -> Arch:
+          sets: Mapping[str, object] | None = None, *, names: bool = False) -> Arch:
+    """An arch; ``names``: the place also takes an arch set's name, so the error says which sets exist."""
     try:
         return parse_arch(text)
     except ArchError as exc:
-        names = f", or one of the project's arch sets ({', '.join(sets)})" if sets else ""
-        raise error(key, f"is not a known CUDA arch{names}: {exc.what}") from None
+        if not names and not sets:
+            raise error(key, f"is not a known CUDA arch: {exc.what}") from None
+        project_key = key.split(".release", 1)[0]
+        if sets:
+            hint = did_you_mean(text, list(sets))
+            raise error(key, f"is '{text}', neither a CUDA arch nor one of the project's arch sets "
+                             f"({', '.join(sets)}){hint}: {exc.what}") from None
+        raise error(key, f"is '{text}', neither a CUDA arch nor an arch set: {project_key} declares no arch_sets "
+                         f"(add arch_sets = {{ {text} = [\"sm_80\", \"sm_90\"] }} to [{project_key}] for one fat "
+                         f"wheel of several archs): {exc.what}") from None
 
 
 def _version(text: str, key: str, what: str, error: Callable[[str, str], ConfigError]) -> Version:

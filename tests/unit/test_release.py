@@ -304,3 +304,26 @@ def test_the_gpu_host_command_builds_one_wheel_with_the_hosts_interpreter(tmp_pa
     assert rplan.items[0].provisioning_summary() == "present"
     assert "environment" not in [s.name for s in steps_for(plan)]
     assert [a.sm for a in plan.archs] == ["sm_90"] and plan.local_version == "cu130torch2.11.sm90"
+
+
+def test_an_arch_set_in_the_matrix_builds_the_sets_target(setup, tmp_path):
+    """archs = ["release"]: one fat wheel per variant, the same build as the target tiny-release (no arch label);
+    another set keeps its arch label, so its wheel's name differs from the per-arch ones."""
+    (tmp_path / "forge.toml").write_text(forge_toml(PROJECTS.replace(
+        'archs = ["sm_80", "sm_90a"]\n\n[projects.tiny.release]\narchs = ["sm_90a", "sm_80"]',
+        'archs = ["sm_80", "sm_90a"]\narch_sets = { release = ["sm_80", "sm_90a"], hopper = ["sm_90a"] }\n\n'
+        '[projects.tiny.release]\narchs = ["release", "hopper", "sm_80"]')))
+    forge, host = load_forge(tmp_path), setup[1]
+    rplan = _plan(forge, host, tmp_path)
+    assert [(i.key, i.plan.id, [a.sm for a in i.plan.archs], i.plan.local_version) for i in rplan.items] == [
+        ("release/cu130-cp311", "tiny-release", ["sm_80", "sm_90a"], None),
+        ("hopper/cu130-cp311", "tiny-hopper", ["sm_90a"], "sm90a"),
+        ("sm_80/cu130-cp311", "tiny-sm80", ["sm_80"], "sm80")]
+    assert [i.plan.id for i in _plan(forge, host, tmp_path, only=["release"]).items] == ["tiny-release"]
+    # a set of just sm_90a next to sm_90a itself: the same label, the same wheel name; refused before anything runs
+    (tmp_path / "forge.toml").write_text((tmp_path / "forge.toml").read_text().replace(
+        'archs = ["release", "hopper", "sm_80"]', 'archs = ["hopper", "sm_90a"]'))
+    with pytest.raises(ConfigError) as err:
+        _plan(load_forge(tmp_path), host, tmp_path)
+    assert "has hopper/cu130-cp311 and sm_90a/cu130-cp311" in err.value.what
+    assert "tiny-hopper and tiny-sm90 compile the same archs" in err.value.why
