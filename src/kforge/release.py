@@ -99,7 +99,8 @@ class ReleasePlan:
     def render(self) -> str:
         picked = (f" (--only {' --only '.join(self.selection)}: {len(self.items)} of the matrix's {len(self.matrix)})"
                   if self.selection else "")
-        lines = [f"release {self.project}: {len(self.items)} builds for {self.platform} into {self.wheelhouse}{picked}",
+        n_builds = f"{len(self.items)} build{'' if len(self.items) == 1 else 's'}"
+        lines = [f"release {self.project}: {n_builds} for {self.platform} into {self.wheelhouse}{picked}",
                  f"  {'#':>2}  {'target':24} {'variant':24} {'status':10} {'toolchain':10} estimate"]
         for n, item in enumerate(self.items, 1):
             status = "published" if item.published else "build"

@@ -42,6 +42,10 @@ def test_release_fmha_builds_the_matrix_then_skips_it(tmp_path: Path) -> None:
         path = wh / w["wheel"]
         assert hashlib.sha256(path.read_bytes()).hexdigest() == w["sha256"]
         assert w["doctor"] == "ok" and w["variant"].startswith("cu130-cp") and not w["skipped"]
+        # the build's wall time and each pipeline step's, as measured by this run
+        assert {"preflight", "source", "toolchain", "build", "repair", "doctor", "publish"} <= set(w["steps"])
+        assert w["wall_seconds"] >= w["steps"]["build"] > 0 and w["build_seconds"] > 0
+        assert w["gpu_tests"]["status"] == "not run"
         assert path.name.startswith("kforge_fmha-0.1.0+" + target.split("-")[1])  # one wheel name per arch
     # one index: both wheels, also in the per-CUDA one, with PEP 691 JSON
     page = json.loads((wh / "cu130" / "simple" / "kforge-fmha" / "index.v1_json").read_text())
@@ -54,6 +58,7 @@ def test_release_fmha_builds_the_matrix_then_skips_it(tmp_path: Path) -> None:
     second = json.loads((wh / "releases" / "fmha.json").read_text())
     assert [(w["wheel"], w["sha256"], w["skipped"]) for w in second["wheels"]] == [
         (w["wheel"], w["sha256"], True) for w in manifest["wheels"]]
+    assert all(w["steps"] is None and w["build_seconds"] > 0 for w in second["wheels"])  # nothing ran this time
     # the second dry run prices nothing and says why (measured unit times now exist)
     assert "nothing to build" in _release("--dry-run", env=env).stdout
 

@@ -283,7 +283,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _gpu_host(python: str = "3.12") -> HostFacts:
     """The lead's GPU host: Python 3.12, torch 2.11+cu130, nvcc 13.0, an H100."""
     return HostFacts(platform="linux-x86_64", python=python, resources=Resources(16, 128 * 2**30, 64 * 2**30),
-                     cuda_version=Version("13.0"), nvcc_path="/usr/local/cuda-13.0/bin/nvcc",
+                     cuda_version=Version("13.0.88"), nvcc_path="/usr/local/cuda-13.0/bin/nvcc",
                      cuda_home="/usr/local/cuda-13.0", torch_version=Version("2.11.0+cu130"),
                      gpu_arch=parse_arch("sm_90"), gpu_name="NVIDIA H100 80GB HBM3")
 
