@@ -107,12 +107,8 @@ def repair_wheel(
     paths = [str(Path(p).resolve()) for p in lib_paths]
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix=".kforge-repair-", dir=out_dir) as tmp:
-        if platform == "linux" and _purelib_binaries(wheel, members):
-            # auditwheel refuses shared libraries in purelib. flashinfer-jit-cache 0.6.17 has its AOT .so files in
-            # <dist>.data/purelib/ (setuptools puts a package without ext_modules there even when the wheel is not
-            # pure). Compiled code belongs in platlib, so the wheel is rewritten with them at its platlib root.
-            wheel = as_platlib(wheel, Path(tmp) / "platlib")
-            notes.append("shared libraries in purelib: moved to the platlib root (Root-Is-Purelib: false) for auditwheel")
+        if platform == "linux":
+            wheel, notes = prepare_for_auditwheel(wheel, Path(tmp) / "prepared", members)
         if platform == "linux":
             cmd = [python, "-m", "auditwheel", "repair", "-w", tmp]
             if plat:
@@ -211,37 +207,78 @@ def _purelib_binaries(wheel: Path, members: Sequence[str]) -> bool:
 _PURELIB_DATA = re.compile(r"^[^/]+\.data/purelib/")
 
 
-def as_platlib(wheel: Path | str, out_dir: Path | str) -> Path:
-    """A copy of ``wheel`` (same name) whose files are all in platlib: ``WHEEL`` says ``Root-Is-Purelib: false``
-    and ``<dist>.data/purelib/X`` moves to ``X`` at the root; RECORD rewritten. Installed, the files land in the
-    same place on every common scheme (site-packages), in platlib where the two differ."""
+_CLAIMED_PLATFORM = re.compile(r"^(many|musl)linux_\d+_\d+_(?P<machine>\w+)$|^manylinux(1|2010|2014)_(?P<legacy>\w+)$")
+
+
+def prepare_for_auditwheel(wheel: Path | str, out_dir: Path | str, members: Sequence[str] | None = None) -> tuple[Path, list[str]]:
+    """The wheel auditwheel should judge, and what was changed to get it (nothing: the wheel itself).
+
+    - Shared libraries in purelib (``<dist>.data/purelib/``, or a purelib root) move to the platlib root:
+      auditwheel refuses them there, and compiled code belongs in platlib. flashinfer-jit-cache 0.6.17 is such
+      a wheel (setuptools puts a package without ext_modules in purelib even when the wheel is not pure).
+    - A platform tag the build claimed (``manylinux_2_28_x86_64``, hard-coded by flashinfer-jit-cache's
+      setup) becomes ``linux_<machine>``, so the tag the repaired wheel carries is the one auditwheel derived
+      from the binaries, not a claim kept next to it.
+    The output (same files; WHEEL, RECORD and the name rewritten) appears in ``out_dir``.
+    """
     wheel = Path(wheel)
+    members = list(members) if members is not None else _wheel_members(wheel)
+    notes: list[str] = []
+    platlib = _purelib_binaries(wheel, members)
+    if platlib:
+        notes.append("shared libraries in purelib: moved to the platlib root (Root-Is-Purelib: false) for auditwheel")
+    stem = wheel.name[: -len(".whl")]
+    head, _, plats = stem.rpartition("-")
+    claimed = [p for p in plats.split(".") if _CLAIMED_PLATFORM.match(p)]
+    new_plats = plats
+    if claimed:
+        machines = {(m.group("machine") or m.group("legacy")) for p in claimed if (m := _CLAIMED_PLATFORM.match(p))}
+        new_plats = ".".join(dict.fromkeys([*(p for p in plats.split(".") if p not in claimed),
+                                            *(f"linux_{m}" for m in sorted(machines))]))
+        notes.append(f"the build claimed {', '.join(claimed)}: dropped, the tag comes from auditwheel's analysis")
+    if not notes:
+        return wheel, notes
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / wheel.name
+    target = out_dir / f"{head}-{new_plats}.whl"
     with zipfile.ZipFile(wheel) as src, _RelabelledWheel(target, "w") as dst:
         dist_info = dst.dist_info_path
         old_record = next((i for i in src.infolist() if i.filename == f"{dist_info}/RECORD"), None)
         dst.record_date = old_record.date_time if old_record else (1980, 1, 1, 0, 0, 0)
         names = set(src.namelist())
         for info in src.infolist():
-            if info.filename.startswith(f"{dist_info}/RECORD"):
-                continue  # WheelFile writes RECORD
+            if info.filename.startswith(f"{dist_info}/RECORD") or info.filename.endswith("/"):
+                continue  # WheelFile writes RECORD; a wheel needs no directory entries
             data = src.read(info)
-            name = _PURELIB_DATA.sub("", info.filename)
+            name = _PURELIB_DATA.sub("", info.filename) if platlib else info.filename
             if name != info.filename and name in names:
                 raise RepairError(f"{wheel.name} has {name} both in purelib and at its root",
                                   why="moving purelib to the platlib root would overwrite one of them",
                                   fix="fix the project's packaging so each file is in one place")
-            if info.filename.endswith("/"):
-                continue  # directory entries: a wheel needs none (and .data/purelib/ itself is gone)
             if info.filename == f"{dist_info}/WHEEL":
-                data = re.sub(rb"(?im)^Root-Is-Purelib:[ \t]*true[ \t]*$", b"Root-Is-Purelib: false", data)
+                data = _rewrite_wheel_meta(data, platlib=platlib, plats=new_plats.split("."), claimed=claimed)
             out = zipfile.ZipInfo(name, date_time=info.date_time)
             out.external_attr = info.external_attr
             out.compress_type = info.compress_type
             dst.writestr(out, data)
-    return target
+    return target, notes
+
+
+def _rewrite_wheel_meta(data: bytes, *, platlib: bool, plats: Sequence[str], claimed: Sequence[str]) -> bytes:
+    text = data.decode("utf-8")
+    if platlib:
+        text = re.sub(r"(?im)^Root-Is-Purelib:[ \t]*true[ \t]*$", "Root-Is-Purelib: false", text)
+    if claimed:
+        lines, tags = [], []
+        for line in text.splitlines():
+            if line.lower().startswith("tag:"):
+                interp, abi, _plat = line.split(":", 1)[1].strip().split("-")
+                tags.extend(f"{interp}-{abi}-{p}" for p in plats if f"{interp}-{abi}-{p}" not in tags)
+            else:
+                lines.append(line)
+        body = "\n".join(line for line in lines if line.strip())
+        text = body + "\n" + "".join(f"Tag: {t}\n" for t in tags) + "\n"
+    return text.encode("utf-8")
 
 
 def _copy_through(wheel: Path, out_dir: Path, why: str) -> RepairResult:

@@ -201,7 +201,9 @@ def test_shared_libraries_in_purelib_are_moved_to_platlib_for_auditwheel(layout:
     # flashinfer-jit-cache 0.6.17 (setuptools, no ext_modules, root_is_pure=False) puts its AOT .so files in
     # <dist>.data/purelib/; auditwheel refuses that ("shared library/libraries in purelib folder"). Seen on the GPU host.
     so = "kforge_purelib-0.1.0.data/purelib/kforge_purelib/mod.so" if layout == "data-purelib" else "kforge_purelib/mod.so"
-    purelib = B.make_wheel(work / f"wheels-{layout}", "kforge-purelib", "0.1.0", "cp39-abi3-linux_x86_64",
+    # The data-purelib wheel also claims upstream's hard-coded manylinux_2_28 tag, as flashinfer-jit-cache does.
+    tag = "cp39-abi3-manylinux_2_28_x86_64" if layout == "data-purelib" else "cp39-abi3-linux_x86_64"
+    purelib = B.make_wheel(work / f"wheels-{layout}", "kforge-purelib", "0.1.0", tag,
                            {"kforge_purelib/__init__.py": b"", so: linux_ext.ext}, root_is_purelib=layout == "purelib-root")
     if layout == "data-purelib":  # the real tool refuses the wheel as built
         raw = subprocess.run([sys.executable, "-m", "auditwheel", "repair", "-w", str(tmp_path / "raw"), str(purelib)],
@@ -216,5 +218,8 @@ def test_shared_libraries_in_purelib_are_moved_to_platlib_for_auditwheel(layout:
         wheel_meta = zf.read("kforge_purelib-0.1.0.dist-info/WHEEL").decode()
     assert "Root-Is-Purelib: false" in wheel_meta
     assert "kforge_purelib/mod.so" in names and not any(".data/purelib/" in n for n in names)
+    if layout == "data-purelib":  # the claimed tag is gone: the name and WHEEL carry what auditwheel derived
+        assert any("claimed manylinux_2_28_x86_64" in n for n in result.notes)
+        assert "manylinux_2_28" not in result.wheel.name and "manylinux_2_28" not in wheel_meta
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [result.wheel.name]  # no temp copy left
     assert _names(purelib) != names  # the input is left as it was
