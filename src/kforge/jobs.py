@@ -88,7 +88,17 @@ class JobProfile:
     unit_builds: tuple[tuple[float, int, tuple[tuple[str, float], ...]], ...] = field(default=(), repr=False)
     unit_count: int | None = None  # compile units of one build (measured, or the seed's)
     contention: Contention | None = None  # this host's, from <cache>/jobs/host.json; None: the default curve
+    #: Before any unit was measured here: (file-name glob, seconds, count) per kind of unit, longest first (seeds only).
+    seed_units: tuple[tuple[str, float, int], ...] = ()
 
+
+#: flash-attn 2.8.3.post2's 73 units by kind, for the order (and an estimated makespan) before anything was measured
+#: here. Measured (UPSTREAM_FACTS, 8 jobs on a 16-core H200): the 24 fwd_split units are the longest, 220-250 s
+#: (235 s taken), flash_api.cpp 23 s, all 73 sum to 9678 s, bwd hdim128 170 s, fwd hdim128 123 s. ESTIMATE: the
+#: bwd and fwd kinds' means, 97 s and 70 s, split what is left of the 9678 s in the 170:123 ratio of hdim128.
+_FA2_REST = (9678 - 24 * 235.0 - 23.0) / (24 * (1 + 123 / 170))
+_FA2_SEED_UNITS = (("flash_fwd_split_*", 235.0, 24), ("flash_bwd_*", _FA2_REST, 24),
+                   ("flash_fwd_*", _FA2_REST * 123 / 170, 24), ("flash_api*", 23.0, 1))
 
 #: Seeds from measurements in UPSTREAM_FACTS.md (flash-attn 2.8.3.post2, nvcc 13.0, sm_90,
 #: 16-core H200): fwd units 4.3 GB / 123 s, bwd units 6.3 GB / 170 s, 73 units = 9678 s,
@@ -104,6 +114,7 @@ SEEDS: dict[str, JobProfile] = {
         source="seed: UPSTREAM_FACTS (flash-attn 2.8.3.post2, sm_90, bwd unit 6.3 GB)",
         beta=0.1,
         unit_count=73,
+        seed_units=_FA2_SEED_UNITS,
     ),
 }
 
@@ -199,6 +210,7 @@ def for_arch_count(base: JobProfile, arch_count: int, source: str | None = None)
         source=source,
         history=(),
         unit_builds=tuple((load, t, tuple((k, v * factor) for k, v in units)) for load, t, units in base.unit_builds),
+        seed_units=tuple((glob, v * factor, n) for glob, v, n in base.seed_units),
     )
 
 
@@ -337,6 +349,8 @@ def unit_times(profile: JobProfile, cpus: int) -> tuple[tuple[str, float], ...]:
     A time measured at load ``L`` with ``t`` threads is divided by the contention factor ``c(L)`` and by
     the thread factor of ``t``: what the makespan model and the ninja shim's order start from.
     """
+    if not profile.unit_builds and profile.seed_units:
+        return tuple((glob, seconds) for glob, seconds, _ in profile.seed_units)
     curve = profile.contention or default_curve(cpus)
     latest: dict[str, float] = {}
     for load, threads, units in profile.unit_builds:
@@ -355,9 +369,13 @@ class _Work:
 
 
 def _work(profile: JobProfile, cpus: int, units: int | None) -> _Work:
-    measured = unit_times(profile, cpus)
-    if measured:
+    if profile.unit_builds:
+        measured = unit_times(profile, cpus)
         return _Work(measured, None, f"LPT schedule of {len(measured)} measured units")
+    if profile.seed_units and units is None:
+        kinds = ", ".join(f"{n} x {glob} {seconds:.0f} s" for glob, seconds, n in profile.seed_units)
+        return _Work(tuple((f"{glob}#{i}", seconds) for glob, seconds, n in profile.seed_units for i in range(n)),
+                     None, f"estimate: LPT schedule of the seed's units ({kinds})")
     if units is not None:
         return _Work(tuple((f"unit{i}", profile.unit_seconds) for i in range(units)), None,
                      f"estimate: {units} units of {profile.unit_seconds:.0f} s")
@@ -466,5 +484,8 @@ def order_line(choice: JobChoice) -> str:
     if not choice.order:
         return "upstream's (no per-unit times measured yet for this project; this build measures them)"
     name, seconds = choice.order[0]
+    if any("*" in k for k, _ in choice.order):
+        return ("longest first, through kforge's ninja shim, by the seed's unit kinds (nothing measured here yet): "
+                + ", ".join(f"{k} {s:.0f} s" for k, s in choice.order))
     return (f"longest first, through kforge's ninja shim: {len(choice.order)} measured units "
             f"(longest {name}, {seconds:.0f} s uncontended)")

@@ -24,6 +24,7 @@ also inside a build that cannot import kforge.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import statistics
@@ -169,18 +170,28 @@ class UnitTimes:
     seconds: Mapping[str, float]
 
     def lookup(self, output: str) -> float | None:
+        """The unit's seconds: by the longest unique path tail, else by the first file-name glob (a seed's kind)."""
         key = unit_key(output)
         if key in self.seconds:
             return self.seconds[key]
         parts = key.split("/")
+        exact = {k: s for k, s in self.seconds.items() if not _is_glob(k)}
         for n in range(len(parts) - 1, 0, -1):
             tail = "/".join(parts[-n:])
-            hits = [s for k, s in self.seconds.items() if k == tail or k.endswith("/" + tail)]
+            hits = [s for k, s in exact.items() if k == tail or k.endswith("/" + tail)]
             if len(hits) == 1:
                 return hits[0]
             if len(hits) > 1:
                 return None  # ambiguous: leave the edge at the median
+        name = parts[-1] if parts else ""
+        for k, s in self.seconds.items():
+            if _is_glob(k) and fnmatch.fnmatchcase(name, k):
+                return s
         return None
+
+
+def _is_glob(key: str) -> bool:
+    return any(c in key for c in "*?[")
 
 
 # ---------------------------------------------------------------------------- the shim's entry point

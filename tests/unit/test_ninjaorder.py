@@ -101,3 +101,11 @@ def test_build_file_from_ninja_arguments(args: list[str], expected: str | None) 
 def test_main_without_configuration_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert ninjaorder.main([]) == 2
     assert "no configuration" in capsys.readouterr().err
+
+
+def test_globs_order_unmeasured_units_by_kind() -> None:
+    times = UnitTimes({"flash_fwd_split_*": 235.0, "flash_bwd_*": 97.0, "flash_fwd_*": 70.0, "x/y/exact.o": 1.0})
+    assert times.lookup("/t/build/temp/csrc/flash_attn/src/flash_fwd_split_hdim64_fp16_sm80.o") == 235.0
+    assert times.lookup("/t/src/flash_fwd_hdim64_fp16_sm80.o") == 70.0  # the first glob that matches wins
+    assert times.lookup("/t/src/flash_bwd_hdim64_fp16_causal_sm80.o") == 97.0
+    assert times.lookup("/t/x/y/exact.o") == 1.0 and times.lookup("/t/other.o") is None
