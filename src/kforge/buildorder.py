@@ -79,6 +79,6 @@ def summarize(log: Path) -> list[str]:
         if "error" in d:
             out.append(f"ninja order: kept upstream's order of {d.get('file')}: {d['error']}")
         else:
-            out.append(f"ninja order: {d.get('moved', 0)} of {d.get('measured', 0)} measured edges moved "
-                       f"(longest first) in {d.get('file')}")
+            out.append(f"ninja order: {d.get('measured', 0)} edges with a measured time, {d.get('moved', 0)} "
+                       f"statements moved (longest first) in {d.get('file')}")
     return out

@@ -241,14 +241,16 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
         run.log.info(f"compiler cache: {cache.tool} ({cache.path})")
     tree = done.source.tree / plan.build_dir if done.source is not None else None
     wrapper = install_enforcement(plan, env, nvcc, cache, tree, run.log.info)
-    order = buildorder.install(plan.jobs.order, dest=plan.work_dir / "ninja-order", env=env)
+    shim_ok = os.name == "posix" and plan.backend != "cibuildwheel"  # a sh script, on this machine's PATH
+    order = buildorder.install(plan.jobs.order if shim_ok else (), dest=plan.work_dir / "ninja-order", env=env)
     if order is not None:
         env.update(order.env)
         run.log.info(f"build order: longest first by {order.units} measured unit times (ninja shim {order.shim} "
                      f"in front of {order.ninja})")
     else:
-        run.log.info("build order: upstream's" + (" (no ninja on PATH for the shim)" if plan.jobs.order
-                                                  else " (no unit times measured yet)"))
+        run.log.info("build order: upstream's" + (" (no unit times measured yet)" if not plan.jobs.order else
+                                                  " (no ninja on PATH for the shim)" if shim_ok else
+                                                  f" (the ninja shim does not run under {plan.backend} / {os.name})"))
     return ToolchainResult(MappingProxyType(env), nvcc, torch, wrapper, order)
 
 

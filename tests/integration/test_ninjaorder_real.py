@@ -85,7 +85,7 @@ def test_shim_starts_the_longest_first_and_changes_no_command(tmp_path: Path, jo
     assert set(starts[:jobs]) == set(longest_first[:jobs]) and starts[jobs:] == longest_first[jobs:]
     assert _commands(NINJA, tmp_path) == before  # same edges, same commands
     assert build.stat().st_mtime_ns == mtime
-    assert buildorder.summarize(setup.log) == [f"ninja order: 5 of 5 measured edges moved (longest first) in {build}"]
+    assert buildorder.summarize(setup.log) == [f"ninja order: 5 edges with a measured time, 5 statements moved (longest first) in {build}"]
 
 
 def test_shim_without_measured_times_is_not_installed_and_order_stays(tmp_path: Path) -> None:
@@ -109,3 +109,56 @@ def test_shim_passes_tools_and_version_through(tmp_path: Path) -> None:
     text = (tmp_path / "build.ninja").read_text()
     subprocess.run([str(setup.shim), "-t", "commands"], cwd=tmp_path, capture_output=True, check=True)
     assert (tmp_path / "build.ninja").read_text() == text
+
+
+SETUP_PY = """
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+setup(name="orderprobe", ext_modules=[CppExtension("orderprobe", ["a.cpp", "b.cpp", "c.cpp"])],
+      cmdclass={"build_ext": BuildExtension})
+"""
+
+
+def test_torch_buildextension_runs_the_shim(tmp_path: Path) -> None:
+    """torch's own BuildExtension writes build.ninja and runs `ninja` from PATH: the shim reorders it, the build works."""
+    pytest.importorskip("torch.utils.cpp_extension", reason="needs torch (CPU is enough)")
+    pytest.importorskip("setuptools")
+    (tmp_path / "setup.py").write_text(SETUP_PY)
+    for name in "abc":
+        (tmp_path / f"{name}.cpp").write_text(f"int probe_{name}() {{ return 1; }}\n")
+    times = [("c.o", 30.0), ("b.o", 20.0), ("a.o", 10.0)]  # file order a, b, c: reversed by the shim
+    setup = buildorder.install(times, dest=tmp_path / "order", env={"PATH": os.environ.get("PATH", "")
+                                                                    + os.pathsep + str(Path(NINJA).parent)})
+    assert setup is not None
+    env = {**os.environ, "PATH": setup.env["PATH"], "MAX_JOBS": "1"}
+    out = subprocess.run([sys.executable, "setup.py", "build_ext"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    build_file = next((tmp_path / "build").glob("temp.*/build.ninja"))
+    objects = [line.split(":")[0].rsplit("/", 1)[-1] for line in build_file.read_text().splitlines()
+               if line.startswith("build ")]
+    assert objects == ["c.o", "b.o", "a.o"]
+    assert buildorder.summarize(setup.log) == [f"ninja order: 3 edges with a measured time, 2 statements moved (longest first) in {build_file}"]
+    assert list((tmp_path / "build").glob("lib.*/orderprobe*.so"))
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("cc") is None, reason="needs cmake and cc")
+def test_cmake_ninja_generator_runs_the_shim(tmp_path: Path) -> None:
+    """CMake finds the shim as its make program on PATH; the compile edges run longest first, the library links."""
+    (tmp_path / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.18)\nproject(p C)\n"
+                                             "add_library(p SHARED a.c b.c c.c)\n")
+    for name in "abc":
+        (tmp_path / f"{name}.c").write_text(f"int f_{name}(void) {{ return 1; }}\n")
+    setup = buildorder.install([("p.dir/c.c.o", 30.0), ("p.dir/b.c.o", 20.0), ("p.dir/a.c.o", 10.0)],
+                               dest=tmp_path / "order", env={"PATH": str(Path(NINJA).parent) + os.pathsep
+                                                             + os.environ.get("PATH", "")})
+    assert setup is not None
+    env = {**os.environ, "PATH": setup.env["PATH"]}
+    subprocess.run(["cmake", "-S", ".", "-B", "b", "-G", "Ninja"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True)
+    assert f"CMAKE_MAKE_PROGRAM:FILEPATH={setup.shim}" in (tmp_path / "b" / "CMakeCache.txt").read_text()
+    out = subprocess.run(["cmake", "--build", "b", "-j1", "-v"], cwd=tmp_path, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    compiled = [line.split(" -o ")[1].split()[0].rsplit("/", 1)[-1] for line in out.splitlines() if " -c " in line]
+    assert compiled == ["c.c.o", "b.c.o", "a.c.o"]
+    assert (tmp_path / "b" / "libp.so").is_file()

@@ -43,6 +43,6 @@ def test_summarize(tmp_path: Path) -> None:
     log = tmp_path / "order.jsonl"
     log.write_text(json.dumps({"file": "/b/build.ninja", "measured": 70, "moved": 60}) + "\nnot json\n"
                    + json.dumps({"file": "/c/build.ninja", "error": "bad"}) + "\n")
-    assert buildorder.summarize(log) == ["ninja order: 60 of 70 measured edges moved (longest first) in /b/build.ninja",
+    assert buildorder.summarize(log) == ["ninja order: 70 edges with a measured time, 60 statements moved (longest first) in /b/build.ninja",
                                          "ninja order: kept upstream's order of /c/build.ninja: bad"]
     assert buildorder.summarize(tmp_path / "missing") == []
