@@ -76,6 +76,8 @@ def summarize(log: Path) -> list[str]:
             d = json.loads(line)
         except ValueError:
             continue
+        if "error" not in d and not d.get("measured"):
+            continue  # a build file with no measured unit (CMake's try-compiles): nothing to say
         if "error" in d:
             out.append(f"ninja order: kept upstream's order of {d.get('file')}: {d['error']}")
         else:

@@ -42,7 +42,8 @@ def test_shim_goes_first_and_skips_an_earlier_shim(tmp_path: Path) -> None:
 def test_summarize(tmp_path: Path) -> None:
     log = tmp_path / "order.jsonl"
     log.write_text(json.dumps({"file": "/b/build.ninja", "measured": 70, "moved": 60}) + "\nnot json\n"
-                   + json.dumps({"file": "/c/build.ninja", "error": "bad"}) + "\n")
+                   + json.dumps({"file": "/c/build.ninja", "error": "bad"}) + "\n"
+                   + json.dumps({"file": "/try/build.ninja", "measured": 0, "moved": 0}) + "\n")
     assert buildorder.summarize(log) == ["ninja order: 70 edges with a measured time, 60 statements moved (longest first) in /b/build.ninja",
                                          "ninja order: kept upstream's order of /c/build.ninja: bad"]
     assert buildorder.summarize(tmp_path / "missing") == []
