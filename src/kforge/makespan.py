@@ -117,3 +117,31 @@ def simulate(units: Sequence[tuple[str, float]], jobs: int) -> Schedule:
         heapq.heappush(lanes, (start + seconds, lane))
     makespan = max((s.end for s in slots), default=0.0)
     return Schedule(makespan, sum(s for _, s in order), tuple(slots))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A distributed build as the simulation sees it: ``hosts`` build servers of ``jobs`` slots each."""
+
+    hosts: int
+    jobs: int  # compile slots per host
+    per_unit_overhead: float = 0.0  # seconds a unit spends on the client and the wire (preprocess, send, receive)
+    client_cpus: int = 0  # cores of the client doing that local part; 0: not a bottleneck
+    setup_seconds: float = 0.0  # once per build (toolchain upload to every server)
+
+
+def simulate_cluster(units: Sequence[tuple[str, float]], cluster: Cluster, curve: Contention) -> Schedule:
+    """LPT over ``hosts x jobs`` slots, each unit at its uncontended time x ``c(jobs)`` plus the per-unit overhead.
+
+    The client's local part is a second bound: ``sum(overhead) / client_cpus``. A simulation, not a
+    measurement: the overheads are inputs (see benchmarks/simulate_distributed.py for the defaults).
+    """
+    if cluster.hosts < 1 or cluster.jobs < 1:
+        raise ValueError(f"a cluster needs at least one host and one job, not {cluster.hosts} x {cluster.jobs}")
+    factor = curve.factor(cluster.jobs)
+    schedule = simulate([(n, s * factor + cluster.per_unit_overhead) for n, s in units], cluster.hosts * cluster.jobs)
+    client_bound = (len(units) * cluster.per_unit_overhead / cluster.client_cpus) if cluster.client_cpus else 0.0
+    makespan = cluster.setup_seconds + max(schedule.makespan, client_bound)
+    shifted = tuple(Slot(s.name, s.lane, s.start + cluster.setup_seconds, s.end + cluster.setup_seconds)
+                    for s in schedule.slots)
+    return Schedule(makespan, schedule.busy, shifted)

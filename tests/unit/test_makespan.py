@@ -56,3 +56,18 @@ def test_learn_needs_two_loads_with_common_units() -> None:
     assert learn([(8.0, units), (16.0, {"other": 3.0})], cpus=16) is None
     few = {f"u{i}": 10.0 for i in range(makespan.MIN_COMMON_UNITS - 1)}
     assert learn([(8.0, few), (16.0, few)], cpus=16) is None
+
+
+def test_cluster_simulation_scales_until_the_longest_unit() -> None:
+    flat = Contention(((1.0, 1.0), (64.0, 1.0)), "flat")
+    units = [(f"u{i}", 100.0) for i in range(64)] + [("long", 250.0)]
+    one = makespan.simulate_cluster(units, makespan.Cluster(1, 16), flat).makespan
+    four = makespan.simulate_cluster(units, makespan.Cluster(4, 16), flat).makespan
+    assert one == pytest.approx(simulate(units, 16).makespan)
+    assert four == 250.0  # 64 lanes: every short unit runs at once; the long one bounds the build
+    slow = makespan.simulate_cluster(units, makespan.Cluster(4, 16, per_unit_overhead=5.0, setup_seconds=30.0), flat)
+    assert slow.makespan == 30.0 + 255.0
+    bound = makespan.simulate_cluster(units, makespan.Cluster(8, 16, per_unit_overhead=10.0, client_cpus=2), flat)
+    assert bound.makespan == pytest.approx(65 * 10.0 / 2)  # the client's local part is the bottleneck
+    with pytest.raises(ValueError, match="at least one host"):
+        makespan.simulate_cluster(units, makespan.Cluster(0, 16), flat)
