@@ -85,10 +85,14 @@ def ci_generate(c, check=False):
     _kforge(c, "ci", "generate", *(["--check"] if check else []))
 
 
-@task(help={"project": "a project with a release matrix in forge.toml", "dry_run": "print the matrix and cost only"})
-def release_cut(c, project, dry_run=False):
+@task(iterable=["only"], help={"project": "a project with a release matrix in forge.toml",
+                                "dry_run": "print the matrix and cost only",
+                                "only": "only this part: ARCH, VARIANT-ID or ARCH/VARIANT-ID (repeatable)",
+                                "gpu_tests": "run each wheel's GPU tests and record them in the release manifest"})
+def release_cut(c, project, dry_run=False, only=None, gpu_tests=False):
     """Build a project's release matrix into one wheelhouse (kforge release; skips what is published)."""
-    _kforge(c, "release", project, *(["--dry-run"] if dry_run else []))
+    _kforge(c, "release", project, *(["--dry-run"] if dry_run else []), *[w for o in only or () for w in ("--only", o)],
+            *(["--gpu-tests"] if gpu_tests else []))
 
 
 def _ns(name, **tasks):

@@ -7,6 +7,12 @@ Also measures kforge_fmha's peak extra memory against seqlen (it must grow as O(
 
     python benchmarks/fmha_vs_sdpa.py --write docs/benchmarks.md
     python benchmarks/fmha_vs_sdpa.py --quick            # bf16 only, ours only (tuning sweeps)
+    python benchmarks/fmha_vs_sdpa.py --paths wgmma,tma  # each sm_90a kernel path, same run
+
+With --paths, kforge_fmha runs once per path (KFORGE_FMHA_SM90_PATH, read by the library at
+every call) and the table has one row per shape and path; the SDPA columns of a shape are the
+same measurement on each of its rows. The kernel column is what kforge_fmha.last_kernel()
+reported, so a path that fell back to another kernel shows it.
 
 With --write, the section under '## fmha vs torch SDPA' in that file is replaced (created if
 missing); the rest of the file is kept.
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import statistics
@@ -78,8 +85,14 @@ def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, r
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA wants (B, H, L, D)
     res = {}
     for impl in impls:
-        if impl == "kforge":
+        kernel = None
+        if impl.startswith("kforge"):
+            path = impl.partition(":")[2]
+            if path:
+                os.environ["KFORGE_FMHA_SM90_PATH"] = path
             fn = lambda: kforge_fmha.fmha_fwd(q, k, v, causal=causal)  # noqa: E731, F821  (bound before the del below)
+            fn()
+            kernel = kforge_fmha.last_kernel() if hasattr(kforge_fmha, "last_kernel") else None
         else:
             def fn(backend=BACKENDS[impl]):
                 with sdpa_kernel(backend):
@@ -88,8 +101,12 @@ def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, r
             ms = time_ms(fn, warmup, runs)
         except RuntimeError as exc:  # backend refuses this shape
             res[impl] = {"ms": None, "tflops": None, "error": str(exc).splitlines()[0][:80]}
+            if kernel is not None:
+                res[impl]["kernel"] = kernel
             continue
         res[impl] = {"ms": ms, "tflops": flops(batch, heads, seqlen, head_dim, causal) / ms / 1e9}
+        if kernel is not None:
+            res[impl]["kernel"] = kernel
     del q, k, v, qt, kt, vt
     return {"dtype": str(dtype).replace("torch.", ""), "head_dim": head_dim, "causal": causal,
             "seqlen": seqlen, "batch": batch, "heads": heads, "results": res}
@@ -133,26 +150,38 @@ def render(meta, rows, mem) -> str:
                  f"{meta['host_us_kforge']:.0f} µs (Python checks, torch allocations, ctypes, C-side pointer checks), "
                  f"SDPA {meta['host_us_sdpa']:.0f} µs.")
     lines.append("")
-    lines.append("| dtype | hdim | causal | seqlen | batch | kforge | SDPA flash | SDPA efficient "
-                 "| SDPA cuDNN | × flash | × cuDNN |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    ours_impls = [k for k in (rows[0]["results"] if rows else {}) if k.startswith("kforge")]
+    paths = len(ours_impls) > 1 or any(":" in k for k in ours_impls)
+    head = "| dtype | hdim | causal | seqlen | batch | "
+    head += "path | kernel | kforge |" if paths else "kforge |"
+    lines.append(head + " SDPA flash | SDPA efficient | SDPA cuDNN | × flash | × cuDNN |")
+    lines.append("|---" * (13 if paths else 11) + "|")
     for r in rows:
         t = {k: v.get("tflops") for k, v in r["results"].items()}
-        ours = t.get("kforge")
-        ratio_f = ours / t["flash"] if ours and t.get("flash") else None
-        ratio_c = ours / t["cudnn"] if ours and t.get("cudnn") else None
-        lines.append(
-            f"| {r['dtype']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['seqlen']} "
-            f"| {r['batch']} | {fmt(ours)} | {fmt(t.get('flash'))} | {fmt(t.get('efficient'))} "
-            f"| {fmt(t.get('cudnn'))} | {fmt(ratio_f, 2)} | {fmt(ratio_c, 2)} |")
-    bar = [r for r in rows if r["dtype"] == "bfloat16" and r["head_dim"] == 128
-           and r["seqlen"] >= 2048 and r["results"].get("kforge", {}).get("tflops")
+        for impl in ours_impls:
+            ours = t.get(impl)
+            ratio_f = ours / t["flash"] if ours and t.get("flash") else None
+            ratio_c = ours / t["cudnn"] if ours and t.get("cudnn") else None
+            path_cols = ""
+            if paths:
+                kernel = r["results"][impl].get("kernel", "?")
+                path_cols = f"{impl.partition(':')[2] or 'default'} | {kernel} | "
+            lines.append(
+                f"| {r['dtype']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['seqlen']} "
+                f"| {r['batch']} | {path_cols}{fmt(ours)} | {fmt(t.get('flash'))} "
+                f"| {fmt(t.get('efficient'))} | {fmt(t.get('cudnn'))} | {fmt(ratio_f, 2)} "
+                f"| {fmt(ratio_c, 2)} |")
+    bar = [(r, impl) for r in rows for impl in ours_impls[:1]
+           if r["dtype"] == "bfloat16" and r["head_dim"] == 128
+           and r["seqlen"] >= 2048 and r["results"].get(impl, {}).get("tflops")
            and r["results"].get("flash", {}).get("tflops")]
     if bar:
-        worst = min(r["results"]["kforge"]["tflops"] / r["results"]["flash"]["tflops"] for r in bar)
+        worst = min(r["results"][impl]["tflops"] / r["results"]["flash"]["tflops"]
+                    for r, impl in bar)
         lines.append("")
+        first = ours_impls[0].partition(":")[2] or "default"
         lines.append(f"**The bar** (bf16, hdim 128, seqlen ≥ 2k, causal and not: ≥ 1.0× SDPA "
-                     f"flash): lowest ratio in this run = **{worst:.2f}×** "
+                     f"flash; path {first}): lowest ratio in this run = **{worst:.2f}×** "
                      f"→ {'met' if worst >= 1.0 else 'NOT met'}.")
     if mem:
         lines.append("")
@@ -195,20 +224,28 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="bf16 only, kforge only")
     ap.add_argument("--write", type=Path, help="markdown file to put the table in")
     ap.add_argument("--json", type=Path, help="also dump raw results as JSON")
+    ap.add_argument("--paths", default="",
+                    help="comma list of sm_90a kernel paths to run kforge_fmha with "
+                         "(KFORGE_FMHA_SM90_PATH: wgmma, tma, tma-overlap, tma-basic); "
+                         "default: the library's default only")
+    ap.add_argument("--head-dims", default="128,64", help="comma list (default 128,64)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory table")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA GPU: nothing to benchmark", file=sys.stderr)
         return 2
     seqlens = [int(s) for s in args.seqlens.split(",")]
     dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16]
-    impls = ["kforge"] if args.quick else ["kforge", "flash", "efficient", "cudnn"]
+    ours = [f"kforge:{p}" for p in args.paths.split(",") if p] or ["kforge"]
+    impls = ours if args.quick else ours + ["flash", "efficient", "cudnn"]
+    head_dims = [int(d) for d in args.head_dims.split(",")]
     props = torch.cuda.get_device_properties(0)
     meta = {"device": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(), "kforge": kforge_fmha.__version__,
             "archs": " ".join(kforge_fmha.built_archs()), "tokens": args.tokens,
             "heads": args.heads, "runs": args.runs, "warmup": args.warmup,
-            "python": platform.python_version(),
+            "python": platform.python_version(), "paths": args.paths,
             "date": __import__("datetime").datetime.now(__import__("datetime").timezone.utc)
             .strftime("%Y-%m-%d %H:%M UTC")}
     q = torch.randn(1, 128, args.heads, 128, dtype=torch.bfloat16, device="cuda")
@@ -221,7 +258,7 @@ def main(argv=None) -> int:
           f"SDPA flash {meta['host_us_sdpa']:.1f} us", flush=True)
     rows = []
     for dtype in dtypes:
-        for head_dim in (128, 64):
+        for head_dim in head_dims:
             for causal in (False, True):
                 for seqlen in seqlens:
                     r = bench_shape(dtype, head_dim, causal, seqlen, args.tokens, args.heads, impls,
@@ -230,7 +267,7 @@ def main(argv=None) -> int:
                     t = {k: fmt(v.get("tflops")) for k, v in r["results"].items()}
                     print(f"{r['dtype']:9s} d={head_dim:3d} causal={int(causal)} L={seqlen:5d} "
                           + " ".join(f"{k}={v}" for k, v in t.items()), flush=True)
-    mem = [] if args.quick else peak_memory([1024, 4096, 16384, 65536], args.heads, 128,
+    mem = [] if args.quick or args.no_memory else peak_memory([1024, 4096, 16384, 65536], args.heads, 128,
                                             torch.bfloat16)
     section = render(meta, rows, mem)
     print(section)

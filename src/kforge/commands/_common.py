@@ -19,7 +19,7 @@ from kforge.jobs import load_profile
 from kforge.plan import Plan, PlanOptions, make_plan
 from kforge.targets import parse_target
 
-__all__ = ["add_plan_options", "cache_dir", "console", "forge_from_args", "plan_from_args", "wheelhouse_root"]
+__all__ = ["add_plan_options", "cache_dir", "console", "forge_from_args", "plan_and_host", "plan_from_args", "wheelhouse_root"]
 
 
 def console() -> Console:
@@ -51,6 +51,16 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
 def plan_from_args(args: argparse.Namespace, target_text: str, *, environ: Mapping[str, str] | None = None,
                    host: HostFacts | None = None) -> Plan:
     """Read forge.toml, resolve the target and make its plan (the only reading of forge.toml a build does)."""
+    return plan_and_host(args, target_text, environ=environ, host=host)[0]
+
+
+def plan_and_host(args: argparse.Namespace, target_text: str, *, environ: Mapping[str, str] | None = None,
+                  host: HostFacts | None = None) -> tuple[Plan, HostFacts]:
+    """The plan, and the host facts it was made from (with this interpreter's torch for a torch-ABI project).
+
+    A build's later steps (preflight) must judge the same host the plan saw: a host without the torch probe
+    would say "no torch" where the plan said "present".
+    """
     environ = os.environ if environ is None else environ
     forge = forge_from_args(args)
     host = host or detect_host(environ)
@@ -60,4 +70,4 @@ def plan_from_args(args: argparse.Namespace, target_text: str, *, environ: Mappi
     cli = {opt.name: getattr(args, opt.name, None) for opt in options.OPTIONS}
     opts = PlanOptions.from_cascade(environ, **cli, env=options.parse_env_pairs(args.env))
     profile = load_profile(cache_dir(environ), target.project, 1)
-    return make_plan(forge, target, host, opts, job_profile=profile)
+    return make_plan(forge, target, host, opts, job_profile=profile), host

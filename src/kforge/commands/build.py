@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from kforge.commands._common import add_plan_options, plan_from_args, wheelhouse_root
+from kforge.commands._common import add_plan_options, plan_and_host, wheelhouse_root
 from kforge.fsutil import cache_dir
 from kforge.host import detect_host
 from kforge.log import StepLog
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     environ = dict(os.environ)
     host = detect_host(environ)
-    plan = plan_from_args(args, args.target, environ=environ, host=host)
+    plan, host = plan_and_host(args, args.target, environ=environ, host=host)
     log = StepLog(total=len(steps_for(plan)) + 1, title=plan.id)
     with log.step("plan", plan.id):
         for line in plan.render().splitlines()[1:]:

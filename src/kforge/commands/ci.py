@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kforge import runstatus, toolchain
-from kforge.commands._common import add_plan_options, forge_from_args, plan_from_args
+from kforge.commands._common import add_plan_options, forge_from_args, plan_and_host
 from kforge.config import find_root
 from kforge.errors import ConfigError, ToolchainError
 from kforge.fsutil import cache_dir
@@ -50,7 +50,7 @@ def run_toolchain(args: argparse.Namespace) -> int:
     """Check (and where kforge can, provide) what the target's plan needs, before the build spends time."""
     environ = dict(os.environ)
     host = detect_host(environ)
-    plan = plan_from_args(args, args.target, environ=environ, host=host)
+    plan, host = plan_and_host(args, args.target, environ=environ, host=host)
     cuda = str(plan.toolchain.cuda)
     try:
         nvcc = toolchain.find_nvcc(environ, cuda=cuda)

@@ -30,9 +30,10 @@ def run(args: argparse.Namespace) -> int:
 
         def variants(t):  # type: ignore[no-untyped-def]
             release = forge.projects[t.project].release
-            if release is None or len(t.archs) != 1:
+            if release is None:
                 return []
-            return [b.variant.id for b in expand(release, python) if b.arch.base == t.archs[0].base]
+            bases = tuple(a.base for a in t.archs)  # one arch, or an arch set the release matrix names
+            return [b.variant.id for b in expand(release, python) if tuple(a.base for a in b.archs) == bases]
 
         print(json.dumps([{"id": t.id, "project": t.project, "arch": t.arch_names, "archs": [a.sm for a in t.archs],
                            "platform": t.platform, "variants": variants(t)} for t in targets], indent=2))

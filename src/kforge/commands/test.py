@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from kforge.commands._common import add_plan_options, plan_from_args, wheelhouse_root
+from kforge.commands._common import add_plan_options, plan_and_host, wheelhouse_root
 from kforge.gputest import run_gpu_tests
 from kforge.host import detect_host
 
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     environ = dict(os.environ)
     host = detect_host(environ)
-    plan = plan_from_args(args, args.target, environ=environ, host=host)
+    plan, host = plan_and_host(args, args.target, environ=environ, host=host)
     outcome = run_gpu_tests(plan, host, wheelhouse_root=wheelhouse_root(args), environ=environ)
     print(f"test-{plan.id}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
     return 0

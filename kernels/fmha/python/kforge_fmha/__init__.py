@@ -37,6 +37,7 @@ __all__ = [
     "device_check",
     "fmha_fwd",
     "fmha_varlen_fwd",
+    "last_kernel",
     "library_path",
     "library_version",
 ]
@@ -50,6 +51,21 @@ def library_version() -> str:
 def built_archs() -> list[str]:
     """CUDA archs the C library was compiled for, e.g. ['90a']."""
     return _lib.library().kforge_fmha_built_archs().decode().split()
+
+
+def last_kernel() -> str:
+    """Name of the kernel the last kforge_fmha call on this thread launched: "mma_sync",
+    "sm90_wgmma", "sm90_tma", "sm90_tma_overlap" or "sm90_tma_basic" ("" before any call).
+
+    On H100/H200 the environment variable KFORGE_FMHA_SM90_PATH (read at every call) picks the
+    sm_90a kernel: unset or "wgmma" (the default), "tma", "tma-overlap", "tma-basic"; calls a
+    TMA path cannot take (varlen batches) run the default kernel.
+    """
+    lib = _lib.library()
+    if not hasattr(lib, "kforge_fmha_last_kernel"):
+        raise FmhaError(f"kforge_fmha: the loaded library {library_path()} predates last_kernel(); "
+                        "rebuild or reinstall kforge-fmha")
+    return lib.kforge_fmha_last_kernel().decode()
 
 
 def device_check() -> tuple[int, int]:

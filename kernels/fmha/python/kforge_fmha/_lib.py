@@ -110,6 +110,9 @@ def library() -> ctypes.CDLL:
             lib.kforge_fmha_status_name.argtypes = [ctypes.c_int]
             lib.kforge_fmha_built_archs.restype = ctypes.c_char_p
             lib.kforge_fmha_built_archs.argtypes = []
+            if hasattr(lib, "kforge_fmha_last_kernel"):  # older libraries lack it
+                lib.kforge_fmha_last_kernel.restype = ctypes.c_char_p
+                lib.kforge_fmha_last_kernel.argtypes = []
             lib.kforge_fmha_device_check.restype = ctypes.c_int
             lib.kforge_fmha_device_check.argtypes = [
                 ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# One GPU run for the sm_90a TMA path of kernels/fmha (issue 18), on an H100/H200 host with torch,
+# nvcc 13.0, cmake, ninja and pytest (no network). Run from the repo root:
+#
+#   OUT=/some/dir bash benchmarks/fmha_tma_gpu.sh
+#
+# Steps (each under its own timeout, so a hung kernel cannot eat the run; total under 6 minutes):
+#   1. cmake + ninja build of kernels/fmha for 90a with ptxas -v  -> $OUT/build.log, $OUT/ptxas.txt
+#   2. ctest (C API test, varlen example, symbol check)             -> $OUT/ctest.log
+#   3. per TMA path, scripts/tma_smoke.py in its own process         -> $OUT/smoke-<path>.log
+#   4. pytest kernels/fmha/tests (CPU + GPU, KFORGE_REQUIRE_GPU=1) over wgmma and every TMA path
+#      whose smoke did not hang                                      -> $OUT/pytest.log, pytest.xml
+#   5. benchmarks/fmha_vs_sdpa.py: bf16/fp16, hdim 128/64, seqlen 2k-16k, causal and not, one row
+#      per path (wgmma and the TMA paths whose smoke passed), SDPA flash/efficient/cuDNN in the
+#      same run                                                      -> $OUT/bench.md, bench.json
+# The library is used straight from the build folder (KFORGE_FMHA_LIBRARY, PYTHONPATH), so
+# nothing is pip-installed and nothing is built twice (the build is a clean one, so ptxas.txt
+# always has every kernel). $OUT/summary.txt lists each step's status.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-out}
+mkdir -p "$OUT"
+BUILD=${BUILD_DIR:-$ROOT/kernels/fmha/build/tma}
+PY=${PYTHON:-python3}
+JOBS=${JOBS:-$(nproc)}
+TMA_PATHS=${TMA_PATHS:-tma-basic tma-overlap tma}
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+status=0
+T0=$(date +%s)
+step() { echo; echo "=== $* (t=$(( $(date +%s) - T0 ))s)"; }
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+if [ ! -f kernels/fmha/CMakeLists.txt ] || [ ! -f benchmarks/fmha_vs_sdpa.py ]; then
+  echo "fmha_tma_gpu.sh: run it from the kforge repo root (no kernels/fmha/CMakeLists.txt in $ROOT)" >&2
+  exit 2
+fi
+for tool in cmake ninja nvcc "$PY"; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "fmha_tma_gpu.sh: '$tool' is not on PATH; this script needs cmake, ninja, nvcc and python3" >&2
+    exit 2
+  fi
+done
+
+step "device"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+  nvcc --version | tail -2; } 2>&1 | tee "$OUT/device.txt"
+
+step "build (90a, ptxas -v)"
+if timeout 240 cmake -S kernels/fmha -B "$BUILD" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a \
+     -DKFORGE_FMHA_PTXAS_VERBOSE=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
+   timeout 240 cmake --build "$BUILD" -j "$JOBS" --clean-first >>"$OUT/build.log" 2>&1; then
+  note "build: ok ($(( $(date +%s) - T0 ))s)"
+else
+  tail -40 "$OUT/build.log"
+  note "build: FAILED (see build.log)"
+  exit 1
+fi
+# Registers and spills per kernel: "<kernel> | registers | spill stores | spill loads".
+awk '/Compiling entry function/ {match($0, /_Z[A-Za-z0-9_]+/); k = substr($0, RSTART, RLENGTH)}
+     /spill stores/ {st = $5; ld = $9}
+     /Used [0-9]+ registers/ {print k " | " $5 " | " st " | " ld}' "$OUT/build.log" |
+  (c++filt 2>/dev/null || cat) | sort -u >"$OUT/ptxas.txt"
+grep -E "sm90tma|sm90_kernel" "$OUT/ptxas.txt" | sed 's/(kforge_fmha::FwdParams.*)//' | head -40
+LIB=$(ls "$BUILD"/libkforge_fmha.so 2>/dev/null | head -1)
+export KFORGE_FMHA_LIBRARY=$LIB
+export PYTHONPATH=$ROOT/kernels/fmha/python${PYTHONPATH:+:$PYTHONPATH}
+
+step "ctest"
+if (cd "$BUILD" && timeout 60 ctest --output-on-failure) >"$OUT/ctest.log" 2>&1; then
+  note "ctest: ok"
+else
+  note "ctest: FAILED (see ctest.log)"; status=1
+fi
+tail -4 "$OUT/ctest.log"
+
+step "smoke per TMA path"
+GOOD="wgmma"     # paths that passed the smoke check: tested and benchmarked
+TESTED="wgmma"   # paths that only gave wrong numbers are tested too (pytest shows the detail)
+for path in $TMA_PATHS; do
+  (cd /tmp && timeout -k 5 60 "$PY" "$ROOT/kernels/fmha/scripts/tma_smoke.py" --path "$path") \
+    >"$OUT/smoke-$path.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    GOOD="$GOOD,$path"; TESTED="$TESTED,$path"; note "smoke $path: ok"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    note "smoke $path: TIMEOUT (hang?) after 60 s; path left out of pytest and the benchmark"; status=1
+  elif [ $rc -eq 1 ]; then
+    TESTED="$TESTED,$path"
+    note "smoke $path: WRONG RESULTS; path left out of the benchmark (pytest shows the detail)"; status=1
+  else
+    note "smoke $path: FAILED rc=$rc (a raised error or CUDA fault); path left out of pytest and the benchmark"; status=1
+  fi
+  grep -iE "^BAD|^ERROR|PASS|FAIL|error" "$OUT/smoke-$path.log" | head -8
+done
+
+step "pytest (paths: $TESTED)"
+(cd /tmp && KFORGE_REQUIRE_GPU=1 KFORGE_FMHA_TEST_PATHS="$TESTED" timeout -k 10 170 \
+   "$PY" -m pytest -q -p no:cacheprovider -rfE --junitxml="$OUT/pytest.xml" \
+   "$ROOT/kernels/fmha/tests" ${PYTEST_ARGS:-}) >"$OUT/pytest.log" 2>&1
+rc=$?
+tail -25 "$OUT/pytest.log"
+if [ $rc -eq 0 ]; then note "pytest: ok ($(tail -1 "$OUT/pytest.log"))"
+else note "pytest: FAILED rc=$rc ($(tail -1 "$OUT/pytest.log"))"; status=1; fi
+
+step "benchmark (paths: $GOOD)"
+BENCH_PATHS=$GOOD
+(cd /tmp && timeout -k 10 ${BENCH_TIMEOUT:-150} "$PY" "$ROOT/benchmarks/fmha_vs_sdpa.py" \
+   --paths "$BENCH_PATHS" --seqlens 2048,4096,8192,16384 --head-dims 128,64 --no-memory \
+   --runs 10 --warmup 3 --write "$OUT/bench.md" --json "$OUT/bench.json") >"$OUT/bench.log" 2>&1
+rc=$?
+grep -vE "^\|" "$OUT/bench.log" | tail -70
+if [ $rc -eq 0 ]; then note "benchmark: ok"
+else note "benchmark: FAILED rc=$rc (partial lines in bench.log)"; status=1; fi
+
+note "total: $(( $(date +%s) - T0 ))s, exit $status"
+exit $status

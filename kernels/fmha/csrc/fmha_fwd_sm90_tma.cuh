@@ -1,0 +1,609 @@
+// Hopper (sm_90a) forward attention on TMA + mbarriers with a producer warp (head dims 64 and 128).
+//
+// Selected at run time by KFORGE_FMHA_SM90_PATH (fmha_api.cpp); the wgmma kernel of
+// fmha_fwd_sm90.cuh stays the default. Fixed-length batches only (varlen falls back there).
+//
+// One CTA = 3 warpgroups and 128 query rows of one (head, batch) pair:
+//   warpgroup 0 (producer): gives registers away (setmaxnreg.dec to 24); one thread issues the
+//     TMA loads (cp.async.bulk.tensor.4d, 128-byte swizzle): Q once, then K and V tiles of 128
+//     keys into a ring of kStages buffers each. A "full" mbarrier per buffer completes when the
+//     bytes have landed (expect_tx); an "empty" mbarrier per buffer completes when the 8
+//     consumer warps have read it, and the producer waits on it before refilling.
+//   warpgroups 1 and 2 (consumers, 64 query rows each): take registers (setmaxnreg.inc to 240)
+//     and run S = Q K^T (wgmma m64n128k16, both operands in shared memory) and O += P V (wgmma
+//     m64n64k16, P from the S registers, V MN-major from shared memory), with the stale-max
+//     online softmax of fmha_fwd_kernel.cuh.
+// The smem tile layout is the one of fmha_fwd_sm90.cuh ([hdim/64 halves][rows][64], 128-byte
+// rows, 16-byte chunk c of row r at c ^ (r % 8)), which is exactly what TMA's 128B swizzle
+// writes for a {64, rows} box at a 1024-byte aligned address.
+//
+// MODE (a template parameter, so one library holds all three and a process can compare them):
+//   0 "tma-basic":   per key tile: wait K, Q K^T, softmax, wait V, P V (no overlap).
+//   1 "tma-overlap": intra-warpgroup pipelining: Q K^T of tile i+1 and P V of tile i are issued
+//                    together; the softmax of tile i+1 runs while P V of tile i is on the
+//                    tensor cores (O's rescale waits for P V to finish).
+//   2 "tma":         mode 1 plus ping-pong: the two consumer warpgroups take turns issuing
+//                    their products (named barriers 4 and 5), so one's softmax hides under the
+//                    other's GEMMs.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its enums (types only: the driver is reached through cudart)
+
+#include "fmha_fwd_sm90.cuh"
+
+namespace kforge_fmha {
+
+// The three tensor maps of one call (Q, K, V), passed by value as a __grid_constant__ kernel
+// parameter.
+struct TmaMaps {
+  CUtensorMap q, k, v;
+};
+
+namespace sm90tma {
+
+template <int HDIM>
+struct Cfg {
+  static_assert(HDIM == 64 || HDIM == 128, "head dim 64 or 128");
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kThreads = 384;
+  static constexpr int kHalves = HDIM / 64;            // 64-column, 128-byte-row halves
+  static constexpr int kHalfBytes = 128 * 128;         // [128 rows][64] 16-bit
+  static constexpr int kTileBytes = kHalves * kHalfBytes;
+  static constexpr int kStages = HDIM == 128 ? 2 : 3;  // K/V ring depth
+  static constexpr int kBarOffset = (1 + 2 * kStages) * kTileBytes;
+  static constexpr int kNumBars = 1 + 4 * kStages;
+  static constexpr int kSmemBytes = kBarOffset + 8 * kNumBars + 1024;  // + alignment slack
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+};
+
+#if defined(KFORGE_FMHA_HAS_SM90_BODY)
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// One 4-D TMA tile load {c0 (columns), c1 (rows), c2 (head), c3 (batch)} into shared memory,
+// completing `bytes` on the mbarrier.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, int c3, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void wgmma_wait1() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
+
+#endif  // KFORGE_FMHA_HAS_SM90_BODY
+
+template <typename T, int HDIM, bool CAUSAL, int MODE>
+__global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
+    fmha_fwd_sm90_tma_kernel(const __grid_constant__ FwdParams p,
+                             const __grid_constant__ TmaMaps maps) {
+#if defined(KFORGE_FMHA_HAS_SM90_BODY)
+  using namespace detail;
+  using namespace sm90;
+  using C = Cfg<HDIM>;
+  constexpr int kStages = C::kStages;
+  constexpr int kHalves = C::kHalves;
+  constexpr bool kOverlap = MODE >= 1;
+  constexpr bool kPingPong = MODE >= 2;
+  constexpr float kNegInf = -__builtin_huge_valf();
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  unsigned char* base = smem_raw + pad;
+  const uint32_t sQ = raw_addr + pad;
+  const uint32_t sK = sQ + C::kTileBytes;             // kStages buffers
+  const uint32_t sV = sK + kStages * C::kTileBytes;  // kStages buffers
+  const uint32_t bars = sQ + C::kBarOffset;
+  const uint32_t q_full = bars;
+  auto k_full = [&](int s) { return bars + 8u * (1 + s); };
+  auto k_empty = [&](int s) { return bars + 8u * (1 + kStages + s); };
+  auto v_full = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * kStages + s); };
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
+  const int head = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+
+  TileSetup<T> tile;
+  if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) return;
+  const int sq = tile.sq, sk = tile.sk, row0 = tile.row0, n_blocks = tile.n_blocks;
+
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), 8);  // one arrival per consumer warp
+      mbar_init(v_empty(s), 8);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<C::kProducerRegs>();
+    if (tid == 0) {
+      prefetch_map(&maps.q);
+      prefetch_map(&maps.k);
+      prefetch_map(&maps.v);
+      const int kv_head = head / p.head_ratio;
+      mbar_expect_tx(q_full, C::kTileBytes);
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        tma_load_4d(sQ + h * C::kHalfBytes, &maps.q, 64 * h, row0, head, b, q_full);
+      }
+      for (int i = 0; i < n_blocks; ++i) {
+        const int n = n_blocks - 1 - i;  // key tiles run from the last to the first
+        const int s = i % kStages;
+        const uint32_t empty_parity = ((i / kStages) + 1) & 1;
+        if (i >= kStages) mbar_wait(k_empty(s), empty_parity);
+        mbar_expect_tx(k_full(s), C::kTileBytes);
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          tma_load_4d(sK + s * C::kTileBytes + h * C::kHalfBytes, &maps.k, 64 * h,
+                      n * C::kBlockN, kv_head, b, k_full(s));
+        }
+        if (i >= kStages) mbar_wait(v_empty(s), empty_parity);
+        mbar_expect_tx(v_full(s), C::kTileBytes);
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          tma_load_4d(sV + s * C::kTileBytes + h * C::kHalfBytes, &maps.v, 64 * h,
+                      n * C::kBlockN, kv_head, b, v_full(s));
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<C::kConsumerRegs>();
+  const int cw = wg - 1;  // consumer warpgroup 0 or 1: rows 64 cw .. 64 cw + 63
+  const int warp = (tid % 128) / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int wrow = cw * 64 + warp * 16 + g;  // this thread's first row inside the block (+8)
+  const float scale_log2 = p.scale_log2;
+
+  constexpr uint64_t kTileUnits = C::kTileBytes >> 4;
+  constexpr uint64_t kHalfUnits = C::kHalfBytes >> 4;
+  const uint64_t q_desc = make_desc(sQ + cw * 64 * 128);
+  const uint64_t k_desc = make_desc(sK);
+  const uint64_t v_desc = make_desc(sV);
+
+  float o[kHalves][32];
+#pragma unroll
+  for (int d = 0; d < kHalves; ++d) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[d][i] = 0.f;
+  }
+  float row_max[2] = {kNegInf, kNegInf};
+  float row_sum[2] = {0.f, 0.f};
+  float s[64];
+  uint32_t pa[8][4];
+
+  // Ping-pong turn-taking: warpgroup cw waits on barrier 4 + cw before issuing its products and
+  // then lets the other one go (bar.arrive on 4 + (1 - cw)); both sides count 256 threads.
+  // Warpgroup 1 opens with one arrive for warpgroup 0 and skips its own last arrive, so the
+  // arrivals and waits match exactly.
+  int turns_left = n_blocks + 1;  // product-issue points: Q K^T(0), n_blocks - 1 pairs, P V(last)
+  auto turn_begin = [&]() {
+    if constexpr (kPingPong) named_sync(4 + cw, 256);
+  };
+  auto turn_end = [&]() {
+    if constexpr (kPingPong) {
+      --turns_left;
+      if (!(cw == 1 && turns_left == 0)) named_arrive(4 + (1 - cw), 256);
+    }
+  };
+  if (kPingPong && cw == 1 && n_blocks > 0) named_arrive(4, 256);
+
+  auto needs_mask = [&](int n) {
+    return (n + 1) * C::kBlockN > sk || (CAUSAL && n * C::kBlockN + C::kBlockN - 1 > row0 + sk - sq);
+  };
+  auto qk_issue = [&](int stage) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HDIM / 16; ++kk) {
+      const uint64_t koff = (kk / 4) * kHalfUnits + (kk % 4) * 2;  // 32 bytes per k16
+      Wgmma<T>::ss(s, q_desc + koff, k_desc + stage * kTileUnits + koff, kk > 0);
+    }
+    wgmma_commit();
+  };
+  auto pv_issue = [&](int stage) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int d = 0; d < kHalves; ++d) {
+        Wgmma<T>::rs(o[d], pa[kk], v_desc + stage * kTileUnits + d * kHalfUnits + kk * (16 * 128 >> 4));
+      }
+    }
+    wgmma_commit();
+  };
+  auto mask = [&](int n) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + wrow + 8 * r;
+      const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = n * C::kBlockN + 8 * j + 2 * t + e;
+          if (col >= limit) s[4 * j + 2 * r + e] = kNegInf;
+        }
+      }
+    }
+  };
+  // Online softmax of s (stale max, exp2 domain): s becomes P (unnormalised). Returns whether O
+  // must be rescaled by alpha[] (done by the caller, after any P V in flight has finished).
+  auto softmax = [&](float (&alpha)[2]) -> bool {
+    float mx[2];
+    bool grow = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = row_max[r];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      mx[r] = m;
+      grow |= (m - row_max[r]) * scale_log2 > 8.f;  // -inf reference: inf > 8
+    }
+    const bool rescale = __any_sync(0xffffffffu, grow);
+    if (rescale) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_scaled = (mx[r] == kNegInf) ? 0.f : mx[r] * scale_log2;
+        alpha[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+        row_max[r] = mx[r];
+        row_sum[r] *= alpha[r];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_scaled = (row_max[r] == kNegInf) ? 0.f : row_max[r] * scale_log2;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = fast_exp2(fmaf(s[4 * j + 2 * r + e], scale_log2, -m_scaled));
+          s[4 * j + 2 * r + e] = x;
+          sum += x;
+        }
+      }
+      row_sum[r] += sum;
+    }
+    return rescale;
+  };
+  auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int d = 0; d < kHalves; ++d) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          o[d][4 * j + 2 * r] *= alpha[r];
+          o[d][4 * j + 2 * r + 1] *= alpha[r];
+        }
+      }
+    }
+  };
+  // P as the register A operand: k-step kk covers keys 16 kk .. 16 kk + 15, i.e. the
+  // accumulator n-tiles 2 kk and 2 kk + 1 (the mma.m16n8k16 A-fragment order).
+  auto pack_p = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  // This warp is done reading a K or V buffer: one arrival per warp on its empty barrier.
+  auto release = [&](uint32_t bar) {
+    if (lane == 0) mbar_arrive(bar);
+  };
+
+  mbar_wait(q_full, 0);
+
+  if constexpr (!kOverlap) {
+    for (int i = 0; i < n_blocks; ++i) {
+      const int n = n_blocks - 1 - i;
+      const int st = i % kStages;
+      const uint32_t ph = (i / kStages) & 1;
+      mbar_wait(k_full(st), ph);
+      qk_issue(st);
+      wgmma_wait0();
+      keep(s);
+      release(k_empty(st));
+      if (needs_mask(n)) mask(n);
+      float alpha[2];
+      if (softmax(alpha)) rescale_o(alpha);
+      pack_p();
+      mbar_wait(v_full(st), ph);
+      pv_issue(st);
+      wgmma_wait0();
+      keep(o[0]);
+      if constexpr (kHalves > 1) keep(o[kHalves - 1]);
+      keep(pa);
+      release(v_empty(st));
+    }
+  } else if (n_blocks > 0) {
+    // Tile 0: Q K^T alone.
+    {
+      const int n = n_blocks - 1;
+      mbar_wait(k_full(0), 0);
+      turn_begin();
+      qk_issue(0);
+      turn_end();
+      wgmma_wait0();
+      keep(s);
+      release(k_empty(0));
+      if (needs_mask(n)) mask(n);
+      float alpha[2];
+      if (softmax(alpha)) rescale_o(alpha);  // O is still 0: harmless
+      pack_p();
+    }
+    // Tile i: Q K^T(i) and P V(i - 1) in flight together; softmax(i) under P V(i - 1).
+    for (int i = 1; i < n_blocks; ++i) {
+      const int n = n_blocks - 1 - i;
+      const int st = i % kStages;
+      const uint32_t ph = (i / kStages) & 1;
+      const int pst = (i - 1) % kStages;
+      const uint32_t pph = ((i - 1) / kStages) & 1;
+      mbar_wait(k_full(st), ph);
+      mbar_wait(v_full(pst), pph);
+      turn_begin();
+      qk_issue(st);
+      pv_issue(pst);
+      turn_end();
+      wgmma_wait1();  // Q K^T(i) done, P V(i - 1) may still run
+      keep(s);
+      release(k_empty(st));
+      if (needs_mask(n)) mask(n);
+      float alpha[2];
+      const bool rescale = softmax(alpha);
+      // ptxas would sink the exponentials below the wait (next to the packing into pa, which
+      // must wait for P V), and nothing would overlap P V. A warp-uniform branch on their sum
+      // makes them come first; both sides only wait.
+      if (__any_sync(0xffffffffu, __float_as_uint(row_sum[0] + row_sum[1]) == 0xffffffffu)) {
+        asm volatile("wgmma.wait_group.sync.aligned 0; // rare side\n" ::: "memory");
+      } else {
+        wgmma_wait0();  // P V(i - 1) done: O and P's registers are free
+      }
+      keep(o[0]);
+      if constexpr (kHalves > 1) keep(o[kHalves - 1]);
+      keep(pa);
+      release(v_empty(pst));
+      if (rescale) rescale_o(alpha);
+      pack_p();
+    }
+    // Last tile's P V.
+    {
+      const int st = (n_blocks - 1) % kStages;
+      const uint32_t ph = ((n_blocks - 1) / kStages) & 1;
+      mbar_wait(v_full(st), ph);
+      turn_begin();
+      pv_issue(st);
+      turn_end();
+      wgmma_wait0();
+      keep(o[0]);
+      if constexpr (kHalves > 1) keep(o[kHalves - 1]);
+      keep(pa);
+      release(v_empty(st));
+    }
+  }
+
+  // Epilogue: normalise, write the LSE, stage O through this warp's own 16 rows of sQ (every
+  // Q K^T of this warpgroup has completed, and the other warpgroup only reads its own rows),
+  // then 16-byte stores.
+  T* gO = tile.o;
+  const int64_t lse_off = tile.lse_off;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int lrow = wrow + 8 * r;
+    const int row = row0 + lrow;
+    const float inv = finish_row(p, row_sum[r], row_max[r], scale_log2,
+                                 lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
+#pragma unroll
+    for (int d = 0; d < kHalves; ++d) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t v = Mma<T>::pack(o[d][4 * j + 2 * r] * inv, o[d][4 * j + 2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(base + d * C::kHalfBytes + lrow * 128 +
+                                     ((j ^ (lrow & 7)) << 4) + t * 4) = v;
+      }
+    }
+  }
+  __syncwarp();
+  constexpr int kChunks = HDIM / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = 0; i < 16 * kChunks / 32; ++i) {
+    const int idx = i * 32 + lane;
+    const int lrow = cw * 64 + warp * 16 + idx / kChunks;
+    const int c = idx % kChunks;
+    if (row0 + lrow < sq) {
+      *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(base + (c >> 3) * C::kHalfBytes + lrow * 128 +
+                                          (((c & 7) ^ (lrow & 7)) << 4));
+    }
+  }
+#endif  // KFORGE_FMHA_HAS_SM90_BODY
+}
+
+}  // namespace sm90tma
+
+namespace tma_host {
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link), looked up
+// once; null when the driver does not have it.
+inline EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<EncodeTiledFn>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// A {hdim, rows, heads, batch} tensor map with a {64, 128, 1, 1} box and 128-byte swizzle. A
+// size-1 dimension gets a harmless stride (its own may be 0). False when the driver refuses it.
+template <typename T, int HDIM>
+bool encode(CUtensorMap* map, const void* ptr, int rows, int heads, int batch, int64_t row_stride,
+            int64_t head_stride, int64_t batch_stride) {
+  const EncodeTiledFn fn = encode_tiled();
+  if (fn == nullptr || rows < 1 || heads < 1 || batch < 1) return false;
+  constexpr int64_t kElem = 2;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(HDIM), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  int64_t st[3] = {row_stride * kElem, head_stride * kElem, batch_stride * kElem};
+  int64_t span = HDIM * kElem;
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i + 1] == 1 && st[i] <= 0) st[i] = span;
+    if (st[i] <= 0 || st[i] % 16 != 0 || st[i] >= (int64_t{1} << 40)) return false;
+    span = st[i] * static_cast<int64_t>(dims[i + 1]);
+  }
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(st[0]), static_cast<cuuint64_t>(st[1]),
+                                 static_cast<cuuint64_t>(st[2])};
+  const cuuint32_t box[4] = {64, 128, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType dt = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                                : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return fn(map, dt, 4, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace tma_host
+
+// True when this library's code for the current device holds the sm_90a body of the TMA kernel.
+template <typename T, int HDIM, bool CAUSAL, int MODE>
+bool sm90_tma_available() {
+  static int state[64] = {};  // 0: unknown, 1: yes, 2: no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev < 64) {
+    const int s = __atomic_load_n(&state[dev], __ATOMIC_ACQUIRE);
+    if (s != 0) return s == 1;
+  }
+  cudaFuncAttributes attr;
+  const bool yes =
+      cudaFuncGetAttributes(&attr, sm90tma::fmha_fwd_sm90_tma_kernel<T, HDIM, CAUSAL, MODE>) ==
+          cudaSuccess &&
+      attr.binaryVersion == 90 && tma_host::encode_tiled() != nullptr;
+  if (!yes) cudaGetLastError();
+  if (dev < 64) __atomic_store_n(&state[dev], yes ? 1 : 2, __ATOMIC_RELEASE);
+  return yes;
+}
+
+// Launches the TMA kernel and returns its launch status, or returns cudaErrorNotSupported
+// without launching anything when this call cannot take the TMA path (varlen, or tensor maps
+// the driver refuses); the caller then runs another kernel.
+template <typename T, int HDIM, bool CAUSAL, int MODE>
+cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
+  using C = sm90tma::Cfg<HDIM>;
+  if (params.cu_seqlens_q != nullptr || params.cu_seqlens_k != nullptr) return cudaErrorNotSupported;
+  TmaMaps maps;
+  if (!tma_host::encode<T, HDIM>(&maps.q, params.q, params.seqlen_q, params.num_heads,
+                                 params.batch, params.q_row_stride, params.q_head_stride,
+                                 params.q_batch_stride) ||
+      !tma_host::encode<T, HDIM>(&maps.k, params.k, params.seqlen_k, params.num_heads_k,
+                                 params.batch, params.k_row_stride, params.k_head_stride,
+                                 params.k_batch_stride) ||
+      !tma_host::encode<T, HDIM>(&maps.v, params.v, params.seqlen_k, params.num_heads_k,
+                                 params.batch, params.v_row_stride, params.v_head_stride,
+                                 params.v_batch_stride)) {
+    return cudaErrorNotSupported;
+  }
+  auto kernel = sm90tma::fmha_fwd_sm90_tma_kernel<T, HDIM, CAUSAL, MODE>;
+  static int configured[64] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= 64 || !__atomic_load_n(&configured[dev], __ATOMIC_ACQUIRE)) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
+  }
+  const dim3 grid((params.seqlen_q + C::kBlockM - 1) / C::kBlockM, params.num_heads, params.batch);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(params, maps);
+  return cudaGetLastError();
+}
+
+}  // namespace kforge_fmha
+
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, MODE)                                 \
+  template bool kforge_fmha::sm90_tma_available<T, HDIM, false, MODE>();                     \
+  template bool kforge_fmha::sm90_tma_available<T, HDIM, true, MODE>();                      \
+  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE>(               \
+      const kforge_fmha::FwdParams&, cudaStream_t);                                          \
+  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE>(                \
+      const kforge_fmha::FwdParams&, cudaStream_t);
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, HDIM)  \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, 0) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, 1) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, 2)

@@ -1,0 +1,201 @@
+"""A model of the barrier protocol of csrc/fmha_fwd_sm90_tma.cuh, run under random interleavings.
+
+It models the producer thread, the two consumer warpgroups (four warp arrivals each), the TMA
+completions (in any order, at any time), the full/empty mbarriers of the K/V ring (phase parity
+waits), and, in mode 2, the ping-pong named barriers 4 and 5. For every mode, ring depth and
+tile count it checks that nothing deadlocks, that a consumer only reads a buffer that holds the
+tile it expects (no TMA write in flight), and that the named barriers end balanced. It checks
+the protocol as written here, not the CUDA code: keep the two in step when either changes.
+
+    python kernels/fmha/scripts/tma_protocol_model.py      # prints "ok" or raises
+"""
+
+from __future__ import annotations
+
+import random
+
+
+class MBarrier:
+    """mbarrier: `count` arrivals plus the expected transaction bytes complete a phase."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.pending, self.phase, self.tx = count, count, 0, 0
+
+    def arrive(self) -> None:
+        self.pending -= 1
+        assert self.pending >= 0, "more arrivals than the barrier's count"
+        self._maybe_complete()
+
+    def expect_tx(self, nbytes: int) -> None:
+        self.tx += nbytes
+        self.arrive()
+
+    def complete_tx(self, nbytes: int) -> None:
+        self.tx -= nbytes
+        self._maybe_complete()
+
+    def _maybe_complete(self) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def passed(self, parity: int) -> bool:
+        """try_wait.parity: the phase of this parity has completed."""
+        return (self.phase & 1) != parity
+
+
+def run(n_blocks: int, stages: int, mode: int, seed: int) -> None:
+    rng = random.Random(seed)
+    q_full = MBarrier(1)
+    k_full = [MBarrier(1) for _ in range(stages)]
+    v_full = [MBarrier(1) for _ in range(stages)]
+    k_empty = [MBarrier(8) for _ in range(stages)]
+    v_empty = [MBarrier(8) for _ in range(stages)]
+    k_buf: list = [None] * stages
+    v_buf: list = [None] * stages
+    inflight: list = []  # (barrier, buffer list or None, stage, tile)
+    named = {4: {"count": 0, "gen": 0, "arrived": False}, 5: {"count": 0, "gen": 0, "arrived": False}}
+
+    def producer():
+        q_full.expect_tx(1)
+        inflight.append((q_full, None, 0, "q"))
+        for i in range(n_blocks):
+            s, parity = i % stages, ((i // stages) + 1) & 1
+            for full, empty, buf in ((k_full, k_empty, k_buf), (v_full, v_empty, v_buf)):
+                if i >= stages:
+                    while not empty[s].passed(parity):
+                        yield
+                buf[s] = "being written"
+                full[s].expect_tx(1)
+                inflight.append((full[s], buf, s, i))
+                yield
+
+    def bar_arrive(bid: int) -> None:  # bar.arrive bid, 256 by one warpgroup
+        b = named[bid]
+        assert not b["arrived"], f"second arrive on barrier {bid} before its sync"
+        b["arrived"] = True
+        b["count"] += 4
+        if b["count"] == 8:
+            b["count"], b["gen"], b["arrived"] = 0, b["gen"] + 1, False
+
+    def bar_sync(bid: int):  # bar.sync bid, 256 by one warpgroup
+        b = named[bid]
+        gen = b["gen"]
+        b["count"] += 4
+        if b["count"] == 8:
+            b["count"], b["gen"], b["arrived"] = 0, b["gen"] + 1, False
+        while b["gen"] == gen:
+            yield
+
+    def consumer(cw: int):
+        ping_pong, overlap = mode >= 2, mode >= 1
+        turns = [n_blocks + 1]
+
+        def turn_begin():
+            if ping_pong:
+                yield from bar_sync(4 + cw)
+
+        def turn_end():
+            if ping_pong:
+                turns[0] -= 1
+                if not (cw == 1 and turns[0] == 0):
+                    bar_arrive(4 + (1 - cw))
+
+        def release(bar: MBarrier) -> None:
+            for _ in range(4):
+                bar.arrive()
+
+        def read(buf: list, i: int) -> None:
+            assert buf[i % stages] == i, f"stage {i % stages} holds {buf[i % stages]!r}, not tile {i}"
+
+        if ping_pong and cw == 1 and n_blocks > 0:
+            bar_arrive(4)
+        while not q_full.passed(0):
+            yield
+        if not overlap:
+            for i in range(n_blocks):
+                s, ph = i % stages, (i // stages) & 1
+                while not k_full[s].passed(ph):
+                    yield
+                read(k_buf, i)
+                yield
+                read(k_buf, i)
+                release(k_empty[s])
+                while not v_full[s].passed(ph):
+                    yield
+                read(v_buf, i)
+                yield
+                read(v_buf, i)
+                release(v_empty[s])
+            return
+        if n_blocks == 0:
+            return
+        while not k_full[0].passed(0):
+            yield
+        yield from turn_begin()
+        read(k_buf, 0)
+        turn_end()
+        yield
+        read(k_buf, 0)
+        release(k_empty[0])
+        for i in range(1, n_blocks):
+            s, ph = i % stages, (i // stages) & 1
+            ps, pph = (i - 1) % stages, ((i - 1) // stages) & 1
+            while not k_full[s].passed(ph):
+                yield
+            while not v_full[ps].passed(pph):
+                yield
+            yield from turn_begin()
+            read(k_buf, i)
+            read(v_buf, i - 1)
+            turn_end()
+            yield
+            read(k_buf, i)
+            release(k_empty[s])
+            yield
+            read(v_buf, i - 1)
+            release(v_empty[ps])
+        s, ph = (n_blocks - 1) % stages, ((n_blocks - 1) // stages) & 1
+        while not v_full[s].passed(ph):
+            yield
+        yield from turn_begin()
+        read(v_buf, n_blocks - 1)
+        turn_end()
+        yield
+        read(v_buf, n_blocks - 1)
+        release(v_empty[s])
+
+    actors = {"producer": producer(), "consumer0": consumer(0), "consumer1": consumer(1)}
+    for _step in range(200_000):
+        if not actors and not inflight:
+            break
+        choice = rng.choice(list(actors) + (["tma"] if inflight else []))
+        if choice == "tma":
+            bar, buf, s, tile = inflight.pop(rng.randrange(len(inflight)))
+            if buf is not None:
+                buf[s] = tile
+            bar.complete_tx(1)
+        else:
+            try:
+                next(actors[choice])
+            except StopIteration:
+                del actors[choice]
+    else:
+        raise AssertionError(f"deadlock: n_blocks={n_blocks} stages={stages} mode={mode} "
+                             f"seed={seed}, still waiting: {sorted(actors)}")
+    for bid, b in named.items():
+        assert b["count"] == 0, f"named barrier {bid} left with {b['count']} arrivals"
+
+
+def main() -> int:
+    for mode in (0, 1, 2):
+        for stages in (2, 3):
+            for n_blocks in range(0, 10):
+                for seed in range(50):
+                    run(n_blocks, stages, mode, seed)
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
