@@ -154,8 +154,9 @@ def clean_env() -> dict[str, str]:
 def upstream_run(args: argparse.Namespace, run_dir: Path) -> dict:
     sdist = Path(args.sdist)
     digest = sha256_file(sdist)
-    if digest != SDIST_SHA256:
-        raise SystemExit(f"error: {sdist} has sha256 {digest}, not flash-attn 2.8.3.post2's {SDIST_SHA256}")
+    if digest != args.sdist_sha256:
+        raise SystemExit(f"error: {sdist} has sha256 {digest}, not the expected {args.sdist_sha256} "
+                         "(flash-attn 2.8.3.post2's unless --sdist-sha256 says otherwise)")
     with tarfile.open(sdist) as tar:
         tar.extractall(run_dir / "src", filter="data")
     tree = next((run_dir / "src").iterdir())
@@ -246,16 +247,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--way", choices=("upstream", "kforge"), required=True)
     ap.add_argument("--out", required=True, help="results folder (created; runs are numbered after what is there)")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--sdist", help="flash_attn-2.8.3.post2.tar.gz (the upstream way)")
+    ap.add_argument("--sdist", help="flash_attn-2.8.3.post2.tar.gz (the upstream way; default: the one in KFORGE_CACHE)")
+    ap.add_argument("--sdist-sha256", default=SDIST_SHA256, help="the sdist's sha256 (default: flash-attn 2.8.3.post2)")
     ap.add_argument("--target", default="flash-attn-sm90", help="kforge target (the kforge way)")
-    ap.add_argument("--kforge-cache", help="KFORGE_CACHE for the kforge way (holds the sdist on an offline host)")
+    ap.add_argument("--kforge-cache", help="KFORGE_CACHE (default: $KFORGE_CACHE; holds the sdist on an offline host)")
     ap.add_argument("--keep-profile", action="store_true", help="kforge: keep the measured job profiles in the cache")
     ap.add_argument("--no-compiler-cache", action="store_true", help="kforge: KFORGE_COMPILER_CACHE=none")
     ap.add_argument("--python", default=sys.executable, help="the interpreter with torch (default: this one)")
     ap.add_argument("--drop-trees", action="store_true", help="upstream: delete the unpacked tree after each run")
     args = ap.parse_args(argv)
+    args.kforge_cache = args.kforge_cache or os.environ.get("KFORGE_CACHE")
+    if args.way == "upstream" and not args.sdist and args.kforge_cache:  # kforge's own sdist cache has it
+        found = sorted(Path(args.kforge_cache).glob("sdists/flash-attn-2.8.3.post2-*/flash_attn-2.8.3.post2.tar.gz"))
+        args.sdist = str(found[0]) if found else None
     if args.way == "upstream" and not args.sdist:
-        ap.error("--way upstream needs --sdist flash_attn-2.8.3.post2.tar.gz")
+        ap.error("--way upstream needs --sdist flash_attn-2.8.3.post2.tar.gz (or a KFORGE_CACHE that holds it)")
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
     out = Path(args.out)
