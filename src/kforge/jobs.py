@@ -1,8 +1,8 @@
-"""Memory-aware build parallelism: ``MAX_JOBS`` and ``NVCC_THREADS`` from measurements.
+"""Build parallelism from measurements: ``MAX_JOBS`` and ``NVCC_THREADS`` for the shortest predicted build that fits.
 
 Every upstream guesses a GB-per-job constant (2.8, 3, 5, 8, 9) and either runs out of
 memory or leaves cores idle. kforge instead keeps a small per-project profile of the
-peak RSS and time of one compile unit (``<cache>/jobs/<project>.json``), updated after
+peak RSS and the time of every compile unit (``<cache>/jobs/<project>.json``), updated after
 every build, and sizes the build from the memory that is *available now*.
 
 The model (used by :func:`choose_jobs`)
@@ -21,13 +21,16 @@ threads than archs buy nothing.
   a single-arch unit and ``s`` the arch-independent share (host pass; default 0.3).
 * **Limits**: ``jobs * peak(p) <= available - headroom`` (headroom: max(2 GiB, 10 %) of
   what is available) and ``jobs * p <= cpus``.
-* **Choice**: for each ``t`` in ``1..a`` take the most jobs both limits allow and
-  estimate the wall time of ``units`` units as ``ceil(units / jobs) * T(p)``
-  (a wave model; for the default "many units" it is throughput ``jobs / T(p)``).
-  The fastest wins; ties go to fewer threads (less memory). With plenty of memory this
-  gives one thread and one job per core (more units in flight beat more threads, since
-  the host pass is not parallelised by ``--threads``); when memory is what binds, the
-  spare cores go to nvcc threads instead.
+* **Contention**: a unit at ``L`` busy compile processes takes ``c(L)`` times its uncontended time;
+  ``c`` is this host's, learnt from earlier builds' unit times at different job counts
+  (``<cache>/jobs/host.json``), else :func:`kforge.makespan.default_curve`.
+* **Choice**: every ``(jobs, t)`` within both limits is simulated (:func:`predict`): the measured unit
+  times (per unit, from the profile; the flash-attn seed's unit kinds before anything is measured),
+  each times the thread factor and ``c(jobs x p)``, scheduled longest first on ``jobs`` slots (what
+  kforge's ninja shim makes ninja do, :mod:`kforge.ninjaorder`). The shortest predicted makespan wins;
+  within :data:`TIE` of it, the fewest processes. Not "fill every core": when one long unit bounds the
+  build, or contention grows faster than the slots, fewer jobs win. With no unit times and no unit count
+  the per-unit throughput ``jobs / (T(p) c(jobs x p))`` is compared instead (no makespan is claimed).
 
 The result never plans more memory than is available, with two exceptions, both flagged in
 :attr:`JobChoice.reason`: an explicit user override (honoured), and a machine on which not even
