@@ -1,8 +1,8 @@
-"""Memory-aware build parallelism: ``MAX_JOBS`` and ``NVCC_THREADS`` from measurements.
+"""Build parallelism from measurements: ``MAX_JOBS`` and ``NVCC_THREADS`` for the shortest predicted build that fits.
 
 Every upstream guesses a GB-per-job constant (2.8, 3, 5, 8, 9) and either runs out of
 memory or leaves cores idle. kforge instead keeps a small per-project profile of the
-peak RSS and time of one compile unit (``<cache>/jobs/<project>.json``), updated after
+peak RSS and the time of every compile unit (``<cache>/jobs/<project>.json``), updated after
 every build, and sizes the build from the memory that is *available now*.
 
 The model (used by :func:`choose_jobs`)
@@ -21,13 +21,16 @@ threads than archs buy nothing.
   a single-arch unit and ``s`` the arch-independent share (host pass; default 0.3).
 * **Limits**: ``jobs * peak(p) <= available - headroom`` (headroom: max(2 GiB, 10 %) of
   what is available) and ``jobs * p <= cpus``.
-* **Choice**: for each ``t`` in ``1..a`` take the most jobs both limits allow and
-  estimate the wall time of ``units`` units as ``ceil(units / jobs) * T(p)``
-  (a wave model; for the default "many units" it is throughput ``jobs / T(p)``).
-  The fastest wins; ties go to fewer threads (less memory). With plenty of memory this
-  gives one thread and one job per core (more units in flight beat more threads, since
-  the host pass is not parallelised by ``--threads``); when memory is what binds, the
-  spare cores go to nvcc threads instead.
+* **Contention**: a unit at ``L`` busy compile processes takes ``c(L)`` times its uncontended time;
+  ``c`` is this host's, learnt from earlier builds' unit times at different job counts
+  (``<cache>/jobs/host.json``), else :func:`kforge.makespan.default_curve`.
+* **Choice**: every ``(jobs, t)`` within both limits is simulated (:func:`predict`): the measured unit
+  times (per unit, from the profile; the flash-attn seed's unit kinds before anything is measured),
+  each times the thread factor and ``c(jobs x p)``, scheduled longest first on ``jobs`` slots (what
+  kforge's ninja shim makes ninja do, :mod:`kforge.ninjaorder`). The shortest predicted makespan wins;
+  within :data:`TIE` of it, the fewest processes. Not "fill every core": when one long unit bounds the
+  build, or contention grows faster than the slots, fewer jobs win. With no unit times and no unit count
+  the per-unit throughput ``jobs / (T(p) c(jobs x p))`` is compared instead (no makespan is claimed).
 
 The result never plans more memory than is available, with two exceptions, both flagged in
 :attr:`JobChoice.reason`: an explicit user override (honoured), and a machine on which not even
@@ -37,16 +40,18 @@ one unit at one thread fits (then 1 x 1, which may still be OOM-killed: the reas
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kforge import makespan
 from kforge.errors import BuildError
 from kforge.fsutil import atomic_write_text
 from kforge.host import Resources
+from kforge.makespan import Contention, Schedule, default_curve, simulate
 from kforge.measure import UnitMeasure
+from kforge.ninjaorder import unit_key
 
 GiB = 1024**3
 GB = 1000**3
@@ -59,6 +64,10 @@ DEFAULT_PEAK_RSS = int(3 * GiB)
 DEFAULT_UNIT_SECONDS = 60.0
 #: How many recent builds a profile remembers.
 HISTORY = 8
+#: How many recent builds' per-unit times a profile keeps (order, makespan, contention).
+UNIT_BUILDS = 4
+#: Candidates whose predicted makespan is within this share of the best count as equal: fewer processes win.
+TIE = 0.005
 
 
 # ---------------------------------------------------------------------------- profiles
@@ -78,7 +87,21 @@ class JobProfile:
     beta: float = DEFAULT_BETA
     serial_share: float = DEFAULT_SERIAL_SHARE
     history: tuple[tuple[int, float, float], ...] = field(default=(), repr=False)  # (peak, median s, max s) per build
+    #: Recent builds' unit times: (load, nvcc threads, ((unit key, seconds), ...)); load = jobs x processes per unit.
+    unit_builds: tuple[tuple[float, int, tuple[tuple[str, float], ...]], ...] = field(default=(), repr=False)
+    unit_count: int | None = None  # compile units of one build (measured, or the seed's)
+    contention: Contention | None = None  # this host's, from <cache>/jobs/host.json; None: the default curve
+    #: Before any unit was measured here: (file-name glob, seconds, count) per kind of unit, longest first (seeds only).
+    seed_units: tuple[tuple[str, float, int], ...] = ()
 
+
+#: flash-attn 2.8.3.post2's 73 units by kind, for the order (and an estimated makespan) before anything was measured
+#: here. Measured (UPSTREAM_FACTS, 8 jobs on a 16-core H200): the 24 fwd_split units are the longest, 220-250 s
+#: (235 s taken), flash_api.cpp 23 s, all 73 sum to 9678 s, bwd hdim128 170 s, fwd hdim128 123 s. ESTIMATE: the
+#: bwd and fwd kinds' means, 97 s and 70 s, split what is left of the 9678 s in the 170:123 ratio of hdim128.
+_FA2_REST = (9678 - 24 * 235.0 - 23.0) / (24 * (1 + 123 / 170))
+_FA2_SEED_UNITS = (("flash_fwd_split_*", 235.0, 24), ("flash_bwd_*", _FA2_REST, 24),
+                   ("flash_fwd_*", _FA2_REST * 123 / 170, 24), ("flash_api*", 23.0, 1))
 
 #: Seeds from measurements in UPSTREAM_FACTS.md (flash-attn 2.8.3.post2, nvcc 13.0, sm_90,
 #: 16-core H200): fwd units 4.3 GB / 123 s, bwd units 6.3 GB / 170 s, 73 units = 9678 s,
@@ -93,6 +116,8 @@ SEEDS: dict[str, JobProfile] = {
         samples=0,
         source="seed: UPSTREAM_FACTS (flash-attn 2.8.3.post2, sm_90, bwd unit 6.3 GB)",
         beta=0.1,
+        unit_count=73,
+        seed_units=_FA2_SEED_UNITS,
     ),
 }
 
@@ -119,8 +144,16 @@ def _read_profiles(path: Path) -> dict[str, dict]:
     return good
 
 
+def _unit_builds(raw: object) -> tuple[tuple[float, int, tuple[tuple[str, float], ...]], ...]:
+    out = []
+    for load, threads, units in raw or ():  # type: ignore[union-attr]
+        out.append((float(load), int(threads), tuple(sorted((str(k), float(v)) for k, v in dict(units).items()))))
+    return tuple(out)
+
+
 def _from_entry(project: str, arch_count: int, entry: Mapping) -> JobProfile:
     history = tuple(tuple(h) for h in entry.get("history", ()))  # type: ignore[misc]
+    builds = _unit_builds(entry.get("unit_builds", ()))
     return JobProfile(
         project=project,
         arch_count=arch_count,
@@ -132,20 +165,27 @@ def _from_entry(project: str, arch_count: int, entry: Mapping) -> JobProfile:
         beta=float(entry.get("beta", DEFAULT_BETA)),
         serial_share=float(entry.get("serial_share", DEFAULT_SERIAL_SHARE)),
         history=history,  # type: ignore[arg-type]
+        unit_builds=builds,
+        unit_count=len(builds[-1][2]) if builds else None,
     )
 
 
 def load_profile(cache_dir: Path, project: str, arch_count: int) -> JobProfile:
-    """The profile for this project and arch count: measured, else nearest measured, seed, or default."""
+    """The profile for this project and arch count (measured, else nearest measured, seed, or default),
+    with this host's measured contention curve where there is one."""
+    return replace(_load_profile(cache_dir, project, arch_count), contention=load_contention(cache_dir))
+
+
+def _load_profile(cache_dir: Path, project: str, arch_count: int) -> JobProfile:
     entries = _read_profiles(_profile_path(cache_dir, project))
     if str(arch_count) in entries:
         return _from_entry(project, arch_count, entries[str(arch_count)])
     if entries:
         nearest = min((int(k) for k in entries), key=lambda k: (abs(k - arch_count), k))
         base = _from_entry(project, nearest, entries[str(nearest)])
-        return _rescale(base, arch_count, f"measured for {nearest} archs, rescaled to {arch_count}")
+        return for_arch_count(base, arch_count, f"measured for {nearest} archs, rescaled to {arch_count}")
     if project in SEEDS:
-        return _rescale(SEEDS[project], arch_count, SEEDS[project].source)
+        return for_arch_count(SEEDS[project], arch_count, SEEDS[project].source)
     return JobProfile(
         project=project,
         arch_count=arch_count,
@@ -157,10 +197,12 @@ def load_profile(cache_dir: Path, project: str, arch_count: int) -> JobProfile:
     )
 
 
-def _rescale(base: JobProfile, arch_count: int, source: str) -> JobProfile:
-    """Single-thread unit time grows with archs (device part per arch); peak memory does not."""
+def for_arch_count(base: JobProfile, arch_count: int, source: str | None = None) -> JobProfile:
+    """``base`` rescaled to ``arch_count`` archs: single-thread unit time grows with archs (device part per
+    arch), peak memory does not. Unit times are rescaled by the same factor (their order is kept)."""
     if base.arch_count == arch_count:
-        return replace(base, source=source)
+        return replace(base, source=source) if source else base
+    source = source or f"{base.source}, rescaled to {arch_count} archs"
     s = base.serial_share
     factor = (s + (1 - s) * arch_count) / (s + (1 - s) * base.arch_count)
     return replace(
@@ -170,11 +212,19 @@ def _rescale(base: JobProfile, arch_count: int, source: str) -> JobProfile:
         unit_seconds_max=base.unit_seconds_max * factor,
         source=source,
         history=(),
+        unit_builds=tuple((load, t, tuple((k, v * factor) for k, v in units)) for load, t, units in base.unit_builds),
+        seed_units=tuple((glob, v * factor, n) for glob, v, n in base.seed_units),
     )
 
 
-def record(cache_dir: Path, project: str, arch_count: int, units: Sequence[UnitMeasure]) -> JobProfile:
-    """Fold one build's measured units into the project's profile (atomically) and return it."""
+def record(cache_dir: Path, project: str, arch_count: int, units: Sequence[UnitMeasure], *,
+           jobs: int | None = None, cpus: int | None = None) -> JobProfile:
+    """Fold one build's measured units into the project's profile (atomically) and return it.
+
+    With ``jobs`` (the MAX_JOBS the units ran under) the unit times are kept by name with their load, for
+    the longest-first order and the makespan model; with ``cpus`` too, this host's contention curve is
+    learnt again from the builds at different loads (``<cache>/jobs/host.json``).
+    """
     good = [u for u in units if u.returncode == 0 and u.peak_rss > 0]
     if not good:
         return load_profile(cache_dir, project, arch_count)
@@ -196,10 +246,44 @@ def record(cache_dir: Path, project: str, arch_count: int, units: Sequence[UnitM
         "beta": beta,
         "serial_share": float(old.get("serial_share", DEFAULT_SERIAL_SHARE)),
         "history": history,
+        "unit_builds": [list(b) for b in old.get("unit_builds", [])],
     }
+    if jobs is not None and jobs >= 1:
+        threads = int(statistics.median(min(max(1, u.nvcc_threads), max(1, arch_count)) for u in good))
+        times: dict[str, float] = {}
+        for u in good:
+            times[unit_key(u.output)] = max(times.get(unit_key(u.output), 0.0), float(u.seconds))
+        entry["unit_builds"] = (entry["unit_builds"] + [[float(jobs * threads), threads, times]])[-UNIT_BUILDS:]
     entries[str(arch_count)] = entry
     atomic_write_text(path, json.dumps({"project": project, "arch_counts": entries}, indent=2, sort_keys=True))
-    return _from_entry(project, arch_count, entry)
+    profile = _from_entry(project, arch_count, entry)
+    if cpus is not None and profile.unit_builds:
+        learnt = makespan.learn([(load, dict((k, v / _thread_factor(profile, t)) for k, v in units))
+                                 for load, t, units in profile.unit_builds], cpus)
+        if learnt is not None:
+            save_contention(cache_dir, learnt)
+    return replace(profile, contention=load_contention(cache_dir))
+
+
+def _host_path(cache_dir: Path) -> Path:
+    return Path(cache_dir) / "jobs" / "host.json"
+
+
+def load_contention(cache_dir: Path) -> Contention | None:
+    """This host's measured contention curve, or None (then :func:`makespan.default_curve` applies)."""
+    try:
+        data = json.loads(_host_path(cache_dir).read_text())
+        points = tuple((float(x), float(y)) for x, y in data["points"])
+        if len(points) < 2 or any(y <= 0 for _, y in points):
+            return None
+        return Contention(points, str(data.get("source", "measured on this host")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_contention(cache_dir: Path, curve: Contention) -> None:
+    atomic_write_text(_host_path(cache_dir), json.dumps({"points": [list(p) for p in curve.points],
+                                                        "source": curve.source}, indent=2))
 
 
 # ---------------------------------------------------------------------------- the choice
@@ -215,6 +299,9 @@ class JobChoice:
     #: Every variable that carries the nvcc thread count (the plan adds a project's own, e.g.
     #: FLASHINFER_NVCC_THREADS), so that an OOM retry lowers all of them, not only the generic one.
     thread_vars: tuple[str, ...] = ("NVCC_THREADS",)
+    predicted_seconds: float | None = None  # the makespan model's prediction for the whole build, if it had one
+    #: (unit key, uncontended seconds) longest first: the order kforge's ninja shim starts units in; () = upstream's
+    order: tuple[tuple[str, float], ...] = field(default=(), repr=False)
 
     def env(self) -> dict[str, str]:
         """``MAX_JOBS``, ``CMAKE_BUILD_PARALLEL_LEVEL`` and every thread variable, as the build sees them."""
@@ -227,9 +314,9 @@ class JobChoice:
         if self.max_jobs > 1:
             jobs = self.max_jobs // 2
             return replace(self, max_jobs=jobs, est_peak_memory=self.est_peak_memory * jobs // self.max_jobs,
-                           reason=f"halved after OOM: {self.max_jobs} -> {jobs} jobs")
+                           predicted_seconds=None, reason=f"halved after OOM: {self.max_jobs} -> {jobs} jobs")
         if self.nvcc_threads > 1:
-            return replace(self, nvcc_threads=self.nvcc_threads // 2,
+            return replace(self, nvcc_threads=self.nvcc_threads // 2, predicted_seconds=None,
                            reason=f"halved after OOM: nvcc threads {self.nvcc_threads} -> {self.nvcc_threads // 2}")
         return None
 
@@ -251,6 +338,75 @@ def headroom(host: Resources) -> int:
     return max(2 * GiB, host.mem_available // 10)
 
 
+def _thread_factor(profile: JobProfile, threads: int) -> float:
+    """A unit's time at ``threads`` nvcc threads over its time at one (threads help only with > 1 arch)."""
+    a = max(1, profile.arch_count)
+    p = max(1, min(threads, a))
+    s = profile.serial_share
+    return (s + (1 - s) * a / p) / (s + (1 - s) * a)
+
+
+def unit_times(profile: JobProfile, cpus: int) -> tuple[tuple[str, float], ...]:
+    """Each measured unit's uncontended single-thread seconds, from its latest build (longest first).
+
+    A time measured at load ``L`` with ``t`` threads is divided by the contention factor ``c(L)`` and by
+    the thread factor of ``t``: what the makespan model and the ninja shim's order start from.
+    """
+    if not profile.unit_builds and profile.seed_units:
+        return tuple((glob, seconds) for glob, seconds, _ in profile.seed_units)
+    curve = profile.contention or default_curve(cpus)
+    latest: dict[str, float] = {}
+    for load, threads, units in profile.unit_builds:
+        div = curve.factor(load) * _thread_factor(profile, threads)
+        latest.update({k: v / div for k, v in units})
+    return tuple(sorted(latest.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What the makespan is predicted from."""
+
+    units: tuple[tuple[str, float], ...]  # (name, uncontended single-thread seconds); empty: a steady stream
+    count: int | None  # units in a steady stream (with ``units`` empty)
+    how: str
+
+
+def _work(profile: JobProfile, cpus: int, units: int | None) -> _Work:
+    if profile.unit_builds:
+        measured = unit_times(profile, cpus)
+        return _Work(measured, None, f"LPT schedule of {len(measured)} measured units")
+    if profile.seed_units and units is None:
+        kinds = ", ".join(f"{n} x {glob} {seconds:.0f} s" for glob, seconds, n in profile.seed_units)
+        return _Work(tuple((f"{glob}#{i}", seconds) for glob, seconds, n in profile.seed_units for i in range(n)),
+                     None, f"estimate: LPT schedule of the seed's units ({kinds})")
+    if units is not None:
+        return _Work(tuple((f"unit{i}", profile.unit_seconds) for i in range(units)), None,
+                     f"estimate: {units} units of {profile.unit_seconds:.0f} s")
+    if profile.unit_count:
+        return _Work((), profile.unit_count, f"estimate: {profile.unit_count} units of {profile.unit_seconds:.0f} s "
+                     "as a steady stream, no per-unit times yet")
+    return _Work((), None, "no unit count or times yet: seconds per unit at steady state")
+
+
+def predict(profile: JobProfile, cpus: int, jobs: int, threads: int, *,
+            units: int | None = None) -> tuple[float, Schedule | None, str]:
+    """(predicted seconds, the simulated schedule if per-unit times exist, how it was predicted) for ``jobs`` x ``threads``.
+
+    Without per-unit times or a unit count the number is seconds per unit at steady state, not a makespan.
+    """
+    curve = profile.contention or default_curve(cpus)
+    p = max(1, min(threads, profile.arch_count))
+    scale = _thread_factor(profile, threads) * curve.factor(jobs * p)
+    work = _work(profile, cpus, units)
+    if work.units:
+        schedule = simulate([(k, v * scale) for k, v in work.units], jobs)
+        return schedule.makespan, schedule, work.how
+    t_unit = profile.unit_seconds * scale
+    if work.count:
+        return max(t_unit, work.count * t_unit / jobs), None, work.how
+    return t_unit / jobs, None, work.how
+
+
 def choose_jobs(
     host: Resources,
     profile: JobProfile,
@@ -259,34 +415,44 @@ def choose_jobs(
     override_nvcc_threads: int | None = None,
     units: int | None = None,
 ) -> JobChoice:
-    """Pick ``MAX_JOBS`` and ``NVCC_THREADS`` for the shortest estimated wall time that fits in memory.
+    """Pick ``MAX_JOBS`` and ``NVCC_THREADS`` for the shortest predicted makespan that fits in memory.
 
-    ``units`` (the number of compile units, if known) lets the wave model see the tail: a
-    build with fewer units than cores gives spare cores to nvcc threads. See the module
-    docstring for the model.
+    Every (jobs, threads) within the memory budget and the cores is simulated (:func:`predict`):
+    longest-first list scheduling of the measured unit times, each slowed by this host's contention
+    factor at ``jobs x min(threads, archs)`` busy processes. Within :data:`TIE` of the best, the
+    candidate with the fewest processes wins (less memory, less contention for the same time).
+    ``units`` (a unit count) stands in when no per-unit times were measured.
     """
     budget = max(0, host.mem_available - headroom(host))
+    curve = profile.contention or default_curve(host.cpus)
     what = (f"{profile.peak_rss_per_unit / GB:.1f} GB/unit ({profile.source}), "
-            f"{host.describe()}, headroom {headroom(host) / GB:.1f} GB")
+            f"{host.describe()}, headroom {headroom(host) / GB:.1f} GB; contention: {curve.source}")
     if override_max_jobs is not None or override_nvcc_threads is not None:
         return _overridden(host, profile, budget, what, override_max_jobs, override_nvcc_threads, units)
-    best: tuple[float, int, int] | None = None
+    candidates: list[tuple[float, int, int, int, str]] = []
     for t in range(1, max(1, profile.arch_count) + 1):
-        jobs = _fit(host, profile, budget, t)
-        if jobs < 1:
-            continue
-        wall = _estimate(profile, jobs, t, units)
-        if best is None or wall < best[0] - 1e-9:
-            best = (wall, jobs, t)
-    if best is None:  # not even one single-thread unit fits: run one and say so
+        p = max(1, min(t, profile.arch_count))
+        for jobs in range(1, _fit(host, profile, budget, t) + 1):
+            seconds, _, how = predict(profile, host.cpus, jobs, t, units=units)
+            candidates.append((seconds, jobs * p, jobs, t, how))
+    if not candidates:  # not even one single-thread unit fits: run one and say so
         need = unit_memory(profile, 1)
         return JobChoice(1, 1, f"1 job, 1 nvcc thread: one unit needs {need / GB:.1f} GB but only "
                          f"{budget / GB:.1f} GB is free after headroom; it may be OOM-killed; {what}",
                          need, unit_seconds(profile, 1))
-    _, jobs, t = best
-    binding = "memory" if jobs < host.cpus // max(1, min(t, profile.arch_count)) else "cpus"
-    return JobChoice(jobs, t, f"{jobs} jobs x {t} nvcc threads ({binding}-bound): {what}",
-                     jobs * unit_memory(profile, t), unit_seconds(profile, t))
+    best = min(c[0] for c in candidates)
+    seconds, _, jobs, t, how = min((c for c in candidates if c[0] <= best * (1 + TIE) + 1e-9),
+                                   key=lambda c: (c[1], c[2], c[0]))
+    p = max(1, min(t, profile.arch_count))
+    fit = _fit(host, profile, budget, t)
+    binding = ("cpus-bound" if jobs == max(1, host.cpus // p) else "memory-bound" if jobs == fit
+               else "more jobs predicted no faster")
+    makespan = how.startswith(("LPT", "estimate"))
+    said = (f"predicted makespan {seconds:.0f} s ({how})" if makespan
+            else f"predicted {seconds:.1f} s per unit ({how})")
+    return JobChoice(jobs, t, f"{jobs} jobs x {t} nvcc threads ({binding}): {said}; {what}",
+                     jobs * unit_memory(profile, t), unit_seconds(profile, t),
+                     predicted_seconds=seconds if makespan else None, order=unit_times(profile, host.cpus))
 
 
 def _fit(host: Resources, profile: JobProfile, budget: int, threads: int) -> int:
@@ -294,13 +460,6 @@ def _fit(host: Resources, profile: JobProfile, budget: int, threads: int) -> int
     by_mem = budget // max(1, unit_memory(profile, threads))
     by_cpu = max(1, host.cpus // p)
     return int(min(by_mem, by_cpu))
-
-
-def _estimate(profile: JobProfile, jobs: int, threads: int, units: int | None) -> float:
-    t_unit = unit_seconds(profile, threads)
-    if units is None:
-        return t_unit / jobs  # seconds per unit at steady state
-    return math.ceil(units / jobs) * t_unit
 
 
 def _overridden(host, profile, budget, what, jobs, threads, units) -> JobChoice:
@@ -315,5 +474,21 @@ def _overridden(host, profile, budget, what, jobs, threads, units) -> JobChoice:
     if mem > budget:
         warn = (f"; WARNING: estimated {mem / GB:.1f} GB exceeds the {budget / GB:.1f} GB available "
                 f"after headroom; an OOM is retried once with half the jobs")
-    return JobChoice(jobs, t, f"{jobs} jobs x {t} nvcc threads (user override){warn}: {what}",
-                     mem, unit_seconds(profile, t))
+    seconds, _, how = predict(profile, host.cpus, jobs, t, units=units)
+    makespan = how.startswith(("LPT", "estimate"))
+    said = f"predicted makespan {seconds:.0f} s ({how})" if makespan else f"predicted {seconds:.1f} s per unit ({how})"
+    return JobChoice(jobs, t, f"{jobs} jobs x {t} nvcc threads (user override){warn}: {said}; {what}",
+                     mem, unit_seconds(profile, t), predicted_seconds=seconds if makespan else None,
+                     order=unit_times(profile, host.cpus))
+
+
+def order_line(choice: JobChoice) -> str:
+    """The build order, as ``kforge plan`` shows it."""
+    if not choice.order:
+        return "upstream's (no per-unit times measured yet for this project; this build measures them)"
+    name, seconds = choice.order[0]
+    if any("*" in k for k, _ in choice.order):
+        return ("longest first, through kforge's ninja shim, by the seed's unit kinds (nothing measured here yet): "
+                + ", ".join(f"{k} {s:.0f} s" for k, s in choice.order))
+    return (f"longest first, through kforge's ninja shim: {len(choice.order)} measured units "
+            f"(longest {name}, {seconds:.0f} s uncontended)")

@@ -29,6 +29,7 @@ from kforge import (
     archenforce,
     buildenv,
     buildinputs,
+    buildorder,
     doctor,
     jobs,
     locking,
@@ -108,6 +109,7 @@ class ToolchainResult:
     nvcc: toolchain.Nvcc
     torch: toolchain.TorchInfo | None
     wrapper: archenforce.WrapperSetup | None = None  # kforge's nvcc wrapper, where the plan enforces archs
+    order: buildorder.OrderSetup | None = None  # kforge's ninja shim, where the plan has measured unit times
 
 
 @dataclass(frozen=True)
@@ -239,7 +241,17 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
         run.log.info(f"compiler cache: {cache.tool} ({cache.path})")
     tree = done.source.tree / plan.build_dir if done.source is not None else None
     wrapper = install_enforcement(plan, env, nvcc, cache, tree, run.log.info)
-    return ToolchainResult(MappingProxyType(env), nvcc, torch, wrapper)
+    shim_ok = os.name == "posix" and plan.backend != "cibuildwheel"  # a sh script, on this machine's PATH
+    order = buildorder.install(plan.jobs.order if shim_ok else (), dest=plan.work_dir / "ninja-order", env=env)
+    if order is not None:
+        env.update(order.env)
+        run.log.info(f"build order: longest first by {order.units} measured unit times (ninja shim {order.shim} "
+                     f"in front of {order.ninja})")
+    else:
+        run.log.info("build order: upstream's" + (" (no unit times measured yet)" if not plan.jobs.order else
+                                                  " (no ninja on PATH for the shim)" if shim_ok else
+                                                  f" (the ninja shim does not run under {plan.backend} / {os.name})"))
+    return ToolchainResult(MappingProxyType(env), nvcc, torch, wrapper, order)
 
 
 def install_enforcement(plan: Plan, env: dict[str, str], nvcc: toolchain.Nvcc, cache: toolchain.CacheSetup | None,
@@ -293,9 +305,17 @@ def build_step(plan: Plan, run: Run, done: Done) -> BuildResult:
     if result.retried_with_jobs:
         run.log.warning(f"a compile unit ran out of memory; the build was retried with MAX_JOBS={result.retried_with_jobs}")
     if result.units:
-        jobs.record(run.cache_dir, plan.project.name, len(plan.archs), result.units)
+        ran_with = result.retried_with_jobs or choice_jobs(plan)
+        jobs.record(run.cache_dir, plan.project.name, len(plan.archs), result.units, jobs=ran_with,
+                    cpus=run.host.cpus)
     run.log.info(f"built {result.artifact.name} in {result.seconds:.0f} s, peak RSS {result.peak_rss / 2**30:.2f} GiB")
     return result
+
+
+def choice_jobs(plan: Plan) -> int:
+    """The MAX_JOBS the build ran with: the plan's environment (``--env MAX_JOBS`` folded in), else its choice."""
+    raw = plan.env.get("MAX_JOBS", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else plan.jobs.max_jobs
 
 
 def report_step(plan: Plan, run: Run, done: Done) -> ReportResult:
@@ -310,6 +330,10 @@ def report_step(plan: Plan, run: Run, done: Done) -> ReportResult:
         for line in summary.lines():
             run.log.info(line)
         sections["arch_enforcement"] = summary.to_dict()
+    order = done.toolchain.order if done.toolchain is not None else None
+    if order is not None:
+        for line in buildorder.summarize(order.log):
+            run.log.info(line)
     report_json, timeline = report.write_report(build_report, plan.work_dir / "report", sections=sections)
     run.log.info(f"{len(build_report.units)} compile units; timeline {timeline}")
     return ReportResult(report_json, timeline)

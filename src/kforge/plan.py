@@ -30,7 +30,7 @@ from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, d
 from kforge.fsutil import work_root
 from kforge.host import HostFacts
 from kforge.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
-from kforge.jobs import JobChoice, JobProfile, choose_jobs
+from kforge.jobs import JobChoice, JobProfile, choose_jobs, for_arch_count, order_line
 from kforge.options import BY_NAME, PlanOptions, parse_value
 from kforge.platformtag import parse_tag
 from kforge.repairpolicy import RepairPolicy, default_policy
@@ -134,7 +134,9 @@ class Plan:
             "env": dict(self.env),
             "nvcc_flags": list(self.nvcc_flags),
             "jobs": {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads,
-                     "thread_vars": list(self.jobs.thread_vars), "reason": self.jobs.reason},
+                     "thread_vars": list(self.jobs.thread_vars), "reason": self.jobs.reason,
+                     "predicted_seconds": self.jobs.predicted_seconds,
+                     "order": [[k, round(v, 1)] for k, v in self.jobs.order]},
             "toolchain": {
                 "cuda": str(tc.cuda), "cuda_from": tc.cuda_from, "min_cuda": str(tc.min_cuda),
                 "installed_cuda": str(tc.installed_cuda) if tc.installed_cuda else None, "nvcc": tc.nvcc_path,
@@ -183,6 +185,7 @@ class Plan:
                + (f" (offline from {self.find_links})" if self.find_links else f" (from {self.index_url or 'uv default index'})")]
               if self.provisioning and self.provisioning.env_needed else []),
             f"  jobs        MAX_JOBS={self.jobs.max_jobs} {threads}: {self.jobs.reason}",
+            f"  order       {order_line(self.jobs)}",
             f"  version     +{self.local_version}" if self.local_version else "  version     no local label",
             f"  repair      policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
             f"  work dir    {self.work_dir}",
@@ -259,7 +262,7 @@ def make_plan(
     platform = forge.platforms[target.platform]
     profile = _profile_name(project, options.profile)
     toolchain, archs = _toolchain(forge, project, target, host, options)
-    jobs = _jobs(project, host, options, job_profile)
+    jobs = _jobs(project, host, options, job_profile, len(archs))
     variant = Variant(cuda=Version(f"{toolchain.cuda.major}.{toolchain.cuda.minor}"), python=toolchain.python,
                       torch=toolchain.torch if project.torch_abi else None)
     local_version = local_version_label(project, target.archs, toolchain.cuda, toolchain.torch)
@@ -411,8 +414,11 @@ def _cuda_action(forge: Forge, target: Target, host: HostFacts, cuda: Version, n
             f"when it is not installed: then install the CUDA {cuda} toolkit there, or point CUDA_HOME at it")
 
 
-def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobProfile) -> JobChoice:
-    """The job choice, with ``--env MAX_JOBS=..`` / ``NVCC_THREADS=..`` / ``<threads_env>=..`` read back into it."""
+def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobProfile, archs: int) -> JobChoice:
+    """The job choice, with ``--env MAX_JOBS=..`` / ``NVCC_THREADS=..`` / ``<threads_env>=..`` read back into it.
+
+    The profile is taken to the plan's arch count first (nvcc threads only pay with more than one arch)."""
+    profile = for_arch_count(profile, max(1, archs))
     max_jobs, threads = options.max_jobs, options.nvcc_threads
     if options.env.get("MAX_JOBS", "").strip():
         max_jobs = parse_value(BY_NAME["max_jobs"], options.env["MAX_JOBS"], "--env MAX_JOBS")

@@ -155,6 +155,9 @@ def estimate(plan: Plan, cache_dir: Path) -> tuple[float | None, str]:
         return None, f"nothing measured here; the {profile.source.split(':', 1)[1].strip()} seed is another machine's"
     if not profile.source.startswith("measured"):
         return None, "nothing measured"
+    if profile.unit_builds and plan.jobs.predicted_seconds is not None and plan.jobs.order:
+        return plan.jobs.predicted_seconds, (f"longest-first schedule of {len(plan.jobs.order)} measured units, "
+                                             f"{plan.jobs.max_jobs} jobs x {plan.jobs.nvcc_threads} threads")
     builds = max(1, len(profile.history))
     units = plan.project.compile_units or max(1, round(profile.samples / builds))
     seconds = math.ceil(units / plan.jobs.max_jobs) * jobs.unit_seconds(profile, plan.jobs.nvcc_threads)

@@ -2,7 +2,7 @@
 
 Inputs are ninja's own ``.ninja_log`` (what ran when) and, where the compile commands
 were wrapped by ``python -m kforge.measure measure``, the measured peak RSS per unit.
-Outputs are ``report.json`` and ``timeline.html`` (a self-contained SVG Gantt chart of
+Outputs are ``report.json``, ``timeline.html`` and ``timeline.svg`` (a self-contained SVG Gantt chart of
 units over job lanes). :class:`NinjaProgress` turns ninja's ``[n/m]`` status lines into
 units done out of total, elapsed time and an ETA, shown live with rich.
 """
@@ -150,7 +150,8 @@ def _peak_for(output: str, peaks: Mapping[str, int]) -> int | None:
 
 def write_report(report: BuildReport, out_dir: Path, *,
                  sections: Mapping[str, object] | None = None) -> tuple[Path, Path]:
-    """Write ``report.json`` and ``timeline.html`` into ``out_dir``; return their paths.
+    """Write ``report.json``, ``timeline.html`` and ``timeline.svg`` (the same chart, for docs) into ``out_dir``;
+    return the paths of the first two.
 
     ``sections`` are added to ``report.json`` as they are (e.g. ``arch_enforcement``).
     """
@@ -167,11 +168,25 @@ def write_report(report: BuildReport, out_dir: Path, *,
     json_path, html_path = out_dir / "report.json", out_dir / "timeline.html"
     atomic_write_text(json_path, json.dumps(data, indent=2) + "\n")
     atomic_write_text(html_path, timeline_html(report))
+    atomic_write_text(out_dir / "timeline.svg", '<?xml version="1.0" encoding="utf-8"?>\n' + timeline_svg(report) + "\n")
     return json_path, html_path
 
 
 def timeline_html(report: BuildReport, *, width: int = 1100, row: int = 22) -> str:
-    """A self-contained HTML page with an SVG Gantt chart: one row per job lane."""
+    """A self-contained HTML page with the SVG Gantt chart of :func:`timeline_svg`."""
+    peak = f", peak unit RSS {report.peak_rss_max / 1e9:.2f} GB" if report.peak_rss_max else ""
+    summary = html.escape(f"{len(report.units)} units, wall {report.wall_seconds:.1f} s, "
+                          f"busy {report.busy_seconds:.1f} s, {report.max_parallel} parallel{peak}")
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(report.title or 'kforge build timeline')}</title></head>"
+        f"<body style=\"font-family:sans-serif\"><h3>{html.escape(report.title or 'build timeline')}</h3>"
+        f"<p>{summary}</p>{timeline_svg(report, width=width, row=row)}</body></html>\n"
+    )
+
+
+def timeline_svg(report: BuildReport, *, width: int = 1100, row: int = 22) -> str:
+    """An SVG Gantt chart: units as bars over time, one row per job lane (red shades: measured peak RSS)."""
     wall = max(report.wall_seconds, 1e-3)
     left, top = 60, 30
     height = top + row * max(report.max_parallel, 1) + 30
@@ -200,17 +215,8 @@ def timeline_html(report: BuildReport, *, width: int = 1100, row: int = 22) -> s
         t += step
     lanes = "".join(f'<text x="5" y="{top + i * row + row - 8}" font-size="10">job {i + 1}</text>'
                     for i in range(report.max_parallel))
-    peak = f", peak unit RSS {report.peak_rss_max / 1e9:.2f} GB" if report.peak_rss_max else ""
-    summary = html.escape(f"{len(report.units)} units, wall {report.wall_seconds:.1f} s, "
-                          f"busy {report.busy_seconds:.1f} s, {report.max_parallel} parallel{peak}")
-    return (
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
-        f"<title>{html.escape(report.title or 'kforge build timeline')}</title></head>"
-        f"<body style=\"font-family:sans-serif\"><h3>{html.escape(report.title or 'build timeline')}</h3>"
-        f"<p>{summary}</p>"
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
-        f"{''.join(ticks)}{lanes}{''.join(bars)}</svg></body></html>\n"
-    )
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">'
+            f"{''.join(ticks)}{lanes}{''.join(bars)}</svg>")
 
 
 def _tick_step(wall: float) -> float:

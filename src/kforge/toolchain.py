@@ -353,7 +353,11 @@ def compiler_cache(
       A build whose plan enforces archs replaces it with :func:`kforge.archenforce.install`'s,
       which runs the same launcher;
     * for ccache, ``CCACHE_DEPEND=1`` (depend mode: no preprocessor run on a miss) and
-      ``CCACHE_COMPILERCHECK=content``, unless the environment sets them.
+      ``CCACHE_COMPILERCHECK=content``, unless the environment sets them;
+    * for sccache, ``NVCC_CCBIN`` = the real ``c++`` (unless set): sccache splits nvcc into its steps
+      and compiles the host part itself, and nvcc calling the ``c++`` wrapper back into sccache fails.
+      With ``SCCACHE_CONF`` naming an sccache-dist scheduler, the steps are distributed
+      (``tests/integration/test_sccache_dist.py``, docs/distributed.md).
     """
     wanted = env.get("KFORGE_COMPILER_CACHE", "").strip().lower()
     if wanted in ("none", "off", "0", "false"):
@@ -384,9 +388,11 @@ def compiler_cache(
     notes: list[str] = []
     own = {str(wdir.resolve())}
     rest_path = os.pathsep.join(p for p in search.split(os.pathsep) if p and str(Path(p).resolve()) not in own)
+    reals: dict[str, str] = {}
     for name in ("cc", "c++", "gcc", "g++"):
         real = which(name, path=_without_ccache_dirs(rest_path))
         if real:
+            reals[name] = real
             _write_exec(wdir / name, _CC_WRAPPER.format(name=name, tool=tool, launcher=_q(launcher), real=_q(real)))
     nvcc_path = nvcc or (Path(p) if (p := which("nvcc", path=rest_path)) else None)
     nvcc_wrapper = None
@@ -406,6 +412,11 @@ def compiler_cache(
         out_env["PYTORCH_NVCC"] = str(nvcc_wrapper)
     else:
         notes.append("no nvcc found for the cache wrapper: CUDA compiles are not cached")
+    if tool == "sccache" and "c++" in reals and "NVCC_CCBIN" not in env:
+        # sccache runs nvcc's steps itself (the host compile too); nvcc must not find the c++ wrapper above
+        # on PATH, or sccache's compiler check (nvcc -E) calls back into sccache and fails ("Failed to
+        # preprocess host compiler properties"). An explicit -ccbin still wins over NVCC_CCBIN.
+        out_env["NVCC_CCBIN"] = reals["c++"]
     if tool == "ccache":
         # nvcc output depends on the compiler's identity; the content check survives reinstalls.
         out_env["CCACHE_COMPILERCHECK"] = env.get("CCACHE_COMPILERCHECK", "content")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge import jobs
+from kforge import jobs, makespan
 from kforge.errors import BuildError
 from kforge.host import Resources
 from kforge.jobs import GB, JobChoice, JobProfile
@@ -170,3 +170,99 @@ def test_damaged_profile_file_counts_as_not_measured(tmp_path) -> None:
     path.write_text('{"arch_counts": {"1": {}, "x": {"peak_rss_per_unit": 1}, "2": {"unit_seconds": "soon"}}}')
     profile = load_profile(tmp_path, "fmha", 1)
     assert profile.source.startswith("default guess")
+
+
+# ---------------------------------------------------------------------------- makespan model, unit times, contention
+
+
+def _measured(units: dict[str, float], *, archs: int = 1, load: float = 8.0, threads: int = 1,
+              contention: makespan.Contention | None = None) -> JobProfile:
+    return dataclasses.replace(FA, arch_count=archs, source="measured (test)", contention=contention,
+                               unit_builds=((load, threads, tuple(sorted(units.items()))),))
+
+
+def test_record_keeps_unit_times_and_learns_the_host_contention(tmp_path: Path) -> None:
+    def build(scale: float) -> list[UnitMeasure]:
+        return [UnitMeasure(f"/scratch{scale}/build/temp.x/csrc/u{i}.o", (10.0 + i) * scale, 4 * GB) for i in range(8)]
+
+    first = jobs.record(tmp_path, "flash-attn", 1, build(1.0), jobs=8, cpus=16)
+    assert first.contention is None  # one load seen: the default curve still applies
+    assert dict(jobs.unit_times(first, 16))["build/temp.x/csrc/u7.o"] == pytest.approx(17.0)
+    second = jobs.record(tmp_path, "flash-attn", 1, build(1.43), jobs=16, cpus=16)
+    assert second.contention is not None and second.contention.factor(16) == pytest.approx(1.43)
+    loaded = jobs.load_profile(tmp_path, "flash-attn", 1)
+    assert loaded.contention == second.contention and loaded.unit_count == 8
+    # the latest build's times, divided by this host's factor at its load: back to the uncontended times
+    assert dict(jobs.unit_times(loaded, 16))["build/temp.x/csrc/u7.o"] == pytest.approx(17.0)
+    assert jobs.unit_times(loaded, 16)[0][0] == "build/temp.x/csrc/u7.o"  # longest first
+    assert json.loads((tmp_path / "jobs" / "host.json").read_text())["points"][1] == [16.0, pytest.approx(1.43)]
+
+
+def test_record_without_jobs_keeps_no_unit_times(tmp_path: Path) -> None:
+    p = jobs.record(tmp_path, "x", 1, [UnitMeasure("a.o", 5.0, GB)])
+    assert p.unit_builds == () and jobs.unit_times(p, 4) == ()
+
+
+def test_one_long_unit_bounds_the_build_so_fewer_jobs_win() -> None:
+    profile = _measured({"long.o": 300.0, **{f"s{i}.o": 10.0 for i in range(10)}})
+    choice = jobs.choose_jobs(_host(16, 125), profile)
+    assert choice.max_jobs == 2 and choice.nvcc_threads == 1  # 300 s either way: fewest processes
+    assert choice.predicted_seconds == pytest.approx(300.0)
+    assert "more jobs predicted no faster" in choice.reason and "LPT schedule of 11 measured units" in choice.reason
+    assert [k for k, _ in choice.order][0] == "long.o"
+
+
+def test_steep_contention_stops_short_of_every_core() -> None:
+    steep = makespan.Contention(((4.0, 1.0), (16.0, 4.0)), "measured (test)")
+    profile = _measured({f"u{i}.o": 100.0 for i in range(64)}, contention=steep, load=4.0)
+    choice = jobs.choose_jobs(_host(16, 500), profile)
+    assert choice.max_jobs < 16
+    best = min(jobs.predict(profile, 16, j, 1)[0] for j in range(1, 17))
+    assert choice.predicted_seconds == pytest.approx(best, rel=jobs.TIE)
+
+
+def test_default_curve_still_fills_the_cores_for_flash_attn_shaped_units() -> None:
+    # 72 units like the H200 run's (fwd ~120 s, bwd ~170 s, a few long fwd_split): the default curve says 16 x 1
+    units = {**{f"fwd{i}.o": 120.0 for i in range(40)}, **{f"bwd{i}.o": 170.0 for i in range(24)},
+             **{f"split{i}.o": 240.0 for i in range(8)}}
+    choice = jobs.choose_jobs(_host(16, 125), _measured(units))
+    assert (choice.max_jobs, choice.nvcc_threads) == (16, 1)
+    eight = jobs.predict(_measured(units), 16, 8, 1)[0]
+    assert choice.predicted_seconds is not None and choice.predicted_seconds < eight
+
+
+def test_threads_pay_only_with_more_than_one_arch() -> None:
+    few = {"a.o": 200.0, "b.o": 200.0}
+    one_arch = jobs.choose_jobs(_host(16, 125), _measured(few, archs=1))
+    assert one_arch.nvcc_threads == 1
+    assert jobs.predict(_measured(few), 16, 2, 4)[0] == jobs.predict(_measured(few), 16, 2, 1)[0]
+    three = jobs.choose_jobs(_host(16, 125), _measured(few, archs=3))
+    assert three.nvcc_threads == 3 and three.max_jobs == 2
+
+
+def test_plan_line_says_upstream_order_until_measured(tmp_path: Path) -> None:
+    unknown = jobs.load_profile(tmp_path, "no-such-project", 1)
+    assert "upstream's" in jobs.order_line(jobs.choose_jobs(_host(16, 125), unknown))
+    seeded = jobs.order_line(jobs.choose_jobs(_host(16, 125), FA))
+    assert "seed's unit kinds" in seeded and seeded.index("flash_fwd_split_*") < seeded.index("flash_bwd_*")
+    measured = jobs.choose_jobs(_host(16, 125), _measured({"a.o": 5.0, "b.o": 9.0}))
+    assert jobs.order_line(measured).startswith("longest first") and "b.o, 9 s" in jobs.order_line(measured)
+
+
+def test_override_gets_a_prediction_too() -> None:
+    choice = jobs.choose_jobs(_host(16, 125), _measured({"a.o": 100.0, "b.o": 100.0, "c.o": 100.0}),
+                              override_max_jobs=2)
+    assert choice.predicted_seconds == pytest.approx(200.0)
+
+
+def test_flash_attn_seed_orders_by_kind_and_sums_to_the_measured_total() -> None:
+    assert sum(n for _, _, n in FA.seed_units) == 73
+    assert sum(sec * n for _, sec, n in FA.seed_units) == pytest.approx(9678)
+    assert [g for g, _ in jobs.unit_times(FA, 16)] == ["flash_fwd_split_*", "flash_bwd_*", "flash_fwd_*", "flash_api*"]
+    seconds, schedule, how = jobs.predict(FA, 16, 16, 1)
+    assert how.startswith("estimate: LPT schedule of the seed's units") and schedule is not None
+    assert len(schedule.slots) == 73 and seconds >= 235 * 1.43
+    # once this host measured units, the seed no longer orders anything
+    measured = _measured({"a.o": 1.0})
+    assert dataclasses.replace(measured, seed_units=FA.seed_units).unit_builds and jobs.unit_times(
+        dataclasses.replace(measured, seed_units=FA.seed_units), 16) == (("a.o", 1.0),)

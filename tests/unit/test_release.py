@@ -12,12 +12,14 @@ from kforge_testkit import forge_toml
 from packaging.version import Version
 
 from kforge import buildinputs, release, wheelhouse
+from kforge import jobs as kjobs
 from kforge.arch import parse_arch
 from kforge.config import load_forge
 from kforge.errors import BuildError, ConfigError, GPUError
 from kforge.gputest import GpuTestOutcome, PytestCounts
 from kforge.host import HostFacts, Resources
 from kforge.log import StepLog
+from kforge.measure import UnitMeasure
 from kforge.options import PlanOptions
 from kforge.pipeline import steps_for
 from kforge.wheelhouse import Manifest
@@ -327,3 +329,13 @@ def test_an_arch_set_in_the_matrix_builds_the_sets_target(setup, tmp_path):
         _plan(load_forge(tmp_path), host, tmp_path)
     assert "has hopper/cu130-cp311 and sm_90a/cu130-cp311" in err.value.what
     assert "tiny-hopper and tiny-sm90 compile the same archs" in err.value.why
+
+
+def test_estimate_is_the_longest_first_schedule_once_units_were_measured(setup, tmp_path):
+    forge, host = setup
+    units = [UnitMeasure(f"/t/build/k{i}.o", 10.0 * (i + 1), 2**30) for i in range(4)]  # 10, 20, 30, 40 s
+    kjobs.record(tmp_path / "cache", "tiny", 1, units, jobs=1, cpus=2)
+    rplan = _plan(forge, host, tmp_path)
+    item = rplan.items[0]
+    # 2 cpus, the default curve: c(2) = 1.43; 2 lanes, longest first: 40+10 | 30+20 -> 50 s x 1.43
+    assert item.plan.jobs.max_jobs == 2 and item.estimate_s == pytest.approx(50 * 1.43)

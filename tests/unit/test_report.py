@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -86,6 +87,9 @@ def test_write_report_json_and_html(tmp_path: Path) -> None:
     assert "peak 5.00 GB" in page
     assert page.count("<rect") == 2
     assert not list((tmp_path / "out").glob(".*tmp"))
+    svg = ElementTree.parse(tmp_path / "out" / "timeline.svg").getroot()  # a standalone picture, well-formed
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg"
+    assert len(svg.findall(".//{http://www.w3.org/2000/svg}rect")) == 2
 
 
 def test_progress_parser_counts_elapsed_and_eta() -> None:

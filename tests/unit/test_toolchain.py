@@ -252,6 +252,20 @@ def test_sccache_when_chosen_and_no_nvcc(tmp_path: Path) -> None:
     assert setup.nvcc_wrapper is None and setup.notes
 
 
+def test_sccache_points_nvcc_at_the_real_host_compiler(tmp_path: Path) -> None:
+    which = _which_from({"sccache": "/x/sccache", "c++": "/usr/bin/c++", "nvcc": "/usr/local/cuda/bin/nvcc"})
+    setup = toolchain.compiler_cache({"PATH": "/usr/bin:/x", "KFORGE_COMPILER_CACHE": "sccache"}, which,
+                                     wrapper_dir=tmp_path / "w")
+    assert setup is not None and setup.env["NVCC_CCBIN"] == "/usr/bin/c++"  # not the c++ wrapper on PATH
+    assert (tmp_path / "w" / "c++").is_file()
+    mine = toolchain.compiler_cache({"PATH": "/usr/bin:/x", "KFORGE_COMPILER_CACHE": "sccache",
+                                     "NVCC_CCBIN": "/opt/gcc/bin/g++"}, which, wrapper_dir=tmp_path / "w2")
+    assert mine is not None and "NVCC_CCBIN" not in mine.env  # the user's own choice stays
+    ccache = toolchain.compiler_cache({"PATH": "/usr/bin"}, _which_from({"ccache": "/usr/bin/ccache",
+                                                                        "c++": "/usr/bin/c++"}), wrapper_dir=tmp_path / "w3")
+    assert ccache is not None and "NVCC_CCBIN" not in ccache.env  # ccache handles nvcc's c++ calls itself
+
+
 def test_host_include_env_puts_cccl_first_for_cuda_13() -> None:
     assert toolchain.host_include_env("/cuda", "13.0") == {"CPLUS_INCLUDE_PATH": "/cuda/include/cccl"}
     assert toolchain.host_include_env("/cuda", Version("13.0.88"), "/mine:/other") == {

@@ -1,0 +1,81 @@
+"""SIMULATION (not a measurement): flash-attn's build distributed with sccache-dist over N hosts, from unit times.
+
+What it takes:
+
+* unit times: ``--report report.json`` (a build report, from ``kforge build`` or ``benchmarks/build_full.py``:
+  the measured seconds of every unit), divided by the contention factor of the job count it ran at
+  (``--measured-at-jobs``, with the default curve of :mod:`kforge.makespan` or ``--host-json``);
+  without a report, flash-attn's seed kinds from ``kforge.jobs.SEEDS`` (an ESTIMATE in part: see there);
+* the cluster: ``--hosts`` build servers of ``--jobs`` slots each, every unit slowed by ``c(jobs)``;
+* overheads, which are GUESSES unless you measured them: ``--overhead`` seconds per unit on the client
+  and the wire (default 3 s: ``nvcc -E`` of one flash-attn unit took 2.4 s on a 2-core machine, plus
+  sending the preprocessed source to the servers), ``--client-cpus`` (the client does that part),
+  ``--setup`` once per build (default 5 s: the nvcc toolchains sccache uploads to each server were
+  111 MB on the loopback test, ~1 s at 1 Gb/s).
+
+It prints a table labelled as a simulation, per host count: predicted wall time and speed-up over one
+host. Example::
+
+    PYTHONPATH=src python3 benchmarks/simulate_distributed.py --report out/kforge-1/report.json \\
+        --measured-at-jobs 16 --hosts 1 2 4 8 --jobs 16 --client-cpus 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from kforge import jobs, makespan  # noqa: E402
+from kforge.makespan import Cluster, Contention, default_curve, simulate_cluster  # noqa: E402
+
+
+def unit_times(args: argparse.Namespace, curve: Contention) -> tuple[list[tuple[str, float]], str]:
+    if args.report:
+        data = json.loads(Path(args.report).read_text())
+        factor = curve.factor(args.measured_at_jobs)
+        units = [(Path(u["output"]).name, float(u["seconds"]) / factor) for u in data["units"]]
+        return units, (f"measured: {len(units)} units of {args.report}, divided by c({args.measured_at_jobs}) = "
+                       f"{factor:.2f}")
+    seed = jobs.SEEDS["flash-attn"]
+    units = [(f"{glob}#{i}", seconds) for glob, seconds, n in seed.seed_units for i in range(n)]
+    return units, "ESTIMATE: flash-attn's seed kinds (kforge.jobs.SEEDS; fwd/bwd means estimated)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", help="a build report.json with measured unit times")
+    ap.add_argument("--measured-at-jobs", type=int, default=16, help="the job count the report's units ran at")
+    ap.add_argument("--host-json", help="a measured contention curve (<cache>/jobs/host.json)")
+    ap.add_argument("--cpus", type=int, default=16, help="cores per host, for the default contention curve")
+    ap.add_argument("--hosts", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--jobs", type=int, default=16, help="compile slots per host")
+    ap.add_argument("--overhead", type=float, default=3.0, help="seconds per unit on the client and the wire (guess)")
+    ap.add_argument("--client-cpus", type=int, default=16)
+    ap.add_argument("--setup", type=float, default=5.0, help="seconds once per build (toolchain upload; guess)")
+    args = ap.parse_args(argv)
+    if args.host_json:
+        d = json.loads(Path(args.host_json).read_text())
+        curve = Contention(tuple((float(x), float(y)) for x, y in d["points"]), d.get("source", args.host_json))
+    else:
+        curve = default_curve(args.cpus)
+    units, source = unit_times(args, curve)
+    local = makespan.simulate(units, args.jobs).makespan * curve.factor(args.jobs)
+    print(f"SIMULATION, not a measurement. Units: {source}. Contention: {curve.source}.")
+    print(f"Overheads (inputs): {args.overhead:g} s per unit, {args.client_cpus} client cores, {args.setup:g} s setup.")
+    print(f"One host, no distribution, {args.jobs} jobs: {local:.0f} s (longest first).\n")
+    print("| hosts | slots | simulated wall (s) | x one host |")
+    print("|---:|---:|---:|---:|")
+    for n in args.hosts:
+        sim = simulate_cluster(units, Cluster(n, args.jobs, args.overhead, args.client_cpus, args.setup), curve)
+        print(f"| {n} | {n * args.jobs} | {sim.makespan:.0f} | {local / sim.makespan:.2f} |")
+    longest = max(s for _, s in units) * curve.factor(args.jobs)
+    print(f"\nFloor: the longest unit alone takes {longest:.0f} s at c({args.jobs}); no host count goes below it.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

