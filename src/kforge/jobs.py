@@ -49,7 +49,7 @@ from kforge import makespan
 from kforge.errors import BuildError
 from kforge.fsutil import atomic_write_text
 from kforge.host import Resources
-from kforge.makespan import Contention, Schedule, default_curve, simulate
+from kforge.makespan import DEFAULT_FULL_LOAD_FACTOR, Contention, Schedule, default_curve, simulate
 from kforge.measure import UnitMeasure
 from kforge.ninjaorder import unit_key
 
@@ -95,13 +95,50 @@ class JobProfile:
     seed_units: tuple[tuple[str, float, int], ...] = ()
 
 
-#: flash-attn 2.8.3.post2's 73 units by kind, for the order (and an estimated makespan) before anything was measured
-#: here. Measured (UPSTREAM_FACTS, 8 jobs on a 16-core H200): the 24 fwd_split units are the longest, 220-250 s
-#: (235 s taken), flash_api.cpp 23 s, all 73 sum to 9678 s, bwd hdim128 170 s, fwd hdim128 123 s. ESTIMATE: the
-#: bwd and fwd kinds' means, 97 s and 70 s, split what is left of the 9678 s in the 170:123 ratio of hdim128.
-_FA2_REST = (9678 - 24 * 235.0 - 23.0) / (24 * (1 + 123 / 170))
-_FA2_SEED_UNITS = (("flash_fwd_split_*", 235.0, 24), ("flash_bwd_*", _FA2_REST, 24),
-                   ("flash_fwd_*", _FA2_REST * 123 / 170, 24), ("flash_api*", 23.0, 1))
+#: flash-attn 2.8.3.post2's 73 units for sm_90 as measured in one kforge build on the `nvidia-h200` host
+#: (16 cores, 16 jobs x 1 nvcc thread, 2026-11-23, docs/verified.md): seconds at 16 concurrent jobs, summing
+#: to 16,702 s. The seed divides them by the default contention factor at 16 jobs (kforge.makespan), which
+#: takes them back to 9,654 s, against the 9,678 s upstream's 8-job build measured (UPSTREAM_FACTS).
+_FA2_UNITS_AT_16_JOBS: tuple[tuple[str, float], ...] = (
+    ("flash_fwd_split_hdim64_fp16_sm80.o", 432.9), ("flash_fwd_split_hdim64_bf16_sm80.o", 405.5),
+    ("flash_fwd_split_hdim128_fp16_sm80.o", 379.0), ("flash_fwd_split_hdim256_bf16_sm80.o", 373.6),
+    ("flash_fwd_split_hdim256_fp16_sm80.o", 373.5), ("flash_fwd_split_hdim128_bf16_sm80.o", 359.3),
+    ("flash_fwd_split_hdim96_fp16_sm80.o", 355.9), ("flash_bwd_hdim256_bf16_sm80.o", 349.2),
+    ("flash_bwd_hdim256_fp16_sm80.o", 342.8), ("flash_fwd_split_hdim96_bf16_sm80.o", 337.1),
+    ("flash_fwd_split_hdim192_fp16_sm80.o", 317.4), ("flash_bwd_hdim128_bf16_sm80.o", 313.5),
+    ("flash_fwd_split_hdim32_fp16_sm80.o", 313.3), ("flash_bwd_hdim128_fp16_sm80.o", 305.5),
+    ("flash_fwd_split_hdim32_bf16_sm80.o", 301.1), ("flash_bwd_hdim64_bf16_sm80.o", 298.9),
+    ("flash_bwd_hdim64_fp16_sm80.o", 298.7), ("flash_fwd_split_hdim192_bf16_sm80.o", 296.7),
+    ("flash_fwd_hdim256_fp16_sm80.o", 273.7), ("flash_bwd_hdim96_fp16_sm80.o", 268.3),
+    ("flash_fwd_hdim256_bf16_sm80.o", 266.3), ("flash_bwd_hdim96_bf16_sm80.o", 256.4),
+    ("flash_fwd_split_hdim64_fp16_causal_sm80.o", 255.8), ("flash_bwd_hdim192_bf16_sm80.o", 253.9),
+    ("flash_fwd_split_hdim64_bf16_causal_sm80.o", 250.0), ("flash_bwd_hdim192_fp16_sm80.o", 248.3),
+    ("flash_fwd_hdim128_bf16_sm80.o", 241.5), ("flash_bwd_hdim32_fp16_sm80.o", 241.1),
+    ("flash_fwd_hdim128_fp16_sm80.o", 240.9), ("flash_bwd_hdim32_bf16_sm80.o", 228.5),
+    ("flash_fwd_split_hdim128_fp16_causal_sm80.o", 226.3), ("flash_fwd_split_hdim256_fp16_causal_sm80.o", 225.9),
+    ("flash_bwd_hdim256_fp16_causal_sm80.o", 223.6), ("flash_fwd_split_hdim128_bf16_causal_sm80.o", 218.9),
+    ("flash_bwd_hdim128_bf16_causal_sm80.o", 217.1), ("flash_fwd_split_hdim256_bf16_causal_sm80.o", 214.1),
+    ("flash_bwd_hdim128_fp16_causal_sm80.o", 213.4), ("flash_fwd_split_hdim96_fp16_causal_sm80.o", 212.2),
+    ("flash_bwd_hdim256_bf16_causal_sm80.o", 211.9), ("flash_fwd_split_hdim96_bf16_causal_sm80.o", 205.2),
+    ("flash_fwd_hdim128_fp16_causal_sm80.o", 203.5), ("flash_bwd_hdim64_bf16_causal_sm80.o", 198.0),
+    ("flash_fwd_split_hdim32_fp16_causal_sm80.o", 196.1), ("flash_fwd_split_hdim192_fp16_causal_sm80.o", 195.2),
+    ("flash_fwd_hdim128_bf16_causal_sm80.o", 193.6), ("flash_bwd_hdim64_fp16_causal_sm80.o", 191.7),
+    ("flash_fwd_split_hdim32_bf16_causal_sm80.o", 190.4), ("flash_bwd_hdim96_bf16_causal_sm80.o", 183.7),
+    ("flash_fwd_split_hdim192_bf16_causal_sm80.o", 183.6), ("flash_fwd_hdim256_bf16_causal_sm80.o", 183.3),
+    ("flash_fwd_hdim192_bf16_sm80.o", 181.6), ("flash_fwd_hdim64_fp16_sm80.o", 181.5),
+    ("flash_fwd_hdim256_fp16_causal_sm80.o", 180.9), ("flash_fwd_hdim64_bf16_sm80.o", 179.1),
+    ("flash_bwd_hdim96_fp16_causal_sm80.o", 179.0), ("flash_fwd_hdim192_fp16_sm80.o", 177.4),
+    ("flash_bwd_hdim192_fp16_causal_sm80.o", 168.7), ("flash_fwd_hdim96_fp16_causal_sm80.o", 165.8),
+    ("flash_fwd_hdim32_bf16_sm80.o", 164.0), ("flash_bwd_hdim192_bf16_causal_sm80.o", 162.5),
+    ("flash_fwd_hdim96_fp16_sm80.o", 159.2), ("flash_fwd_hdim96_bf16_causal_sm80.o", 158.9),
+    ("flash_fwd_hdim96_bf16_sm80.o", 158.0), ("flash_fwd_hdim32_fp16_sm80.o", 153.2),
+    ("flash_bwd_hdim32_bf16_causal_sm80.o", 150.9), ("flash_bwd_hdim32_fp16_causal_sm80.o", 147.9),
+    ("flash_fwd_hdim192_bf16_causal_sm80.o", 131.6), ("flash_fwd_hdim64_bf16_causal_sm80.o", 128.8),
+    ("flash_fwd_hdim64_fp16_causal_sm80.o", 127.4), ("flash_fwd_hdim192_fp16_causal_sm80.o", 126.4),
+    ("flash_fwd_hdim32_bf16_causal_sm80.o", 110.3), ("flash_fwd_hdim32_fp16_causal_sm80.o", 104.2),
+    ("flash_api.o", 38.8),
+)
+_FA2_SEED_UNITS = tuple((name, seconds / DEFAULT_FULL_LOAD_FACTOR, 1) for name, seconds in _FA2_UNITS_AT_16_JOBS)
 
 #: Seeds from measurements in UPSTREAM_FACTS.md (flash-attn 2.8.3.post2, nvcc 13.0, sm_90,
 #: 16-core H200): fwd units 4.3 GB / 123 s, bwd units 6.3 GB / 170 s, 73 units = 9678 s,
@@ -114,7 +151,7 @@ SEEDS: dict[str, JobProfile] = {
         unit_seconds=9678 / 73,
         unit_seconds_max=252.0,
         samples=0,
-        source="seed: UPSTREAM_FACTS (flash-attn 2.8.3.post2, sm_90, bwd unit 6.3 GB)",
+        source="seed: UPSTREAM_FACTS (flash-attn 2.8.3.post2, sm_90, bwd unit 6.3 GB; unit times from the H200 build)",
         beta=0.1,
         unit_count=73,
         seed_units=_FA2_SEED_UNITS,
@@ -302,6 +339,7 @@ class JobChoice:
     predicted_seconds: float | None = None  # the makespan model's prediction for the whole build, if it had one
     #: (unit key, uncontended seconds) longest first: the order kforge's ninja shim starts units in; () = upstream's
     order: tuple[tuple[str, float], ...] = field(default=(), repr=False)
+    order_from: str = ""  # "measured" (this host's earlier builds), "seed" (kforge.jobs.SEEDS), "" (no order)
 
     def env(self) -> dict[str, str]:
         """``MAX_JOBS``, ``CMAKE_BUILD_PARALLEL_LEVEL`` and every thread variable, as the build sees them."""
@@ -346,6 +384,10 @@ def _thread_factor(profile: JobProfile, threads: int) -> float:
     return (s + (1 - s) * a / p) / (s + (1 - s) * a)
 
 
+def _order_from(profile: JobProfile) -> str:
+    return "measured" if profile.unit_builds else "seed" if profile.seed_units else ""
+
+
 def unit_times(profile: JobProfile, cpus: int) -> tuple[tuple[str, float], ...]:
     """Each measured unit's uncontended single-thread seconds, from its latest build (longest first).
 
@@ -376,9 +418,9 @@ def _work(profile: JobProfile, cpus: int, units: int | None) -> _Work:
         measured = unit_times(profile, cpus)
         return _Work(measured, None, f"LPT schedule of {len(measured)} measured units")
     if profile.seed_units and units is None:
-        kinds = ", ".join(f"{n} x {glob} {seconds:.0f} s" for glob, seconds, n in profile.seed_units)
-        return _Work(tuple((f"{glob}#{i}", seconds) for glob, seconds, n in profile.seed_units for i in range(n)),
-                     None, f"estimate: LPT schedule of the seed's units ({kinds})")
+        expanded = tuple((f"{glob}#{i}", seconds) for glob, seconds, n in profile.seed_units for i in range(n))
+        return _Work(expanded, None, f"estimate: LPT schedule of the seed's {len(expanded)} unit times "
+                     f"({sum(t for _, t in expanded):.0f} s uncontended; measured on another host)")
     if units is not None:
         return _Work(tuple((f"unit{i}", profile.unit_seconds) for i in range(units)), None,
                      f"estimate: {units} units of {profile.unit_seconds:.0f} s")
@@ -452,7 +494,8 @@ def choose_jobs(
             else f"predicted {seconds:.1f} s per unit ({how})")
     return JobChoice(jobs, t, f"{jobs} jobs x {t} nvcc threads ({binding}): {said}; {what}",
                      jobs * unit_memory(profile, t), unit_seconds(profile, t),
-                     predicted_seconds=seconds if makespan else None, order=unit_times(profile, host.cpus))
+                     predicted_seconds=seconds if makespan else None, order=unit_times(profile, host.cpus),
+                     order_from=_order_from(profile))
 
 
 def _fit(host: Resources, profile: JobProfile, budget: int, threads: int) -> int:
@@ -479,7 +522,7 @@ def _overridden(host, profile, budget, what, jobs, threads, units) -> JobChoice:
     said = f"predicted makespan {seconds:.0f} s ({how})" if makespan else f"predicted {seconds:.1f} s per unit ({how})"
     return JobChoice(jobs, t, f"{jobs} jobs x {t} nvcc threads (user override){warn}: {said}; {what}",
                      mem, unit_seconds(profile, t), predicted_seconds=seconds if makespan else None,
-                     order=unit_times(profile, host.cpus))
+                     order=unit_times(profile, host.cpus), order_from=_order_from(profile))
 
 
 def order_line(choice: JobChoice) -> str:
@@ -487,8 +530,8 @@ def order_line(choice: JobChoice) -> str:
     if not choice.order:
         return "upstream's (no per-unit times measured yet for this project; this build measures them)"
     name, seconds = choice.order[0]
-    if any("*" in k for k, _ in choice.order):
-        return ("longest first, through kforge's ninja shim, by the seed's unit kinds (nothing measured here yet): "
-                + ", ".join(f"{k} {s:.0f} s" for k, s in choice.order))
+    if choice.order_from == "seed":
+        return (f"longest first, through kforge's ninja shim, by the seed's {len(choice.order)} unit times (nothing "
+                f"measured on this host yet; longest {name}, {seconds:.0f} s uncontended)")
     return (f"longest first, through kforge's ninja shim: {len(choice.order)} measured units "
             f"(longest {name}, {seconds:.0f} s uncontended)")

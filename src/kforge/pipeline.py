@@ -245,7 +245,7 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
     order = buildorder.install(plan.jobs.order if shim_ok else (), dest=plan.work_dir / "ninja-order", env=env)
     if order is not None:
         env.update(order.env)
-        what = ("the seed's unit kinds (nothing measured here yet)" if any("*" in k for k, _ in plan.jobs.order)
+        what = ("the seed's unit times (nothing measured here yet)" if plan.jobs.order_from == "seed"
                 else f"{order.units} measured unit times")
         run.log.info(f"build order: longest first by {what} (ninja shim {order.shim} in front of {order.ninja})")
     else:

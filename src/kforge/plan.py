@@ -136,7 +136,7 @@ class Plan:
             "jobs": {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads,
                      "thread_vars": list(self.jobs.thread_vars), "reason": self.jobs.reason,
                      "predicted_seconds": self.jobs.predicted_seconds,
-                     "order": [[k, round(v, 1)] for k, v in self.jobs.order]},
+                     "order": [[k, round(v, 1)] for k, v in self.jobs.order], "order_from": self.jobs.order_from},
             "toolchain": {
                 "cuda": str(tc.cuda), "cuda_from": tc.cuda_from, "min_cuda": str(tc.min_cuda),
                 "installed_cuda": str(tc.installed_cuda) if tc.installed_cuda else None, "nvcc": tc.nvcc_path,

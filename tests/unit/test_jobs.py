@@ -23,10 +23,12 @@ def _host(cpus: int, avail_gb: float) -> Resources:
     return Resources(cpus=cpus, mem_available=int(avail_gb * GB), mem_total=int(avail_gb * GB) + GB)
 
 
-def test_plenty_of_memory_gives_one_job_per_core_and_one_thread() -> None:
+def test_plenty_of_memory_gives_the_fastest_predicted_build_at_one_thread() -> None:
     choice = jobs.choose_jobs(_host(16, 125), FA)
-    assert (choice.max_jobs, choice.nvcc_threads) == (16, 1)
-    assert "cpus-bound" in choice.reason
+    assert choice.nvcc_threads == 1 and choice.max_jobs >= 12  # one arch: threads buy nothing
+    best = min(jobs.predict(FA, 16, j, 1)[0] for j in range(1, 17))
+    assert choice.predicted_seconds is not None and choice.predicted_seconds <= best * (1 + jobs.TIE) + 1e-9
+    assert "predicted makespan" in choice.reason
 
 
 def test_upstream_default_would_have_picked_eight() -> None:
@@ -244,7 +246,7 @@ def test_plan_line_says_upstream_order_until_measured(tmp_path: Path) -> None:
     unknown = jobs.load_profile(tmp_path, "no-such-project", 1)
     assert "upstream's" in jobs.order_line(jobs.choose_jobs(_host(16, 125), unknown))
     seeded = jobs.order_line(jobs.choose_jobs(_host(16, 125), FA))
-    assert "seed's unit kinds" in seeded and seeded.index("flash_fwd_split_*") < seeded.index("flash_bwd_*")
+    assert "seed's 73 unit times" in seeded and "longest flash_fwd_split_hdim64_fp16_sm80.o" in seeded
     measured = jobs.choose_jobs(_host(16, 125), _measured({"a.o": 5.0, "b.o": 9.0}))
     assert jobs.order_line(measured).startswith("longest first") and "b.o, 9 s" in jobs.order_line(measured)
 
@@ -255,13 +257,17 @@ def test_override_gets_a_prediction_too() -> None:
     assert choice.predicted_seconds == pytest.approx(200.0)
 
 
-def test_flash_attn_seed_orders_by_kind_and_sums_to_the_measured_total() -> None:
-    assert sum(n for _, _, n in FA.seed_units) == 73
-    assert sum(sec * n for _, sec, n in FA.seed_units) == pytest.approx(9678)
-    assert [g for g, _ in jobs.unit_times(FA, 16)] == ["flash_fwd_split_*", "flash_bwd_*", "flash_fwd_*", "flash_api*"]
+def test_flash_attn_seed_is_the_h200_builds_unit_times() -> None:
+    assert len(FA.seed_units) == 73 and all(n == 1 for _, _, n in FA.seed_units)
+    at_16 = sum(sec for _, sec, _ in FA.seed_units) * makespan.DEFAULT_FULL_LOAD_FACTOR
+    assert at_16 == pytest.approx(16702, abs=1)  # what that build's 73 units summed to at 16 jobs
+    order = [name for name, _ in jobs.unit_times(FA, 16)]
+    assert order[0] == "flash_fwd_split_hdim64_fp16_sm80.o" and order[-1] == "flash_api.o"
     seconds, schedule, how = jobs.predict(FA, 16, 16, 1)
-    assert how.startswith("estimate: LPT schedule of the seed's units") and schedule is not None
-    assert len(schedule.slots) == 73 and seconds >= 235 * 1.43
+    assert how.startswith("estimate: LPT schedule of the seed's 73 unit times") and schedule is not None
+    assert len(schedule.slots) == 73 and seconds >= 432.9 - 0.1  # the longest unit alone, at c(16)
+    choice = jobs.choose_jobs(_host(16, 125), FA)
+    assert choice.order_from == "seed" and dict(choice.order)["flash_api.o"] == pytest.approx(38.8 / 1.73)
     # once this host measured units, the seed no longer orders anything
     measured = _measured({"a.o": 1.0})
     assert dataclasses.replace(measured, seed_units=FA.seed_units).unit_builds and jobs.unit_times(

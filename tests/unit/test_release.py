@@ -337,5 +337,5 @@ def test_estimate_is_the_longest_first_schedule_once_units_were_measured(setup, 
     kjobs.record(tmp_path / "cache", "tiny", 1, units, jobs=1, cpus=2)
     rplan = _plan(forge, host, tmp_path)
     item = rplan.items[0]
-    # 2 cpus, the default curve: c(2) = 1.43; 2 lanes, longest first: 40+10 | 30+20 -> 50 s x 1.43
-    assert item.plan.jobs.max_jobs == 2 and item.estimate_s == pytest.approx(50 * 1.43)
+    # 2 cpus, the default curve: c(2) = 1.73; 2 lanes, longest first: 40+10 | 30+20 -> 50 s x 1.73
+    assert item.plan.jobs.max_jobs == 2 and item.estimate_s == pytest.approx(50 * 1.73)
