@@ -25,7 +25,19 @@
 //   2 "tma":         mode 1 plus ping-pong: the two consumer warpgroups take turns issuing
 //                    their products (named barriers 4 and 5), so one's softmax hides under the
 //                    other's GEMMs.
+// VAR (a template parameter too: tuning variants that one GPU run compares, see Var below):
+//   0 base: grid (m blocks, heads, batch), heavy causal m blocks first within each head.
+//   1 "lpt": a 1-D grid in longest-processing-time order over L2-sized sections of
+//     (batch, head) pairs (FlashAttention-3's section rule: as many pairs as fit their K and V
+//     in 32 MiB, a power of 2): all pairs of a section run their heaviest m block first, then
+//     the next, so the causal tail ends with the lightest CTAs of the whole grid.
+//   2 "stages": one more K/V stage in the ring (hdim 128: 3 stages, 225 KiB of smem; hdim 64: 4).
+//   3 "m192": three consumer warpgroups (192 query rows per CTA, setmaxnreg 160; hdim 64 only,
+//     mode 1 only): more consumer warps per scheduler to hide the softmax.
+//   4 "m192-lpt": 3 and 1 together.
 #pragma once
+
+#include <algorithm>
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver is reached through cudart)
 
@@ -37,26 +49,57 @@ namespace kforge_fmha {
 // parameter.
 struct TmaMaps {
   CUtensorMap q, k, v;
+  int m_blocks;     // query blocks per (batch, head) pair (the "lpt" order's 1-D grid)
+  int lpt_section;  // (batch, head) pairs per L2 section of the "lpt" order
 };
 
 namespace sm90tma {
 
-template <int HDIM>
+// The tuning variants (VAR): what each one changes.
+template <int VAR>
+struct Var {
+  static_assert(VAR >= 0 && VAR <= 4, "variant 0..4");
+  static constexpr bool kLpt = VAR == 1 || VAR == 4;
+  static constexpr int kExtraStages = VAR == 2 ? 1 : 0;
+  static constexpr int kConsumers = (VAR == 3 || VAR == 4) ? 3 : 2;
+};
+
+template <int HDIM, int VAR = 0>
 struct Cfg {
   static_assert(HDIM == 64 || HDIM == 128, "head dim 64 or 128");
-  static constexpr int kBlockM = 128;
+  static constexpr int kConsumers = Var<VAR>::kConsumers;  // consumer warpgroups, 64 rows each
+  static_assert(kConsumers == 2 || HDIM == 64, "three consumer warpgroups only at head dim 64");
+  static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = 128;
-  static constexpr int kThreads = 384;
-  static constexpr int kHalves = HDIM / 64;            // 64-column, 128-byte-row halves
-  static constexpr int kHalfBytes = 128 * 128;         // [128 rows][64] 16-bit
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kHalves = HDIM / 64;             // 64-column, 128-byte-row halves
+  static constexpr int kHalfBytes = 128 * 128;          // K/V: [128 rows][64] 16-bit
   static constexpr int kTileBytes = kHalves * kHalfBytes;
-  static constexpr int kStages = HDIM == 128 ? 2 : 3;  // K/V ring depth
-  static constexpr int kBarOffset = (1 + 2 * kStages) * kTileBytes;
+  static constexpr int kQHalfBytes = kBlockM * 128;     // Q (and O staging): [kBlockM rows][64]
+  static constexpr int kQBytes = kHalves * kQHalfBytes;
+  static constexpr int kStages = (HDIM == 128 ? 2 : 3) + Var<VAR>::kExtraStages;  // K/V ring
+  static constexpr int kBarOffset = kQBytes + 2 * kStages * kTileBytes;
   static constexpr int kNumBars = 1 + 4 * kStages;
   static constexpr int kSmemBytes = kBarOffset + 8 * kNumBars + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 232448, "more shared memory than an sm_90 CTA can have");
+  static_assert(kQHalfBytes % 1024 == 0, "Q halves must stay 1024-byte aligned (128B swizzle)");
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // All 65536 registers: 128 x 24 for the producer warpgroup, the rest for the consumers
+  // (a multiple of 8).
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
 };
+
+// The (batch, head) pairs per L2 section of the "lpt" order: as many as fit their K and V in
+// 32 MiB (at least 1), rounded down to a power of 2 (FlashAttention-3's rule), times the GQA
+// ratio (query heads of one K/V head share it).
+inline int lpt_section(int seqlen_k, int hdim, int head_ratio) {
+  const int64_t per_pair = static_cast<int64_t>(seqlen_k) * hdim * 2 * 2;  // K and V, 16-bit
+  const int64_t l2 = int64_t{32} << 20;
+  int s = 1;
+  while (per_pair > 0 && static_cast<int64_t>(s) * 2 * per_pair <= l2 && s < (1 << 20)) s *= 2;
+  return s * (head_ratio > 0 ? head_ratio : 1);
+}
 
 #if defined(KFORGE_FMHA_HAS_SM90_BODY)
 
@@ -118,18 +161,19 @@ __device__ __forceinline__ void wgmma_wait1() {
 
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 
-template <typename T, int HDIM, bool CAUSAL, int MODE>
-__global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
+__global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     fmha_fwd_sm90_tma_kernel(const __grid_constant__ FwdParams p,
                              const __grid_constant__ TmaMaps maps) {
 #if defined(KFORGE_FMHA_HAS_SM90_BODY)
   using namespace detail;
   using namespace sm90;
-  using C = Cfg<HDIM>;
+  using C = Cfg<HDIM, VAR>;
   constexpr int kStages = C::kStages;
   constexpr int kHalves = C::kHalves;
   constexpr bool kOverlap = MODE >= 1;
   constexpr bool kPingPong = MODE >= 2;
+  static_assert(!kPingPong || C::kConsumers == 2, "ping-pong takes two consumer warpgroups");
   constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -137,7 +181,7 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
   const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
   unsigned char* base = smem_raw + pad;
   const uint32_t sQ = raw_addr + pad;
-  const uint32_t sK = sQ + C::kTileBytes;             // kStages buffers
+  const uint32_t sK = sQ + C::kQBytes;               // kStages buffers
   const uint32_t sV = sK + kStages * C::kTileBytes;  // kStages buffers
   const uint32_t bars = sQ + C::kBarOffset;
   const uint32_t q_full = bars;
@@ -146,9 +190,27 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
   auto v_full = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
   auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * kStages + s); };
 
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
-  const int head = blockIdx.y;
-  const int b = blockIdx.z;
+  int m_block, head, b;
+  if constexpr (Var<VAR>::kLpt) {
+    // 1-D grid: section after section of lpt_section (batch, head) pairs; inside a section,
+    // m blocks from the last (heaviest when causal) to the first, all pairs of the section at
+    // each m block.
+    const int mb = maps.m_blocks;
+    const int pairs = p.num_heads * p.batch;
+    const int per_sec = maps.lpt_section * mb;
+    const int sec = static_cast<int>(blockIdx.x) / per_sec;
+    const int first = sec * maps.lpt_section;
+    const int in_sec = min(maps.lpt_section, pairs - first);
+    const int r = static_cast<int>(blockIdx.x) - sec * per_sec;
+    m_block = mb - 1 - r / in_sec;
+    const int hb = first + r % in_sec;
+    head = hb % p.num_heads;
+    b = hb / p.num_heads;
+  } else {
+    m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
+    head = blockIdx.y;
+    b = blockIdx.z;
+  }
   const int tid = threadIdx.x;
   const int wg = tid / 128;
 
@@ -162,8 +224,8 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), 8);  // one arrival per consumer warp
-      mbar_init(v_empty(s), 8);
+      mbar_init(k_empty(s), 4 * C::kConsumers);  // one arrival per consumer warp
+      mbar_init(v_empty(s), 4 * C::kConsumers);
     }
     fence_mbar_init();
   }
@@ -177,10 +239,10 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
       prefetch_map(&maps.k);
       prefetch_map(&maps.v);
       const int kv_head = head / p.head_ratio;
-      mbar_expect_tx(q_full, C::kTileBytes);
+      mbar_expect_tx(q_full, C::kQBytes);
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) {
-        tma_load_4d(sQ + h * C::kHalfBytes, &maps.q, 64 * h, row0, head, b, q_full);
+        tma_load_4d(sQ + h * C::kQHalfBytes, &maps.q, 64 * h, row0, head, b, q_full);
       }
       for (int i = 0; i < n_blocks; ++i) {
         const int n = n_blocks - 1 - i;  // key tiles run from the last to the first
@@ -207,7 +269,7 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
 
   // ---- consumers ----
   setmaxnreg_inc<C::kConsumerRegs>();
-  const int cw = wg - 1;  // consumer warpgroup 0 or 1: rows 64 cw .. 64 cw + 63
+  const int cw = wg - 1;  // consumer warpgroup 0 .. kConsumers - 1: rows 64 cw .. 64 cw + 63
   const int warp = (tid % 128) / 32;
   const int lane = tid % 32;
   const int g = lane / 4;
@@ -217,6 +279,7 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
 
   constexpr uint64_t kTileUnits = C::kTileBytes >> 4;
   constexpr uint64_t kHalfUnits = C::kHalfBytes >> 4;
+  constexpr uint64_t kQHalfUnits = C::kQHalfBytes >> 4;
   const uint64_t q_desc = make_desc(sQ + cw * 64 * 128);
   const uint64_t k_desc = make_desc(sK);
   const uint64_t v_desc = make_desc(sV);
@@ -255,8 +318,9 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HDIM / 16; ++kk) {
-      const uint64_t koff = (kk / 4) * kHalfUnits + (kk % 4) * 2;  // 32 bytes per k16
-      Wgmma<T>::ss(s, q_desc + koff, k_desc + stage * kTileUnits + koff, kk > 0);
+      const uint64_t kin = (kk % 4) * 2;  // 32 bytes per k16 inside a 64-column half
+      Wgmma<T>::ss(s, q_desc + (kk / 4) * kQHalfUnits + kin,
+                   k_desc + stage * kTileUnits + (kk / 4) * kHalfUnits + kin, kk > 0);
     }
     wgmma_commit();
   };
@@ -463,7 +527,7 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t v = Mma<T>::pack(o[d][4 * j + 2 * r] * inv, o[d][4 * j + 2 * r + 1] * inv);
-        *reinterpret_cast<uint32_t*>(base + d * C::kHalfBytes + lrow * 128 +
+        *reinterpret_cast<uint32_t*>(base + d * C::kQHalfBytes + lrow * 128 +
                                      ((j ^ (lrow & 7)) << 4) + t * 4) = v;
       }
     }
@@ -477,7 +541,7 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
     const int c = idx % kChunks;
     if (row0 + lrow < sq) {
       *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
-          *reinterpret_cast<const uint4*>(base + (c >> 3) * C::kHalfBytes + lrow * 128 +
+          *reinterpret_cast<const uint4*>(base + (c >> 3) * C::kQHalfBytes + lrow * 128 +
                                           (((c & 7) ^ (lrow & 7)) << 4));
     }
   }
@@ -510,11 +574,11 @@ inline EncodeTiledFn encode_tiled() {
   return fn;
 }
 
-// A {hdim, rows, heads, batch} tensor map with a {64, 128, 1, 1} box and 128-byte swizzle. A
+// A {hdim, rows, heads, batch} tensor map with a {64, box_rows, 1, 1} box and 128-byte swizzle. A
 // size-1 dimension gets a harmless stride (its own may be 0). False when the driver refuses it.
 template <typename T, int HDIM>
 bool encode(CUtensorMap* map, const void* ptr, int rows, int heads, int batch, int64_t row_stride,
-            int64_t head_stride, int64_t batch_stride) {
+            int64_t head_stride, int64_t batch_stride, int box_rows) {
   const EncodeTiledFn fn = encode_tiled();
   if (fn == nullptr || rows < 1 || heads < 1 || batch < 1) return false;
   constexpr int64_t kElem = 2;
@@ -529,7 +593,7 @@ bool encode(CUtensorMap* map, const void* ptr, int rows, int heads, int batch, i
   }
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(st[0]), static_cast<cuuint64_t>(st[1]),
                                  static_cast<cuuint64_t>(st[2])};
-  const cuuint32_t box[4] = {64, 128, 1, 1};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dt = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -541,7 +605,7 @@ bool encode(CUtensorMap* map, const void* ptr, int rows, int heads, int batch, i
 }  // namespace tma_host
 
 // True when this library's code for the current device holds the sm_90a body of the TMA kernel.
-template <typename T, int HDIM, bool CAUSAL, int MODE>
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
 bool sm90_tma_available() {
   static int state[64] = {};  // 0: unknown, 1: yes, 2: no
   int dev = 0;
@@ -552,7 +616,8 @@ bool sm90_tma_available() {
   }
   cudaFuncAttributes attr;
   const bool yes =
-      cudaFuncGetAttributes(&attr, sm90tma::fmha_fwd_sm90_tma_kernel<T, HDIM, CAUSAL, MODE>) ==
+      cudaFuncGetAttributes(&attr,
+                            sm90tma::fmha_fwd_sm90_tma_kernel<T, HDIM, CAUSAL, MODE, VAR>) ==
           cudaSuccess &&
       attr.binaryVersion == 90 && tma_host::encode_tiled() != nullptr;
   if (!yes) cudaGetLastError();
@@ -563,23 +628,29 @@ bool sm90_tma_available() {
 // Launches the TMA kernel and returns its launch status, or returns cudaErrorNotSupported
 // without launching anything when this call cannot take the TMA path (varlen, or tensor maps
 // the driver refuses); the caller then runs another kernel.
-template <typename T, int HDIM, bool CAUSAL, int MODE>
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
 cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
-  using C = sm90tma::Cfg<HDIM>;
+  using C = sm90tma::Cfg<HDIM, VAR>;
   if (params.cu_seqlens_q != nullptr || params.cu_seqlens_k != nullptr) return cudaErrorNotSupported;
   TmaMaps maps;
   if (!tma_host::encode<T, HDIM>(&maps.q, params.q, params.seqlen_q, params.num_heads,
                                  params.batch, params.q_row_stride, params.q_head_stride,
-                                 params.q_batch_stride) ||
+                                 params.q_batch_stride, C::kBlockM) ||
       !tma_host::encode<T, HDIM>(&maps.k, params.k, params.seqlen_k, params.num_heads_k,
                                  params.batch, params.k_row_stride, params.k_head_stride,
-                                 params.k_batch_stride) ||
+                                 params.k_batch_stride, C::kBlockN) ||
       !tma_host::encode<T, HDIM>(&maps.v, params.v, params.seqlen_k, params.num_heads_k,
                                  params.batch, params.v_row_stride, params.v_head_stride,
-                                 params.v_batch_stride)) {
+                                 params.v_batch_stride, C::kBlockN)) {
     return cudaErrorNotSupported;
   }
-  auto kernel = sm90tma::fmha_fwd_sm90_tma_kernel<T, HDIM, CAUSAL, MODE>;
+  const int m_blocks = (params.seqlen_q + C::kBlockM - 1) / C::kBlockM;
+  maps.m_blocks = m_blocks;
+  maps.lpt_section = std::min(params.lpt_section > 0
+                                  ? params.lpt_section
+                                  : sm90tma::lpt_section(params.seqlen_k, HDIM, params.head_ratio),
+                              params.num_heads * params.batch);
+  auto kernel = sm90tma::fmha_fwd_sm90_tma_kernel<T, HDIM, CAUSAL, MODE, VAR>;
   static int configured[64] = {};
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -589,21 +660,36 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
   }
-  const dim3 grid((params.seqlen_q + C::kBlockM - 1) / C::kBlockM, params.num_heads, params.batch);
+  dim3 grid(m_blocks, params.num_heads, params.batch);
+  if (sm90tma::Var<VAR>::kLpt) {
+    const int64_t ctas = static_cast<int64_t>(m_blocks) * params.num_heads * params.batch;
+    if (ctas > 0x7fffffff) return cudaErrorNotSupported;  // the base order's grid takes it
+    grid = dim3(static_cast<unsigned>(ctas), 1, 1);
+  }
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(params, maps);
   return cudaGetLastError();
 }
 
 }  // namespace kforge_fmha
 
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, MODE)                                 \
-  template bool kforge_fmha::sm90_tma_available<T, HDIM, false, MODE>();                     \
-  template bool kforge_fmha::sm90_tma_available<T, HDIM, true, MODE>();                      \
-  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE>(               \
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, MODE, VAR)                             \
+  template bool kforge_fmha::sm90_tma_available<T, HDIM, false, MODE, VAR>();                \
+  template bool kforge_fmha::sm90_tma_available<T, HDIM, true, MODE, VAR>();                 \
+  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE, VAR>(          \
       const kforge_fmha::FwdParams&, cudaStream_t);                                          \
-  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE>(                \
+  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE, VAR>(           \
       const kforge_fmha::FwdParams&, cudaStream_t);
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, HDIM)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, 0) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, 1) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, 2)
+// Every (MODE, VAR) pair that fmha_api.cpp dispatches to (its kTmaKernels table): the three
+// modes, then the tuning variants of mode 1 (lpt, stages) and ping-pong + lpt; at head dim 64
+// also the three-consumer-warpgroup variants.
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, HDIM)     \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 0, 0) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 0) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 0) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 1) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 1) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 2)
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM64(T)    \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 64)             \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 3)   \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 4)
