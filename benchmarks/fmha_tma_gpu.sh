@@ -19,7 +19,8 @@
 # The paths (KFORGE_FMHA_SM90_PATH; fmha_api.cpp's kTmaKernels): tma-basic, tma-overlap (the
 # default), tma (ping-pong), and the tuning variants tma-lpt (tma-overlap in longest-first
 # L2-section order), tma-pp-lpt (tma in that order), tma-stages (one more K/V stage),
-# tma-m192 (3 consumer warpgroups, hdim 64; tma-overlap at hdim 128), tma-m192-lpt.
+# tma-m192 (3 consumer warpgroups, hdim 64; tma-overlap at hdim 128), tma-m192-lpt,
+# tma-persist (tma-overlap as a persistent kernel in the lpt order, Q double-buffered).
 # The library is used straight from the build folder (KFORGE_FMHA_LIBRARY, PYTHONPATH), so
 # nothing is pip-installed and nothing is built twice (the build is a clean one, so ptxas.txt
 # always has every kernel). $OUT/summary.txt lists each step's status.
@@ -31,7 +32,7 @@ mkdir -p "$OUT"
 BUILD=${BUILD_DIR:-$ROOT/kernels/fmha/build/tma}
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
-TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt}
+TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 status=0

@@ -262,7 +262,7 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", default="",
                     help="comma list of sm_90a kernel paths to run kforge_fmha with "
                          "(KFORGE_FMHA_SM90_PATH: default, wgmma, tma-basic, tma-overlap, tma, "
-                         "tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt); "
+                         "tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt, tma-persist); "
                          "default: the library's default only")
     ap.add_argument("--head-dims", default="128,64", help="comma list (default 128,64)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory table")

@@ -197,7 +197,8 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // ping-pong), and the tuning variants "tma-lpt" (tma-overlap in longest-first L2-section
 // order), "tma-pp-lpt" (tma in that order), "tma-stages" (tma-overlap with one more K/V
 // stage), "tma-m192" (tma-overlap with 3 consumer warpgroups, hdim 64; at hdim 128 it runs
-// tma-overlap) and "tma-m192-lpt" (hdim 64; at hdim 128 tma-lpt). A TMA path runs head dims 64
+// tma-overlap), "tma-m192-lpt" (hdim 64; at hdim 128 tma-lpt) and "tma-persist" (tma-overlap
+// as a persistent kernel, one CTA per SM, in the lpt order, Q double-buffered). A TMA path runs head dims 64
 // and 128 with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
@@ -216,6 +217,7 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-stages", 1, 2, 2, "sm90_tma_overlap_stages", "sm90_tma_overlap_stages"},
     {"tma-m192", 1, 3, 0, "sm90_tma_overlap_m192", "sm90_tma_overlap"},
     {"tma-m192-lpt", 1, 4, 1, "sm90_tma_overlap_m192_lpt", "sm90_tma_overlap_lpt"},
+    {"tma-persist", 1, 5, 5, "sm90_tma_overlap_persist", "sm90_tma_overlap_persist"},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kDefaultTma = 1;  // tma-overlap
@@ -268,6 +270,7 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
     case 11: return try_tma<T, HDIM, 1, 1>(p, causal, stream, name, err);
     case 21: return try_tma<T, HDIM, 2, 1>(p, causal, stream, name, err);
     case 12: return try_tma<T, HDIM, 1, 2>(p, causal, stream, name, err);
+    case 15: return try_tma<T, HDIM, 1, 5>(p, causal, stream, name, err);
     default: break;
   }
   if constexpr (HDIM == 64) {
@@ -309,8 +312,8 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
   if (path == kPathInvalid) {
     return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
                 "KFORGE_FMHA_SM90_PATH is '%s'; use default (tma-overlap), wgmma, tma-basic, "
-                "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192 or tma-m192-lpt, "
-                "or unset it",
+                "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
+                "tma-persist, or unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning

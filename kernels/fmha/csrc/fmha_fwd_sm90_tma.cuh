@@ -35,6 +35,10 @@
 //   3 "m192": three consumer warpgroups (192 query rows per CTA, setmaxnreg 160; hdim 64 only,
 //     mode 1 only): more consumer warps per scheduler to hide the softmax.
 //   4 "m192-lpt": 3 and 1 together.
+//   5 "persist": mode 1 only; a persistent grid (one CTA per SM) walks the "lpt" tile order
+//     with a static stride. Q is double-buffered (a full and an empty mbarrier per buffer), and
+//     the K/V ring runs on across tiles, so the producer loads the next tile's Q, K and V while
+//     the consumers finish this one (its last P V and the O epilogue).
 #pragma once
 
 #include <algorithm>
@@ -58,8 +62,9 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 4, "variant 0..4");
-  static constexpr bool kLpt = VAR == 1 || VAR == 4;
+  static_assert(VAR >= 0 && VAR <= 5, "variant 0..5");
+  static constexpr bool kPersist = VAR == 5;
+  static constexpr bool kLpt = VAR == 1 || VAR == 4 || kPersist;
   static constexpr int kExtraStages = VAR == 2 ? 1 : 0;
   static constexpr int kConsumers = (VAR == 3 || VAR == 4) ? 3 : 2;
 };
@@ -78,8 +83,9 @@ struct Cfg {
   static constexpr int kQHalfBytes = kBlockM * 128;     // Q (and O staging): [kBlockM rows][64]
   static constexpr int kQBytes = kHalves * kQHalfBytes;
   static constexpr int kStages = (HDIM == 128 ? 2 : 3) + Var<VAR>::kExtraStages;  // K/V ring
-  static constexpr int kBarOffset = kQBytes + 2 * kStages * kTileBytes;
-  static constexpr int kNumBars = 1 + 4 * kStages;
+  static constexpr int kQBufs = Var<VAR>::kPersist ? 2 : 1;
+  static constexpr int kBarOffset = kQBufs * kQBytes + 2 * kStages * kTileBytes;
+  static constexpr int kNumBars = 2 * kQBufs + 4 * kStages;
   static constexpr int kSmemBytes = kBarOffset + 8 * kNumBars + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 232448, "more shared memory than an sm_90 CTA can have");
   static_assert(kQHalfBytes % 1024 == 0, "Q halves must stay 1024-byte aligned (128B swizzle)");
@@ -174,6 +180,9 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   constexpr bool kOverlap = MODE >= 1;
   constexpr bool kPingPong = MODE >= 2;
   static_assert(!kPingPong || C::kConsumers == 2, "ping-pong takes two consumer warpgroups");
+  constexpr bool kPersist = Var<VAR>::kPersist;
+  static_assert(!kPersist || MODE == 1, "the persistent variant is of mode 1");
+  constexpr int kQBufs = C::kQBufs;
   constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -181,45 +190,60 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
   unsigned char* base = smem_raw + pad;
   const uint32_t sQ = raw_addr + pad;
-  const uint32_t sK = sQ + C::kQBytes;               // kStages buffers
+  const uint32_t sK = sQ + kQBufs * C::kQBytes;     // kStages buffers
   const uint32_t sV = sK + kStages * C::kTileBytes;  // kStages buffers
   const uint32_t bars = sQ + C::kBarOffset;
-  const uint32_t q_full = bars;
-  auto k_full = [&](int s) { return bars + 8u * (1 + s); };
-  auto k_empty = [&](int s) { return bars + 8u * (1 + kStages + s); };
-  auto v_full = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
-  auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * kStages + s); };
+  auto q_full = [&](int j) { return bars + 8u * j; };
+  auto q_empty = [&](int j) { return bars + 8u * (kQBufs + j); };  // persistent variant only
+  const uint32_t ring = bars + 8u * 2 * kQBufs;
+  auto k_full = [&](int s) { return ring + 8u * s; };
+  auto k_empty = [&](int s) { return ring + 8u * (kStages + s); };
+  auto v_full = [&](int s) { return ring + 8u * (2 * kStages + s); };
+  auto v_empty = [&](int s) { return ring + 8u * (3 * kStages + s); };
 
-  int m_block, head, b;
-  if constexpr (Var<VAR>::kLpt) {
-    // 1-D grid: section after section of lpt_section (batch, head) pairs; inside a section,
-    // m blocks from the last (heaviest when causal) to the first, all pairs of the section at
-    // each m block.
-    const int mb = maps.m_blocks;
-    const int pairs = p.num_heads * p.batch;
-    const int per_sec = maps.lpt_section * mb;
-    const int sec = static_cast<int>(blockIdx.x) / per_sec;
-    const int first = sec * maps.lpt_section;
-    const int in_sec = min(maps.lpt_section, pairs - first);
-    const int r = static_cast<int>(blockIdx.x) - sec * per_sec;
-    m_block = mb - 1 - r / in_sec;
-    const int hb = first + r % in_sec;
-    head = hb % p.num_heads;
-    b = hb / p.num_heads;
-  } else {
-    m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
-    head = blockIdx.y;
-    b = blockIdx.z;
-  }
+  // The tile (m block, head, batch) of linear tile index lin.
+  auto coords = [&](int lin, int& m_block, int& head, int& b) {
+    if constexpr (Var<VAR>::kLpt) {
+      // Section after section of lpt_section (batch, head) pairs; inside a section, m blocks
+      // from the last (heaviest when causal) to the first, all pairs of the section at each.
+      const int mb = maps.m_blocks;
+      const int pairs = p.num_heads * p.batch;
+      const int per_sec = maps.lpt_section * mb;
+      const int sec = lin / per_sec;
+      const int first = sec * maps.lpt_section;
+      const int in_sec = min(maps.lpt_section, pairs - first);
+      const int r = lin - sec * per_sec;
+      m_block = mb - 1 - r / in_sec;
+      const int hb = first + r % in_sec;
+      head = hb % p.num_heads;
+      b = hb / p.num_heads;
+    } else {
+      m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
+      head = blockIdx.y;
+      b = blockIdx.z;
+    }
+  };
+  // Tiles of this CTA: blockIdx.x alone, or (persistent) blockIdx.x, + gridDim.x, ...
+  const int total_tiles = kPersist ? maps.m_blocks * p.num_heads * p.batch : 1;
+  const int tile_stride = kPersist ? static_cast<int>(gridDim.x) : 1;
+  const int first_tile = kPersist ? static_cast<int>(blockIdx.x) : 0;
+  auto tile_lin = [&](int ti) { return kPersist ? ti : static_cast<int>(blockIdx.x); };
   const int tid = threadIdx.x;
   const int wg = tid / 128;
 
-  TileSetup<T> tile;
-  if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) return;
-  const int sq = tile.sq, sk = tile.sk, row0 = tile.row0, n_blocks = tile.n_blocks;
+  if constexpr (!kPersist) {  // a CTA with nothing to do leaves before any barrier
+    int m_block, head, b;
+    coords(tile_lin(0), m_block, head, b);
+    TileSetup<T> tile;
+    if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) return;
+  }
 
   if (tid == 0) {
-    mbar_init(q_full, 1);
+#pragma unroll
+    for (int j = 0; j < kQBufs; ++j) {
+      mbar_init(q_full(j), 1);
+      mbar_init(q_empty(j), 4 * C::kConsumers);  // one arrival per consumer warp
+    }
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full(s), 1);
@@ -238,30 +262,45 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       prefetch_map(&maps.q);
       prefetch_map(&maps.k);
       prefetch_map(&maps.v);
-      const int kv_head = head / p.head_ratio;
-      mbar_expect_tx(q_full, C::kQBytes);
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
-        tma_load_4d(sQ + h * C::kQHalfBytes, &maps.q, 64 * h, row0, head, b, q_full);
-      }
-      for (int i = 0; i < n_blocks; ++i) {
-        const int n = n_blocks - 1 - i;  // key tiles run from the last to the first
-        const int s = i % kStages;
-        const uint32_t empty_parity = ((i / kStages) + 1) & 1;
-        if (i >= kStages) mbar_wait(k_empty(s), empty_parity);
-        mbar_expect_tx(k_full(s), C::kTileBytes);
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h) {
-          tma_load_4d(sK + s * C::kTileBytes + h * C::kHalfBytes, &maps.k, 64 * h,
-                      n * C::kBlockN, kv_head, b, k_full(s));
-        }
-        if (i >= kStages) mbar_wait(v_empty(s), empty_parity);
-        mbar_expect_tx(v_full(s), C::kTileBytes);
+      int it = 0;  // K/V tiles loaded so far (the ring runs on across tiles)
+      int qi = 0;  // tiles so far (the Q buffer ring)
+      for (int ti = first_tile; ti < total_tiles; ti += tile_stride) {
+        int m_block, head, b;
+        coords(tile_lin(ti), m_block, head, b);
+        TileSetup<T> tile;
+        if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) continue;
+        const int row0 = tile.row0, n_blocks = tile.n_blocks;
+        const int kv_head = head / p.head_ratio;
+        const int qb = qi % kQBufs;
+        if (qi >= kQBufs) mbar_wait(q_empty(qb), ((qi / kQBufs) + 1) & 1);
+        mbar_expect_tx(q_full(qb), C::kQBytes);
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) {
-          tma_load_4d(sV + s * C::kTileBytes + h * C::kHalfBytes, &maps.v, 64 * h,
-                      n * C::kBlockN, kv_head, b, v_full(s));
+          tma_load_4d(sQ + qb * C::kQBytes + h * C::kQHalfBytes, &maps.q, 64 * h, row0, head, b,
+                      q_full(qb));
         }
+        for (int i = 0; i < n_blocks; ++i) {
+          const int n = n_blocks - 1 - i;  // key tiles run from the last to the first
+          const int g = it + i;
+          const int s = g % kStages;
+          const uint32_t empty_parity = ((g / kStages) + 1) & 1;
+          if (g >= kStages) mbar_wait(k_empty(s), empty_parity);
+          mbar_expect_tx(k_full(s), C::kTileBytes);
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) {
+            tma_load_4d(sK + s * C::kTileBytes + h * C::kHalfBytes, &maps.k, 64 * h,
+                        n * C::kBlockN, kv_head, b, k_full(s));
+          }
+          if (g >= kStages) mbar_wait(v_empty(s), empty_parity);
+          mbar_expect_tx(v_full(s), C::kTileBytes);
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) {
+            tma_load_4d(sV + s * C::kTileBytes + h * C::kHalfBytes, &maps.v, 64 * h,
+                        n * C::kBlockN, kv_head, b, v_full(s));
+          }
+        }
+        it += n_blocks;
+        ++qi;
       }
     }
     return;
@@ -280,9 +319,22 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   constexpr uint64_t kTileUnits = C::kTileBytes >> 4;
   constexpr uint64_t kHalfUnits = C::kHalfBytes >> 4;
   constexpr uint64_t kQHalfUnits = C::kQHalfBytes >> 4;
-  const uint64_t q_desc = make_desc(sQ + cw * 64 * 128);
   const uint64_t k_desc = make_desc(sK);
   const uint64_t v_desc = make_desc(sV);
+
+  int it = 0;  // K/V tiles consumed so far (persistent: the ring runs on across tiles)
+  int qi = 0;  // tiles so far
+  for (int ti = first_tile; ti < total_tiles; ti += tile_stride) {
+  int m_block, head, b;
+  coords(tile_lin(ti), m_block, head, b);
+  TileSetup<T> tile;
+  if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) continue;
+  const int sq = tile.sq, sk = tile.sk, row0 = tile.row0, n_blocks = tile.n_blocks;
+  const int it0 = kPersist ? it : 0;  // a constant 0 unless persistent
+  const int qb = kPersist ? qi % kQBufs : 0;
+  const uint32_t q_parity = kPersist ? (qi / kQBufs) & 1 : 0;
+  unsigned char* const qbase = base + qb * C::kQBytes;
+  const uint64_t q_desc = make_desc(sQ + qb * C::kQBytes + cw * 64 * 128);
 
   float o[kHalves][32];
 #pragma unroll
@@ -421,13 +473,13 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     if (lane == 0) mbar_arrive(bar);
   };
 
-  mbar_wait(q_full, 0);
+  mbar_wait(q_full(qb), q_parity);
 
   if constexpr (!kOverlap) {
     for (int i = 0; i < n_blocks; ++i) {
       const int n = n_blocks - 1 - i;
-      const int st = i % kStages;
-      const uint32_t ph = (i / kStages) & 1;
+      const int st = (it0 + i) % kStages;
+      const uint32_t ph = ((it0 + i) / kStages) & 1;
       mbar_wait(k_full(st), ph);
       qk_issue(st);
       wgmma_wait0();
@@ -449,13 +501,13 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     // Tile 0: Q K^T alone.
     {
       const int n = n_blocks - 1;
-      mbar_wait(k_full(0), 0);
+      mbar_wait(k_full(it0 % kStages), (it0 / kStages) & 1);
       turn_begin();
-      qk_issue(0);
+      qk_issue(it0 % kStages);
       turn_end();
       wgmma_wait0();
       keep(s);
-      release(k_empty(0));
+      release(k_empty(it0 % kStages));
       if (needs_mask(n)) mask(n);
       float alpha[2];
       if (softmax(alpha)) rescale_o(alpha);  // O is still 0: harmless
@@ -464,10 +516,10 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     // Tile i: Q K^T(i) and P V(i - 1) in flight together; softmax(i) under P V(i - 1).
     for (int i = 1; i < n_blocks; ++i) {
       const int n = n_blocks - 1 - i;
-      const int st = i % kStages;
-      const uint32_t ph = (i / kStages) & 1;
-      const int pst = (i - 1) % kStages;
-      const uint32_t pph = ((i - 1) / kStages) & 1;
+      const int st = (it0 + i) % kStages;
+      const uint32_t ph = ((it0 + i) / kStages) & 1;
+      const int pst = (it0 + i - 1) % kStages;
+      const uint32_t pph = ((it0 + i - 1) / kStages) & 1;
       mbar_wait(k_full(st), ph);
       mbar_wait(v_full(pst), pph);
       turn_begin();
@@ -497,8 +549,8 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     }
     // Last tile's P V.
     {
-      const int st = (n_blocks - 1) % kStages;
-      const uint32_t ph = ((n_blocks - 1) / kStages) & 1;
+      const int st = (it0 + n_blocks - 1) % kStages;
+      const uint32_t ph = ((it0 + n_blocks - 1) / kStages) & 1;
       mbar_wait(v_full(st), ph);
       turn_begin();
       pv_issue(st);
@@ -527,7 +579,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t v = Mma<T>::pack(o[d][4 * j + 2 * r] * inv, o[d][4 * j + 2 * r + 1] * inv);
-        *reinterpret_cast<uint32_t*>(base + d * C::kQHalfBytes + lrow * 128 +
+        *reinterpret_cast<uint32_t*>(qbase + d * C::kQHalfBytes + lrow * 128 +
                                      ((j ^ (lrow & 7)) << 4) + t * 4) = v;
       }
     }
@@ -541,10 +593,20 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     const int c = idx % kChunks;
     if (row0 + lrow < sq) {
       *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
-          *reinterpret_cast<const uint4*>(base + (c >> 3) * C::kQHalfBytes + lrow * 128 +
+          *reinterpret_cast<const uint4*>(qbase + (c >> 3) * C::kQHalfBytes + lrow * 128 +
                                           (((c & 7) ^ (lrow & 7)) << 4));
     }
   }
+  if constexpr (kPersist) {
+    // This warp's staging reads of the Q buffer are done: let the producer's TMA refill it
+    // (generic-proxy accesses ordered before the async-proxy write).
+    fence_proxy_async();
+    __syncwarp();
+    release(q_empty(qb));
+  }
+  it += n_blocks;
+  ++qi;
+  }  // tiles
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 }
 
@@ -665,6 +727,12 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
     const int64_t ctas = static_cast<int64_t>(m_blocks) * params.num_heads * params.batch;
     if (ctas > 0x7fffffff) return cudaErrorNotSupported;  // the base order's grid takes it
     grid = dim3(static_cast<unsigned>(ctas), 1, 1);
+    if (sm90tma::Var<VAR>::kPersist) {  // one CTA per SM (at most one fits), striding the tiles
+      int sms = 0;
+      err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      if (err != cudaSuccess) return err;
+      grid.x = static_cast<unsigned>(std::min<int64_t>(ctas, sms > 0 ? sms : 1));
+    }
   }
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(params, maps);
   return cudaGetLastError();
@@ -688,7 +756,8 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 0) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 1) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 1) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 2)
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 2) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 5)
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM64(T)    \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 64)             \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 3)   \

@@ -32,6 +32,7 @@ EXPECTED = {
     "tma-stages": {64: "sm90_tma_overlap_stages", 128: "sm90_tma_overlap_stages"},
     "tma-m192": {64: "sm90_tma_overlap_m192", 128: "sm90_tma_overlap"},
     "tma-m192-lpt": {64: "sm90_tma_overlap_m192_lpt", 128: "sm90_tma_overlap_lpt"},
+    "tma-persist": {64: "sm90_tma_overlap_persist", 128: "sm90_tma_overlap_persist"},
 }
 TOL = {torch.float16: 1e-2, torch.bfloat16: 6e-2}  # the absolute caps of tests/test_gpu.py
 

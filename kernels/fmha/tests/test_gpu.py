@@ -4,7 +4,8 @@ hit on a GPU machine.
 
 Kernel paths: on an H100/H200 with a 90a build, the accuracy tests run once per sm_90a path
 (KFORGE_FMHA_SM90_PATH unset ("default", which is tma-overlap), wgmma, tma-basic, tma-overlap,
-tma and the tuning variants tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt; see
+tma and the tuning variants tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt,
+tma-persist; see
 kforge_fmha.last_kernel) and check that the kernel that ran is the one the path asks for (or,
 for calls a TMA path cannot take, the documented fallback). Elsewhere only the default path
 runs; the other paths are skipped with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma (a comma
@@ -77,7 +78,7 @@ def assert_close(out, ref, lowp, dtype, what: str) -> None:
 
 
 ALL_PATHS = ["default", "wgmma", "tma-basic", "tma-overlap", "tma", "tma-lpt", "tma-pp-lpt",
-             "tma-stages", "tma-m192", "tma-m192-lpt"]
+             "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist"]
 # The kernel each TMA path runs (kforge_fmha.last_kernel), by head dim (fmha_api.cpp's
 # kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only.
 TMA_KERNEL = {
@@ -90,6 +91,7 @@ TMA_KERNEL = {
     "tma-stages": {64: "sm90_tma_overlap_stages", 128: "sm90_tma_overlap_stages"},
     "tma-m192": {64: "sm90_tma_overlap_m192", 128: "sm90_tma_overlap"},
     "tma-m192-lpt": {64: "sm90_tma_overlap_m192_lpt", 128: "sm90_tma_overlap_lpt"},
+    "tma-persist": {64: "sm90_tma_overlap_persist", 128: "sm90_tma_overlap_persist"},
 }
 
 
@@ -426,7 +428,7 @@ def test_one_process_switches_paths_between_calls(monkeypatch, head_dim) -> None
 @pytest.mark.parametrize("section", ["1", "3", "1000"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("path", ["tma-lpt", "tma-pp-lpt", "tma-m192-lpt"])
+@pytest.mark.parametrize("path", ["tma-lpt", "tma-pp-lpt", "tma-m192-lpt", "tma-persist"])
 def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, section) -> None:
     """The 1-D longest-first grid of the lpt paths, with sections of 1 pair, of 3 pairs (the
     last one partial: 15 pairs) and of more pairs than there are (KFORGE_FMHA_LPT_SECTION):
