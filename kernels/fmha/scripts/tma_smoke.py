@@ -63,7 +63,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     bad = 0
     cases = [(1, 300, 300, 4, 4), (2, 1000, 1000, 4, 2), (1, 4097, 4097, 2, 2), (1, 64, 700, 2, 1),
-             (1, 700, 300, 2, 2), (1, 1, 1, 2, 2), (3, 700, 700, 5, 5)]
+             (1, 700, 300, 2, 2), (1, 1, 1, 2, 2), (3, 700, 700, 5, 5),
+             (4, 2100, 2100, 8, 8)]
     for dtype in (torch.bfloat16, torch.float16):
         for head_dim in (128, 64):
             for causal in (False, True):

@@ -448,6 +448,29 @@ def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, sectio
     assert_close(out, ref, lowp, torch.float16, f"{path} section={section}")
 
 
+@pytest.mark.parametrize("seqlens", [(2100, 2100), (1000, 2100)], ids=["square", "q-shorter"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_persistent_kernel_walks_many_tiles(monkeypatch, head_dim, causal, seqlens) -> None:
+    """tma-persist with several tiles per CTA (4 x 8 pairs x 17 or 8 m blocks against one CTA
+    per SM), so the Q double buffer and the K/V ring run on across tiles of different lengths."""
+    if "tma-persist" not in _chosen_paths():
+        pytest.skip(f"path tma-persist is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
+    if not _hopper_90a():
+        pytest.skip("tma-persist needs an sm_90 GPU and a 90a build")
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", "tma-persist")
+    sq, sk = seqlens
+    q = rand(4, sq, 8, head_dim, dtype=torch.bfloat16)
+    k, v = (rand(4, sk, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    _, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, out=out, return_lse=True)
+    check_kernel("tma-persist", head_dim)
+    ref, ref_lse, lowp = reference(q, k, v, causal, head_dim ** -0.5, torch.bfloat16)
+    assert torch.isfinite(out).all(), "a tile of the persistent walk was never written"
+    assert_close(out, ref, lowp, torch.bfloat16, f"tma-persist {seqlens} causal={causal}")
+    assert (lse - ref_lse).abs().max().item() < LSE_ATOL
+
+
 def test_bad_lpt_section_is_refused(monkeypatch) -> None:
     monkeypatch.setenv("KFORGE_FMHA_LPT_SECTION", "0")
     q = rand(1, 16, 2, 64, dtype=torch.float16)
