@@ -245,8 +245,9 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
     order = buildorder.install(plan.jobs.order if shim_ok else (), dest=plan.work_dir / "ninja-order", env=env)
     if order is not None:
         env.update(order.env)
-        run.log.info(f"build order: longest first by {order.units} measured unit times (ninja shim {order.shim} "
-                     f"in front of {order.ninja})")
+        what = ("the seed's unit kinds (nothing measured here yet)" if any("*" in k for k, _ in plan.jobs.order)
+                else f"{order.units} measured unit times")
+        run.log.info(f"build order: longest first by {what} (ninja shim {order.shim} in front of {order.ninja})")
     else:
         run.log.info("build order: upstream's" + (" (no unit times measured yet)" if not plan.jobs.order else
                                                   " (no ninja on PATH for the shim)" if shim_ok else
