@@ -1,9 +1,10 @@
 // Hopper (sm_90a) forward attention on TMA + mbarriers with a producer warp (head dims 64 and 128).
 //
-// Selected at run time by KFORGE_FMHA_SM90_PATH (fmha_api.cpp); the wgmma kernel of
-// fmha_fwd_sm90.cuh stays the default. Fixed-length batches only (varlen falls back there).
+// Selected at run time by KFORGE_FMHA_SM90_PATH (fmha_api.cpp); mode 1 ("tma-overlap") is the
+// default on sm_90a. Fixed-length batches only (varlen falls back to the wgmma kernel of
+// fmha_fwd_sm90.cuh at hdim 128, the mma.sync kernel at hdim 64).
 //
-// One CTA = 3 warpgroups and 128 query rows of one (head, batch) pair:
+// One CTA = 3 warpgroups and 128 query rows of one (head, batch) pair (the base variant):
 //   warpgroup 0 (producer): gives registers away (setmaxnreg.dec to 24); one thread issues the
 //     TMA loads (cp.async.bulk.tensor.4d, 128-byte swizzle): Q once, then K and V tiles of 128
 //     keys into a ring of kStages buffers each. A "full" mbarrier per buffer completes when the
