@@ -4,15 +4,23 @@
 #
 #   OUT=/some/dir bash benchmarks/fmha_tma_gpu.sh
 #
-# Steps (each under its own timeout, so a hung kernel cannot eat the run; total under 6 minutes):
+# Steps (each under its own timeout, so a hung kernel cannot eat the run; total under 5 minutes
+# when nothing hangs):
 #   1. cmake + ninja build of kernels/fmha for 90a with ptxas -v  -> $OUT/build.log, $OUT/ptxas.txt
 #   2. ctest (C API test, varlen example, symbol check)             -> $OUT/ctest.log
-#   3. per TMA path, scripts/tma_smoke.py in its own process         -> $OUT/smoke-<path>.log
-#   4. pytest kernels/fmha/tests (CPU + GPU, KFORGE_REQUIRE_GPU=1) over wgmma and every TMA path
-#      whose smoke did not hang                                      -> $OUT/pytest.log, pytest.xml
+#   3. per path (the default, the TMA modes and the tuning variants of TMA_PATHS),
+#      scripts/tma_smoke.py in its own process                      -> $OUT/smoke-<path>.log
+#   4. pytest kernels/fmha/tests (CPU + GPU, KFORGE_REQUIRE_GPU=1) over wgmma and every path
+#      whose smoke did not hang or fault                             -> $OUT/pytest.log, pytest.xml
 #   5. benchmarks/fmha_vs_sdpa.py: bf16/fp16, hdim 128/64, seqlen 2k-16k, causal and not, one row
-#      per path (wgmma and the TMA paths whose smoke passed), SDPA flash/efficient/cuDNN in the
-#      same run                                                      -> $OUT/bench.md, bench.json
+#      per path (wgmma and the TMA paths whose smoke passed; "default" is tma-overlap's kernel, so
+#      it is tested but not benchmarked twice), SDPA flash/efficient/cuDNN in the same run, and
+#      the fastest path per shape             -> $OUT/bench.md, bench.json
+# The paths (KFORGE_FMHA_SM90_PATH; fmha_api.cpp's kTmaKernels): tma-basic, tma-overlap (the
+# default), tma (ping-pong), and the tuning variants tma-lpt (tma-overlap in longest-first
+# L2-section order), tma-pp-lpt (tma in that order), tma-stages (one more K/V stage),
+# tma-m192 (3 consumer warpgroups, hdim 64; tma-overlap at hdim 128), tma-m192-lpt,
+# tma-persist (tma-overlap as a persistent kernel in the lpt order, Q double-buffered).
 # The library is used straight from the build folder (KFORGE_FMHA_LIBRARY, PYTHONPATH), so
 # nothing is pip-installed and nothing is built twice (the build is a clean one, so ptxas.txt
 # always has every kernel). $OUT/summary.txt lists each step's status.
@@ -24,7 +32,7 @@ mkdir -p "$OUT"
 BUILD=${BUILD_DIR:-$ROOT/kernels/fmha/build/tma}
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
-TMA_PATHS=${TMA_PATHS:-tma-basic tma-overlap tma}
+TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 status=0
@@ -63,7 +71,12 @@ awk '/Compiling entry function/ {match($0, /_Z[A-Za-z0-9_]+/); k = substr($0, RS
      /spill stores/ {st = $5; ld = $9}
      /Used [0-9]+ registers/ {print k " | " $5 " | " st " | " ld}' "$OUT/build.log" |
   (c++filt 2>/dev/null || cat) | sort -u >"$OUT/ptxas.txt"
-grep -E "sm90tma|sm90_kernel" "$OUT/ptxas.txt" | sed 's/(kforge_fmha::FwdParams.*)//' | head -40
+grep -E "sm90tma|sm90_kernel" "$OUT/ptxas.txt" | sed 's/(kforge_fmha::FwdParams.*)//' | head -80
+if awk -F' [|] ' '/sm90tma/ && ($3 + 0 > 0 || $4 + 0 > 0) {bad = 1} END {exit !bad}' "$OUT/ptxas.txt"; then
+  note "ptxas: a TMA kernel spills (see ptxas.txt)"
+else
+  note "ptxas: no TMA kernel spills ($(grep -c sm90tma "$OUT/ptxas.txt") TMA kernels)"
+fi
 LIB=$(ls "$BUILD"/libkforge_fmha.so 2>/dev/null | head -1)
 export KFORGE_FMHA_LIBRARY=$LIB
 export PYTHONPATH=$ROOT/kernels/fmha/python${PYTHONPATH:+:$PYTHONPATH}
@@ -76,17 +89,18 @@ else
 fi
 tail -4 "$OUT/ctest.log"
 
-step "smoke per TMA path"
+step "smoke per path"
 GOOD="wgmma"     # paths that passed the smoke check: tested and benchmarked
 TESTED="wgmma"   # paths that only gave wrong numbers are tested too (pytest shows the detail)
 for path in $TMA_PATHS; do
-  (cd /tmp && timeout -k 5 60 "$PY" "$ROOT/kernels/fmha/scripts/tma_smoke.py" --path "$path") \
+  (cd /tmp && timeout -k 5 40 "$PY" "$ROOT/kernels/fmha/scripts/tma_smoke.py" --path "$path") \
     >"$OUT/smoke-$path.log" 2>&1
   rc=$?
   if [ $rc -eq 0 ]; then
-    GOOD="$GOOD,$path"; TESTED="$TESTED,$path"; note "smoke $path: ok"
+    [ "$path" = default ] || GOOD="$GOOD,$path"
+    TESTED="$TESTED,$path"; note "smoke $path: ok"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    note "smoke $path: TIMEOUT (hang?) after 60 s; path left out of pytest and the benchmark"; status=1
+    note "smoke $path: TIMEOUT (hang?) after 40 s; path left out of pytest and the benchmark"; status=1
   elif [ $rc -eq 1 ]; then
     TESTED="$TESTED,$path"
     note "smoke $path: WRONG RESULTS; path left out of the benchmark (pytest shows the detail)"; status=1
@@ -97,7 +111,7 @@ for path in $TMA_PATHS; do
 done
 
 step "pytest (paths: $TESTED)"
-(cd /tmp && KFORGE_REQUIRE_GPU=1 KFORGE_FMHA_TEST_PATHS="$TESTED" timeout -k 10 170 \
+(cd /tmp && KFORGE_REQUIRE_GPU=1 KFORGE_FMHA_TEST_PATHS="$TESTED" timeout -k 10 ${PYTEST_TIMEOUT:-200} \
    "$PY" -m pytest -q -p no:cacheprovider -rfE --junitxml="$OUT/pytest.xml" \
    "$ROOT/kernels/fmha/tests" ${PYTEST_ARGS:-}) >"$OUT/pytest.log" 2>&1
 rc=$?

@@ -172,9 +172,10 @@ kforge_fmha_status check_common(const Shapes& s, const void* q, const void* k, c
   return KFORGE_FMHA_SUCCESS;
 }
 
-// The sm_90a wgmma path (head dim 128) is the default on compute capability 9.0 when the build
-// holds 90a code; KFORGE_FMHA_SM90=0 forces the mma.sync kernel, =1 asks for the wgmma path
-// (still only where it can run). The compile-time default is KFORGE_FMHA_SM90_DEFAULT.
+// The sm_90a kernels (the TMA path of KFORGE_FMHA_SM90_PATH below, by default tma-overlap) run on
+// compute capability 9.0 when the build holds 90a code; KFORGE_FMHA_SM90=0 forces the mma.sync
+// kernel, =1 asks for the sm_90a kernels (still only where they can run). The compile-time
+// default is KFORGE_FMHA_SM90_DEFAULT.
 #ifndef KFORGE_FMHA_SM90_DEFAULT
 #define KFORGE_FMHA_SM90_DEFAULT 1
 #endif
@@ -189,50 +190,103 @@ bool sm90_wanted() {
 bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr; }
 
 // Which sm_90a kernel a call asks for: KFORGE_FMHA_SM90_PATH, read at every call (so one process
-// can compare the paths): "wgmma" (or unset: the default), "tma" (TMA + producer warp +
-// setmaxnreg + intra-warpgroup overlap + ping-pong), "tma-overlap" (without ping-pong),
-// "tma-basic" (without either). A TMA path runs head dims 64 and 128 with fixed-length batches;
-// a call it cannot take (varlen, strides a tensor map cannot describe) runs the wgmma kernel
-// (hdim 128) or the mma.sync kernel (hdim 64); kforge_fmha_last_kernel() says which ran.
-enum class Sm90Path { kWgmma, kTmaBasic, kTmaOverlap, kTma, kInvalid };
-Sm90Path sm90_path(const char** raw) {
+// can compare the paths). Unset, empty or "default": tma-overlap, the fastest path in the
+// measured run (docs/benchmarks.md). "wgmma": the cp.async wgmma kernel (hdim 128; hdim 64 runs
+// the mma.sync kernel). The TMA paths (fmha_fwd_sm90_tma.cuh), each a (MODE, VAR) pair of its
+// kernel: "tma-basic" (no overlap), "tma-overlap" (intra-warpgroup overlap), "tma" (overlap +
+// ping-pong), and the tuning variants "tma-lpt" (tma-overlap in longest-first L2-section
+// order), "tma-pp-lpt" (tma in that order), "tma-stages" (tma-overlap with one more K/V
+// stage), "tma-m192" (tma-overlap with 3 consumer warpgroups, hdim 64; at hdim 128 it runs
+// tma-overlap), "tma-m192-lpt" (hdim 64; at hdim 128 tma-lpt) and "tma-persist" (tma-overlap
+// as a persistent kernel, one CTA per SM, in the lpt order, Q double-buffered). A TMA path runs head dims 64
+// and 128 with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
+// describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
+// kforge_fmha_last_kernel() says which ran.
+struct TmaKernel {
+  const char* path;    // KFORGE_FMHA_SM90_PATH value
+  int mode, var64, var128;
+  const char* name64;  // kforge_fmha_last_kernel() at head dim 64
+  const char* name128;
+};
+constexpr TmaKernel kTmaKernels[] = {
+    {"tma-basic", 0, 0, 0, "sm90_tma_basic", "sm90_tma_basic"},
+    {"tma-overlap", 1, 0, 0, "sm90_tma_overlap", "sm90_tma_overlap"},
+    {"tma", 2, 0, 0, "sm90_tma", "sm90_tma"},
+    {"tma-lpt", 1, 1, 1, "sm90_tma_overlap_lpt", "sm90_tma_overlap_lpt"},
+    {"tma-pp-lpt", 2, 1, 1, "sm90_tma_lpt", "sm90_tma_lpt"},
+    {"tma-stages", 1, 2, 2, "sm90_tma_overlap_stages", "sm90_tma_overlap_stages"},
+    {"tma-m192", 1, 3, 0, "sm90_tma_overlap_m192", "sm90_tma_overlap"},
+    {"tma-m192-lpt", 1, 4, 1, "sm90_tma_overlap_m192_lpt", "sm90_tma_overlap_lpt"},
+    {"tma-persist", 1, 5, 5, "sm90_tma_overlap_persist", "sm90_tma_overlap_persist"},
+};
+constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
+constexpr int kDefaultTma = 1;  // tma-overlap
+constexpr int kPathWgmma = -1;
+constexpr int kPathInvalid = -2;
+
+// The kTmaKernels index the call asks for, kPathWgmma or kPathInvalid.
+int sm90_path(const char** raw) {
   const char* e = std::getenv("KFORGE_FMHA_SM90_PATH");
   *raw = e;
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "wgmma") == 0) return Sm90Path::kWgmma;
-  if (std::strcmp(e, "tma") == 0) return Sm90Path::kTma;
-  if (std::strcmp(e, "tma-overlap") == 0) return Sm90Path::kTmaOverlap;
-  if (std::strcmp(e, "tma-basic") == 0) return Sm90Path::kTmaBasic;
-  return Sm90Path::kInvalid;
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "default") == 0) return kDefaultTma;
+  if (std::strcmp(e, "wgmma") == 0) return kPathWgmma;
+  for (int i = 0; i < kNumTma; ++i) {
+    if (std::strcmp(e, kTmaKernels[i].path) == 0) return i;
+  }
+  return kPathInvalid;
 }
 
 // The kernel the last successful launch on this thread ran (kforge_fmha_last_kernel).
 thread_local const char* g_last_kernel = "";
 
-template <typename T, int HDIM, int MODE>
-bool try_tma(const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream, cudaError_t* err) {
-  if (!(causal ? kforge_fmha::sm90_tma_available<T, HDIM, true, MODE>()
-               : kforge_fmha::sm90_tma_available<T, HDIM, false, MODE>())) {
+template <typename T, int HDIM, int MODE, int VAR>
+bool try_tma(const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream, const char* name,
+             cudaError_t* err) {
+  if (!(causal ? kforge_fmha::sm90_tma_available<T, HDIM, true, MODE, VAR>()
+               : kforge_fmha::sm90_tma_available<T, HDIM, false, MODE, VAR>())) {
     return false;
   }
-  const cudaError_t e = causal ? kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE>(p, stream)
-                               : kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE>(p, stream);
+  const cudaError_t e = causal
+                            ? kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE, VAR>(p, stream)
+                            : kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE, VAR>(p, stream);
   if (e == cudaErrorNotSupported) return false;  // nothing launched: another kernel runs
-  static const char* const kNames[] = {"sm90_tma_basic", "sm90_tma_overlap", "sm90_tma"};
-  g_last_kernel = kNames[MODE];
+  g_last_kernel = name;
   *err = e;
   return true;
 }
 
+// Runs the TMA kernel of kTmaKernels[index] at this head dim (the instantiations of
+// KFORGE_FMHA_INSTANTIATE_SM90_TMA and, at hdim 64, ..._HDIM64).
+template <typename T, int HDIM>
+bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream,
+                  cudaError_t* err) {
+  const TmaKernel& k = kTmaKernels[index];
+  const int var = HDIM == 64 ? k.var64 : k.var128;
+  const char* name = HDIM == 64 ? k.name64 : k.name128;
+  switch (k.mode * 10 + var) {
+    case 0: return try_tma<T, HDIM, 0, 0>(p, causal, stream, name, err);
+    case 10: return try_tma<T, HDIM, 1, 0>(p, causal, stream, name, err);
+    case 20: return try_tma<T, HDIM, 2, 0>(p, causal, stream, name, err);
+    case 11: return try_tma<T, HDIM, 1, 1>(p, causal, stream, name, err);
+    case 21: return try_tma<T, HDIM, 2, 1>(p, causal, stream, name, err);
+    case 12: return try_tma<T, HDIM, 1, 2>(p, causal, stream, name, err);
+    case 15: return try_tma<T, HDIM, 1, 5>(p, causal, stream, name, err);
+    default: break;
+  }
+  if constexpr (HDIM == 64) {
+    if (k.mode == 1 && var == 3) return try_tma<T, HDIM, 1, 3>(p, causal, stream, name, err);
+    if (k.mode == 1 && var == 4) return try_tma<T, HDIM, 1, 4>(p, causal, stream, name, err);
+  }
+  return false;  // not instantiated: the fallback kernel runs (the tests would name it)
+}
+
 template <typename T, int HDIM>
 cudaError_t dispatch_causal(const kforge_fmha::FwdParams& p, bool causal, int major, int minor,
-                            Sm90Path path, cudaStream_t stream) {
+                            int path, cudaStream_t stream) {
   const bool hopper = major == 9 && minor == 0 && built_with_90a() && sm90_wanted();
-  if (hopper && path != Sm90Path::kWgmma) {
+  if (hopper && path >= 0) {
     cudaError_t err = cudaSuccess;
-    const bool ran = path == Sm90Path::kTma           ? try_tma<T, HDIM, 2>(p, causal, stream, &err)
-                     : path == Sm90Path::kTmaOverlap ? try_tma<T, HDIM, 1>(p, causal, stream, &err)
-                                                     : try_tma<T, HDIM, 0>(p, causal, stream, &err);
-    if (ran) return err;
+    if (try_tma_path<T, HDIM>(path, p, causal, stream, &err)) return err;
   }
   if constexpr (HDIM == 128) {
     if (hopper) {
@@ -254,12 +308,27 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
   const char* names[] = {"q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k"};
   // The path choice is an argument like the others: checked before any CUDA call.
   const char* path_raw = nullptr;
-  const Sm90Path path = sm90_path(&path_raw);
-  if (path == Sm90Path::kInvalid) {
+  const int path = sm90_path(&path_raw);
+  if (path == kPathInvalid) {
     return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
-                "KFORGE_FMHA_SM90_PATH is '%s'; use wgmma (the default), tma, tma-overlap or "
-                "tma-basic, or unset it",
+                "KFORGE_FMHA_SM90_PATH is '%s'; use default (tma-overlap), wgmma, tma-basic, "
+                "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
+                "tma-persist, or unset it",
                 path_raw);
+  }
+  // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning
+  // knob; unset: the L2 rule of fmha_fwd_sm90_tma.cuh).
+  int lpt_section = 0;
+  if (const char* e = std::getenv("KFORGE_FMHA_LPT_SECTION"); e != nullptr && *e != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (end == e || *end != '\0' || v < 1 || v > (1 << 20)) {
+      return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                  "KFORGE_FMHA_LPT_SECTION is '%s'; use a whole number of (batch, head) pairs "
+                  "from 1 to 1048576, or unset it",
+                  e);
+    }
+    lpt_section = static_cast<int>(v);
   }
   int major = 0, minor = 0;
   kforge_fmha_status st = check_device(&major, &minor);
@@ -290,6 +359,7 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
   p.num_heads = s.num_heads;
   p.num_heads_k = s.num_heads_k;
   p.head_ratio = s.num_heads / s.num_heads_k;
+  p.lpt_section = lpt_section;
   p.softmax_scale = s.softmax_scale;
   p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
 

@@ -1,9 +1,10 @@
 // Hopper (sm_90a) forward attention on TMA + mbarriers with a producer warp (head dims 64 and 128).
 //
-// Selected at run time by KFORGE_FMHA_SM90_PATH (fmha_api.cpp); the wgmma kernel of
-// fmha_fwd_sm90.cuh stays the default. Fixed-length batches only (varlen falls back there).
+// Selected at run time by KFORGE_FMHA_SM90_PATH (fmha_api.cpp); mode 1 ("tma-overlap") is the
+// default on sm_90a. Fixed-length batches only (varlen falls back to the wgmma kernel of
+// fmha_fwd_sm90.cuh at hdim 128, the mma.sync kernel at hdim 64).
 //
-// One CTA = 3 warpgroups and 128 query rows of one (head, batch) pair:
+// One CTA = 3 warpgroups and 128 query rows of one (head, batch) pair (the base variant):
 //   warpgroup 0 (producer): gives registers away (setmaxnreg.dec to 24); one thread issues the
 //     TMA loads (cp.async.bulk.tensor.4d, 128-byte swizzle): Q once, then K and V tiles of 128
 //     keys into a ring of kStages buffers each. A "full" mbarrier per buffer completes when the
@@ -25,7 +26,23 @@
 //   2 "tma":         mode 1 plus ping-pong: the two consumer warpgroups take turns issuing
 //                    their products (named barriers 4 and 5), so one's softmax hides under the
 //                    other's GEMMs.
+// VAR (a template parameter too: tuning variants that one GPU run compares, see Var below):
+//   0 base: grid (m blocks, heads, batch), heavy causal m blocks first within each head.
+//   1 "lpt": a 1-D grid in longest-processing-time order over L2-sized sections of
+//     (batch, head) pairs (FlashAttention-3's section rule: as many pairs as fit their K and V
+//     in 32 MiB, a power of 2): all pairs of a section run their heaviest m block first, then
+//     the next, so the causal tail ends with the lightest CTAs of the whole grid.
+//   2 "stages": one more K/V stage in the ring (hdim 128: 3 stages, 225 KiB of smem; hdim 64: 4).
+//   3 "m192": three consumer warpgroups (192 query rows per CTA, setmaxnreg 160; hdim 64 only,
+//     mode 1 only): more consumer warps per scheduler to hide the softmax.
+//   4 "m192-lpt": 3 and 1 together.
+//   5 "persist": mode 1 only; a persistent grid (one CTA per SM) walks the "lpt" tile order
+//     with a static stride. Q is double-buffered (a full and an empty mbarrier per buffer), and
+//     the K/V ring runs on across tiles, so the producer loads the next tile's Q, K and V while
+//     the consumers finish this one (its last P V and the O epilogue).
 #pragma once
+
+#include <algorithm>
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver is reached through cudart)
 
@@ -37,26 +54,59 @@ namespace kforge_fmha {
 // parameter.
 struct TmaMaps {
   CUtensorMap q, k, v;
+  int m_blocks;     // query blocks per (batch, head) pair (the "lpt" order's 1-D grid)
+  int lpt_section;  // (batch, head) pairs per L2 section of the "lpt" order
 };
 
 namespace sm90tma {
 
-template <int HDIM>
+// The tuning variants (VAR): what each one changes.
+template <int VAR>
+struct Var {
+  static_assert(VAR >= 0 && VAR <= 5, "variant 0..5");
+  static constexpr bool kPersist = VAR == 5;
+  static constexpr bool kLpt = VAR == 1 || VAR == 4 || kPersist;
+  static constexpr int kExtraStages = VAR == 2 ? 1 : 0;
+  static constexpr int kConsumers = (VAR == 3 || VAR == 4) ? 3 : 2;
+};
+
+template <int HDIM, int VAR = 0>
 struct Cfg {
   static_assert(HDIM == 64 || HDIM == 128, "head dim 64 or 128");
-  static constexpr int kBlockM = 128;
+  static constexpr int kConsumers = Var<VAR>::kConsumers;  // consumer warpgroups, 64 rows each
+  static_assert(kConsumers == 2 || HDIM == 64, "three consumer warpgroups only at head dim 64");
+  static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = 128;
-  static constexpr int kThreads = 384;
-  static constexpr int kHalves = HDIM / 64;            // 64-column, 128-byte-row halves
-  static constexpr int kHalfBytes = 128 * 128;         // [128 rows][64] 16-bit
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kHalves = HDIM / 64;             // 64-column, 128-byte-row halves
+  static constexpr int kHalfBytes = 128 * 128;          // K/V: [128 rows][64] 16-bit
   static constexpr int kTileBytes = kHalves * kHalfBytes;
-  static constexpr int kStages = HDIM == 128 ? 2 : 3;  // K/V ring depth
-  static constexpr int kBarOffset = (1 + 2 * kStages) * kTileBytes;
-  static constexpr int kNumBars = 1 + 4 * kStages;
+  static constexpr int kQHalfBytes = kBlockM * 128;     // Q (and O staging): [kBlockM rows][64]
+  static constexpr int kQBytes = kHalves * kQHalfBytes;
+  static constexpr int kStages = (HDIM == 128 ? 2 : 3) + Var<VAR>::kExtraStages;  // K/V ring
+  static constexpr int kQBufs = Var<VAR>::kPersist ? 2 : 1;
+  static constexpr int kBarOffset = kQBufs * kQBytes + 2 * kStages * kTileBytes;
+  static constexpr int kNumBars = 2 * kQBufs + 4 * kStages;
   static constexpr int kSmemBytes = kBarOffset + 8 * kNumBars + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 232448, "more shared memory than an sm_90 CTA can have");
+  static_assert(kQHalfBytes % 1024 == 0, "Q halves must stay 1024-byte aligned (128B swizzle)");
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // All 65536 registers: 128 x 24 for the producer warpgroup, the rest for the consumers
+  // (a multiple of 8).
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
 };
+
+// The (batch, head) pairs per L2 section of the "lpt" order: as many as fit their K and V in
+// 32 MiB (at least 1), rounded down to a power of 2 (FlashAttention-3's rule), times the GQA
+// ratio (query heads of one K/V head share it).
+inline int lpt_section(int seqlen_k, int hdim, int head_ratio) {
+  const int64_t per_pair = static_cast<int64_t>(seqlen_k) * hdim * 2 * 2;  // K and V, 16-bit
+  const int64_t l2 = int64_t{32} << 20;
+  int s = 1;
+  while (per_pair > 0 && static_cast<int64_t>(s) * 2 * per_pair <= l2 && s < (1 << 20)) s *= 2;
+  return s * (head_ratio > 0 ? head_ratio : 1);
+}
 
 #if defined(KFORGE_FMHA_HAS_SM90_BODY)
 
@@ -118,18 +168,22 @@ __device__ __forceinline__ void wgmma_wait1() {
 
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 
-template <typename T, int HDIM, bool CAUSAL, int MODE>
-__global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
+__global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     fmha_fwd_sm90_tma_kernel(const __grid_constant__ FwdParams p,
                              const __grid_constant__ TmaMaps maps) {
 #if defined(KFORGE_FMHA_HAS_SM90_BODY)
   using namespace detail;
   using namespace sm90;
-  using C = Cfg<HDIM>;
+  using C = Cfg<HDIM, VAR>;
   constexpr int kStages = C::kStages;
   constexpr int kHalves = C::kHalves;
   constexpr bool kOverlap = MODE >= 1;
   constexpr bool kPingPong = MODE >= 2;
+  static_assert(!kPingPong || C::kConsumers == 2, "ping-pong takes two consumer warpgroups");
+  constexpr bool kPersist = Var<VAR>::kPersist;
+  static_assert(!kPersist || MODE == 1, "the persistent variant is of mode 1");
+  constexpr int kQBufs = C::kQBufs;
   constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -137,33 +191,66 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
   const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
   unsigned char* base = smem_raw + pad;
   const uint32_t sQ = raw_addr + pad;
-  const uint32_t sK = sQ + C::kTileBytes;             // kStages buffers
+  const uint32_t sK = sQ + kQBufs * C::kQBytes;     // kStages buffers
   const uint32_t sV = sK + kStages * C::kTileBytes;  // kStages buffers
   const uint32_t bars = sQ + C::kBarOffset;
-  const uint32_t q_full = bars;
-  auto k_full = [&](int s) { return bars + 8u * (1 + s); };
-  auto k_empty = [&](int s) { return bars + 8u * (1 + kStages + s); };
-  auto v_full = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
-  auto v_empty = [&](int s) { return bars + 8u * (1 + 3 * kStages + s); };
+  auto q_full = [&](int j) { return bars + 8u * j; };
+  auto q_empty = [&](int j) { return bars + 8u * (kQBufs + j); };  // persistent variant only
+  const uint32_t ring = bars + 8u * 2 * kQBufs;
+  auto k_full = [&](int s) { return ring + 8u * s; };
+  auto k_empty = [&](int s) { return ring + 8u * (kStages + s); };
+  auto v_full = [&](int s) { return ring + 8u * (2 * kStages + s); };
+  auto v_empty = [&](int s) { return ring + 8u * (3 * kStages + s); };
 
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
-  const int head = blockIdx.y;
-  const int b = blockIdx.z;
+  // The tile (m block, head, batch) of linear tile index lin.
+  auto coords = [&](int lin, int& m_block, int& head, int& b) {
+    if constexpr (Var<VAR>::kLpt) {
+      // Section after section of lpt_section (batch, head) pairs; inside a section, m blocks
+      // from the last (heaviest when causal) to the first, all pairs of the section at each.
+      const int mb = maps.m_blocks;
+      const int pairs = p.num_heads * p.batch;
+      const int per_sec = maps.lpt_section * mb;
+      const int sec = lin / per_sec;
+      const int first = sec * maps.lpt_section;
+      const int in_sec = min(maps.lpt_section, pairs - first);
+      const int r = lin - sec * per_sec;
+      m_block = mb - 1 - r / in_sec;
+      const int hb = first + r % in_sec;
+      head = hb % p.num_heads;
+      b = hb / p.num_heads;
+    } else {
+      m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
+      head = blockIdx.y;
+      b = blockIdx.z;
+    }
+  };
+  // Tiles of this CTA: blockIdx.x alone, or (persistent) blockIdx.x, + gridDim.x, ...
+  const int total_tiles = kPersist ? maps.m_blocks * p.num_heads * p.batch : 1;
+  const int tile_stride = kPersist ? static_cast<int>(gridDim.x) : 1;
+  const int first_tile = kPersist ? static_cast<int>(blockIdx.x) : 0;
+  auto tile_lin = [&](int ti) { return kPersist ? ti : static_cast<int>(blockIdx.x); };
   const int tid = threadIdx.x;
   const int wg = tid / 128;
 
-  TileSetup<T> tile;
-  if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) return;
-  const int sq = tile.sq, sk = tile.sk, row0 = tile.row0, n_blocks = tile.n_blocks;
+  if constexpr (!kPersist) {  // a CTA with nothing to do leaves before any barrier
+    int m_block, head, b;
+    coords(tile_lin(0), m_block, head, b);
+    TileSetup<T> tile;
+    if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) return;
+  }
 
   if (tid == 0) {
-    mbar_init(q_full, 1);
+#pragma unroll
+    for (int j = 0; j < kQBufs; ++j) {
+      mbar_init(q_full(j), 1);
+      mbar_init(q_empty(j), 4 * C::kConsumers);  // one arrival per consumer warp
+    }
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), 8);  // one arrival per consumer warp
-      mbar_init(v_empty(s), 8);
+      mbar_init(k_empty(s), 4 * C::kConsumers);  // one arrival per consumer warp
+      mbar_init(v_empty(s), 4 * C::kConsumers);
     }
     fence_mbar_init();
   }
@@ -176,30 +263,45 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
       prefetch_map(&maps.q);
       prefetch_map(&maps.k);
       prefetch_map(&maps.v);
-      const int kv_head = head / p.head_ratio;
-      mbar_expect_tx(q_full, C::kTileBytes);
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
-        tma_load_4d(sQ + h * C::kHalfBytes, &maps.q, 64 * h, row0, head, b, q_full);
-      }
-      for (int i = 0; i < n_blocks; ++i) {
-        const int n = n_blocks - 1 - i;  // key tiles run from the last to the first
-        const int s = i % kStages;
-        const uint32_t empty_parity = ((i / kStages) + 1) & 1;
-        if (i >= kStages) mbar_wait(k_empty(s), empty_parity);
-        mbar_expect_tx(k_full(s), C::kTileBytes);
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h) {
-          tma_load_4d(sK + s * C::kTileBytes + h * C::kHalfBytes, &maps.k, 64 * h,
-                      n * C::kBlockN, kv_head, b, k_full(s));
-        }
-        if (i >= kStages) mbar_wait(v_empty(s), empty_parity);
-        mbar_expect_tx(v_full(s), C::kTileBytes);
+      int it = 0;  // K/V tiles loaded so far (the ring runs on across tiles)
+      int qi = 0;  // tiles so far (the Q buffer ring)
+      for (int ti = first_tile; ti < total_tiles; ti += tile_stride) {
+        int m_block, head, b;
+        coords(tile_lin(ti), m_block, head, b);
+        TileSetup<T> tile;
+        if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) continue;
+        const int row0 = tile.row0, n_blocks = tile.n_blocks;
+        const int kv_head = head / p.head_ratio;
+        const int qb = qi % kQBufs;
+        if (qi >= kQBufs) mbar_wait(q_empty(qb), ((qi / kQBufs) + 1) & 1);
+        mbar_expect_tx(q_full(qb), C::kQBytes);
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) {
-          tma_load_4d(sV + s * C::kTileBytes + h * C::kHalfBytes, &maps.v, 64 * h,
-                      n * C::kBlockN, kv_head, b, v_full(s));
+          tma_load_4d(sQ + qb * C::kQBytes + h * C::kQHalfBytes, &maps.q, 64 * h, row0, head, b,
+                      q_full(qb));
         }
+        for (int i = 0; i < n_blocks; ++i) {
+          const int n = n_blocks - 1 - i;  // key tiles run from the last to the first
+          const int g = it + i;
+          const int s = g % kStages;
+          const uint32_t empty_parity = ((g / kStages) + 1) & 1;
+          if (g >= kStages) mbar_wait(k_empty(s), empty_parity);
+          mbar_expect_tx(k_full(s), C::kTileBytes);
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) {
+            tma_load_4d(sK + s * C::kTileBytes + h * C::kHalfBytes, &maps.k, 64 * h,
+                        n * C::kBlockN, kv_head, b, k_full(s));
+          }
+          if (g >= kStages) mbar_wait(v_empty(s), empty_parity);
+          mbar_expect_tx(v_full(s), C::kTileBytes);
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) {
+            tma_load_4d(sV + s * C::kTileBytes + h * C::kHalfBytes, &maps.v, 64 * h,
+                        n * C::kBlockN, kv_head, b, v_full(s));
+          }
+        }
+        it += n_blocks;
+        ++qi;
       }
     }
     return;
@@ -207,7 +309,7 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
 
   // ---- consumers ----
   setmaxnreg_inc<C::kConsumerRegs>();
-  const int cw = wg - 1;  // consumer warpgroup 0 or 1: rows 64 cw .. 64 cw + 63
+  const int cw = wg - 1;  // consumer warpgroup 0 .. kConsumers - 1: rows 64 cw .. 64 cw + 63
   const int warp = (tid % 128) / 32;
   const int lane = tid % 32;
   const int g = lane / 4;
@@ -217,9 +319,23 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
 
   constexpr uint64_t kTileUnits = C::kTileBytes >> 4;
   constexpr uint64_t kHalfUnits = C::kHalfBytes >> 4;
-  const uint64_t q_desc = make_desc(sQ + cw * 64 * 128);
+  constexpr uint64_t kQHalfUnits = C::kQHalfBytes >> 4;
   const uint64_t k_desc = make_desc(sK);
   const uint64_t v_desc = make_desc(sV);
+
+  int it = 0;  // K/V tiles consumed so far (persistent: the ring runs on across tiles)
+  int qi = 0;  // tiles so far
+  for (int ti = first_tile; ti < total_tiles; ti += tile_stride) {
+  int m_block, head, b;
+  coords(tile_lin(ti), m_block, head, b);
+  TileSetup<T> tile;
+  if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) continue;
+  const int sq = tile.sq, sk = tile.sk, row0 = tile.row0, n_blocks = tile.n_blocks;
+  const int it0 = kPersist ? it : 0;  // a constant 0 unless persistent
+  const int qb = kPersist ? qi % kQBufs : 0;
+  const uint32_t q_parity = kPersist ? (qi / kQBufs) & 1 : 0;
+  unsigned char* const qbase = base + qb * C::kQBytes;
+  const uint64_t q_desc = make_desc(sQ + qb * C::kQBytes + cw * 64 * 128);
 
   float o[kHalves][32];
 #pragma unroll
@@ -255,8 +371,9 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HDIM / 16; ++kk) {
-      const uint64_t koff = (kk / 4) * kHalfUnits + (kk % 4) * 2;  // 32 bytes per k16
-      Wgmma<T>::ss(s, q_desc + koff, k_desc + stage * kTileUnits + koff, kk > 0);
+      const uint64_t kin = (kk % 4) * 2;  // 32 bytes per k16 inside a 64-column half
+      Wgmma<T>::ss(s, q_desc + (kk / 4) * kQHalfUnits + kin,
+                   k_desc + stage * kTileUnits + (kk / 4) * kHalfUnits + kin, kk > 0);
     }
     wgmma_commit();
   };
@@ -357,13 +474,13 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
     if (lane == 0) mbar_arrive(bar);
   };
 
-  mbar_wait(q_full, 0);
+  mbar_wait(q_full(qb), q_parity);
 
   if constexpr (!kOverlap) {
     for (int i = 0; i < n_blocks; ++i) {
       const int n = n_blocks - 1 - i;
-      const int st = i % kStages;
-      const uint32_t ph = (i / kStages) & 1;
+      const int st = (it0 + i) % kStages;
+      const uint32_t ph = ((it0 + i) / kStages) & 1;
       mbar_wait(k_full(st), ph);
       qk_issue(st);
       wgmma_wait0();
@@ -385,13 +502,13 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
     // Tile 0: Q K^T alone.
     {
       const int n = n_blocks - 1;
-      mbar_wait(k_full(0), 0);
+      mbar_wait(k_full(it0 % kStages), (it0 / kStages) & 1);
       turn_begin();
-      qk_issue(0);
+      qk_issue(it0 % kStages);
       turn_end();
       wgmma_wait0();
       keep(s);
-      release(k_empty(0));
+      release(k_empty(it0 % kStages));
       if (needs_mask(n)) mask(n);
       float alpha[2];
       if (softmax(alpha)) rescale_o(alpha);  // O is still 0: harmless
@@ -400,10 +517,10 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
     // Tile i: Q K^T(i) and P V(i - 1) in flight together; softmax(i) under P V(i - 1).
     for (int i = 1; i < n_blocks; ++i) {
       const int n = n_blocks - 1 - i;
-      const int st = i % kStages;
-      const uint32_t ph = (i / kStages) & 1;
-      const int pst = (i - 1) % kStages;
-      const uint32_t pph = ((i - 1) / kStages) & 1;
+      const int st = (it0 + i) % kStages;
+      const uint32_t ph = ((it0 + i) / kStages) & 1;
+      const int pst = (it0 + i - 1) % kStages;
+      const uint32_t pph = ((it0 + i - 1) / kStages) & 1;
       mbar_wait(k_full(st), ph);
       mbar_wait(v_full(pst), pph);
       turn_begin();
@@ -433,8 +550,8 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
     }
     // Last tile's P V.
     {
-      const int st = (n_blocks - 1) % kStages;
-      const uint32_t ph = ((n_blocks - 1) / kStages) & 1;
+      const int st = (it0 + n_blocks - 1) % kStages;
+      const uint32_t ph = ((it0 + n_blocks - 1) / kStages) & 1;
       mbar_wait(v_full(st), ph);
       turn_begin();
       pv_issue(st);
@@ -463,7 +580,7 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t v = Mma<T>::pack(o[d][4 * j + 2 * r] * inv, o[d][4 * j + 2 * r + 1] * inv);
-        *reinterpret_cast<uint32_t*>(base + d * C::kHalfBytes + lrow * 128 +
+        *reinterpret_cast<uint32_t*>(qbase + d * C::kQHalfBytes + lrow * 128 +
                                      ((j ^ (lrow & 7)) << 4) + t * 4) = v;
       }
     }
@@ -477,10 +594,20 @@ __global__ void __launch_bounds__(Cfg<HDIM>::kThreads, 1)
     const int c = idx % kChunks;
     if (row0 + lrow < sq) {
       *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
-          *reinterpret_cast<const uint4*>(base + (c >> 3) * C::kHalfBytes + lrow * 128 +
+          *reinterpret_cast<const uint4*>(qbase + (c >> 3) * C::kQHalfBytes + lrow * 128 +
                                           (((c & 7) ^ (lrow & 7)) << 4));
     }
   }
+  if constexpr (kPersist) {
+    // This warp's staging reads of the Q buffer are done: let the producer's TMA refill it
+    // (generic-proxy accesses ordered before the async-proxy write).
+    fence_proxy_async();
+    __syncwarp();
+    release(q_empty(qb));
+  }
+  it += n_blocks;
+  ++qi;
+  }  // tiles
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 }
 
@@ -510,11 +637,11 @@ inline EncodeTiledFn encode_tiled() {
   return fn;
 }
 
-// A {hdim, rows, heads, batch} tensor map with a {64, 128, 1, 1} box and 128-byte swizzle. A
+// A {hdim, rows, heads, batch} tensor map with a {64, box_rows, 1, 1} box and 128-byte swizzle. A
 // size-1 dimension gets a harmless stride (its own may be 0). False when the driver refuses it.
 template <typename T, int HDIM>
 bool encode(CUtensorMap* map, const void* ptr, int rows, int heads, int batch, int64_t row_stride,
-            int64_t head_stride, int64_t batch_stride) {
+            int64_t head_stride, int64_t batch_stride, int box_rows) {
   const EncodeTiledFn fn = encode_tiled();
   if (fn == nullptr || rows < 1 || heads < 1 || batch < 1) return false;
   constexpr int64_t kElem = 2;
@@ -529,7 +656,7 @@ bool encode(CUtensorMap* map, const void* ptr, int rows, int heads, int batch, i
   }
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(st[0]), static_cast<cuuint64_t>(st[1]),
                                  static_cast<cuuint64_t>(st[2])};
-  const cuuint32_t box[4] = {64, 128, 1, 1};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dt = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -541,7 +668,7 @@ bool encode(CUtensorMap* map, const void* ptr, int rows, int heads, int batch, i
 }  // namespace tma_host
 
 // True when this library's code for the current device holds the sm_90a body of the TMA kernel.
-template <typename T, int HDIM, bool CAUSAL, int MODE>
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
 bool sm90_tma_available() {
   static int state[64] = {};  // 0: unknown, 1: yes, 2: no
   int dev = 0;
@@ -552,7 +679,8 @@ bool sm90_tma_available() {
   }
   cudaFuncAttributes attr;
   const bool yes =
-      cudaFuncGetAttributes(&attr, sm90tma::fmha_fwd_sm90_tma_kernel<T, HDIM, CAUSAL, MODE>) ==
+      cudaFuncGetAttributes(&attr,
+                            sm90tma::fmha_fwd_sm90_tma_kernel<T, HDIM, CAUSAL, MODE, VAR>) ==
           cudaSuccess &&
       attr.binaryVersion == 90 && tma_host::encode_tiled() != nullptr;
   if (!yes) cudaGetLastError();
@@ -563,23 +691,29 @@ bool sm90_tma_available() {
 // Launches the TMA kernel and returns its launch status, or returns cudaErrorNotSupported
 // without launching anything when this call cannot take the TMA path (varlen, or tensor maps
 // the driver refuses); the caller then runs another kernel.
-template <typename T, int HDIM, bool CAUSAL, int MODE>
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
 cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
-  using C = sm90tma::Cfg<HDIM>;
+  using C = sm90tma::Cfg<HDIM, VAR>;
   if (params.cu_seqlens_q != nullptr || params.cu_seqlens_k != nullptr) return cudaErrorNotSupported;
   TmaMaps maps;
   if (!tma_host::encode<T, HDIM>(&maps.q, params.q, params.seqlen_q, params.num_heads,
                                  params.batch, params.q_row_stride, params.q_head_stride,
-                                 params.q_batch_stride) ||
+                                 params.q_batch_stride, C::kBlockM) ||
       !tma_host::encode<T, HDIM>(&maps.k, params.k, params.seqlen_k, params.num_heads_k,
                                  params.batch, params.k_row_stride, params.k_head_stride,
-                                 params.k_batch_stride) ||
+                                 params.k_batch_stride, C::kBlockN) ||
       !tma_host::encode<T, HDIM>(&maps.v, params.v, params.seqlen_k, params.num_heads_k,
                                  params.batch, params.v_row_stride, params.v_head_stride,
-                                 params.v_batch_stride)) {
+                                 params.v_batch_stride, C::kBlockN)) {
     return cudaErrorNotSupported;
   }
-  auto kernel = sm90tma::fmha_fwd_sm90_tma_kernel<T, HDIM, CAUSAL, MODE>;
+  const int m_blocks = (params.seqlen_q + C::kBlockM - 1) / C::kBlockM;
+  maps.m_blocks = m_blocks;
+  maps.lpt_section = std::min(params.lpt_section > 0
+                                  ? params.lpt_section
+                                  : sm90tma::lpt_section(params.seqlen_k, HDIM, params.head_ratio),
+                              params.num_heads * params.batch);
+  auto kernel = sm90tma::fmha_fwd_sm90_tma_kernel<T, HDIM, CAUSAL, MODE, VAR>;
   static int configured[64] = {};
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
@@ -589,21 +723,43 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
   }
-  const dim3 grid((params.seqlen_q + C::kBlockM - 1) / C::kBlockM, params.num_heads, params.batch);
+  dim3 grid(m_blocks, params.num_heads, params.batch);
+  if (sm90tma::Var<VAR>::kLpt) {
+    const int64_t ctas = static_cast<int64_t>(m_blocks) * params.num_heads * params.batch;
+    if (ctas > 0x7fffffff) return cudaErrorNotSupported;  // the base order's grid takes it
+    grid = dim3(static_cast<unsigned>(ctas), 1, 1);
+    if (sm90tma::Var<VAR>::kPersist) {  // one CTA per SM (at most one fits), striding the tiles
+      int sms = 0;
+      err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      if (err != cudaSuccess) return err;
+      grid.x = static_cast<unsigned>(std::min<int64_t>(ctas, sms > 0 ? sms : 1));
+    }
+  }
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(params, maps);
   return cudaGetLastError();
 }
 
 }  // namespace kforge_fmha
 
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, MODE)                                 \
-  template bool kforge_fmha::sm90_tma_available<T, HDIM, false, MODE>();                     \
-  template bool kforge_fmha::sm90_tma_available<T, HDIM, true, MODE>();                      \
-  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE>(               \
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, MODE, VAR)                             \
+  template bool kforge_fmha::sm90_tma_available<T, HDIM, false, MODE, VAR>();                \
+  template bool kforge_fmha::sm90_tma_available<T, HDIM, true, MODE, VAR>();                 \
+  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE, VAR>(          \
       const kforge_fmha::FwdParams&, cudaStream_t);                                          \
-  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE>(                \
+  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE, VAR>(           \
       const kforge_fmha::FwdParams&, cudaStream_t);
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, HDIM)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, 0) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, 1) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_MODE(T, HDIM, 2)
+// Every (MODE, VAR) pair that fmha_api.cpp dispatches to (its kTmaKernels table): the three
+// modes, then the tuning variants of mode 1 (lpt, stages) and ping-pong + lpt; at head dim 64
+// also the three-consumer-warpgroup variants.
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, HDIM)     \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 0, 0) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 0) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 0) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 1) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 1) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 2) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 5)
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM64(T)    \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 64)             \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 3)   \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 4)

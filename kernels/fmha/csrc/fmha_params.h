@@ -33,6 +33,7 @@ struct FwdParams {
   int num_heads;
   int num_heads_k;
   int head_ratio;  // num_heads / num_heads_k
+  int lpt_section;  // (batch, head) pairs per section of the TMA "lpt" order; 0: its L2 rule
 
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e)
@@ -50,12 +51,14 @@ template <typename T, bool CAUSAL>
 cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 
 // The sm_90a TMA + warp-specialised kernel, fmha_fwd_sm90_tma.cuh (head dims 64 and 128).
-// MODE 0: no overlap, 1: intra-warpgroup overlap, 2: overlap + ping-pong. launch_fwd_sm90_tma
+// MODE 0: no overlap, 1: intra-warpgroup overlap, 2: overlap + ping-pong. VAR (a tuning
+// variant, sm90tma::Var): 0 base, 1 longest-first L2-section tile order, 2 one more K/V stage,
+// 3 three consumer warpgroups (192-row CTAs, hdim 64 only), 4 = 3 + 1. launch_fwd_sm90_tma
 // returns cudaErrorNotSupported, launching nothing, for a call it cannot take (varlen, or
 // strides the tensor maps cannot describe). Defined in fmha_fwd_{fp16,bf16}_hdim{64,128}.cu.
-template <typename T, int HDIM, bool CAUSAL, int MODE>
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
 bool sm90_tma_available();
-template <typename T, int HDIM, bool CAUSAL, int MODE>
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
 cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream);
 
 }  // namespace kforge_fmha

@@ -4,8 +4,13 @@ It models the producer thread, the two consumer warpgroups (four warp arrivals e
 completions (in any order, at any time), the full/empty mbarriers of the K/V ring (phase parity
 waits), and, in mode 2, the ping-pong named barriers 4 and 5. For every mode, ring depth and
 tile count it checks that nothing deadlocks, that a consumer only reads a buffer that holds the
-tile it expects (no TMA write in flight), and that the named barriers end balanced. It checks
-the protocol as written here, not the CUDA code: keep the two in step when either changes.
+tile it expects (no TMA write in flight), and that the named barriers end balanced. The
+persistent variant (VAR 5, mode 1) is modelled too: one CTA walks several query tiles of
+different key-tile counts (0 included), Q has two buffers with full and empty mbarriers, the
+K/V ring's index runs on across tiles, and the O epilogue stages through the tile's Q buffer
+(so no TMA write of the next-but-one Q may land there before every consumer warp is done).
+It checks the protocol as written here, not the CUDA code: keep the two in step when either
+changes.
 
     python kernels/fmha/scripts/tma_protocol_model.py      # prints "ok" or raises
 """
@@ -44,9 +49,16 @@ class MBarrier:
         return (self.phase & 1) != parity
 
 
-def run(n_blocks: int, stages: int, mode: int, seed: int) -> None:
+def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | None = None) -> None:
+    """One CTA: a single query tile of n_blocks key tiles, or (persistent, mode 1) `tiles`."""
     rng = random.Random(seed)
-    q_full = MBarrier(1)
+    tiles = [n_blocks] if tiles is None else tiles
+    persistent = len(tiles) > 1
+    assert not persistent or mode == 1, "the persistent variant is of mode 1"
+    qbufs = 2 if persistent else 1
+    q_full = [MBarrier(1) for _ in range(qbufs)]
+    q_empty = [MBarrier(8) for _ in range(qbufs)]
+    q_buf: list = [None] * qbufs
     k_full = [MBarrier(1) for _ in range(stages)]
     v_full = [MBarrier(1) for _ in range(stages)]
     k_empty = [MBarrier(8) for _ in range(stages)]
@@ -57,18 +69,27 @@ def run(n_blocks: int, stages: int, mode: int, seed: int) -> None:
     named = {4: {"count": 0, "gen": 0, "arrived": False}, 5: {"count": 0, "gen": 0, "arrived": False}}
 
     def producer():
-        q_full.expect_tx(1)
-        inflight.append((q_full, None, 0, "q"))
-        for i in range(n_blocks):
-            s, parity = i % stages, ((i // stages) + 1) & 1
-            for full, empty, buf in ((k_full, k_empty, k_buf), (v_full, v_empty, v_buf)):
-                if i >= stages:
-                    while not empty[s].passed(parity):
-                        yield
-                buf[s] = "being written"
-                full[s].expect_tx(1)
-                inflight.append((full[s], buf, s, i))
-                yield
+        it = 0
+        for qi, nb in enumerate(tiles):
+            qb = qi % qbufs
+            if qi >= qbufs:
+                while not q_empty[qb].passed(((qi // qbufs) + 1) & 1):
+                    yield
+            q_buf[qb] = "being written"
+            q_full[qb].expect_tx(1)
+            inflight.append((q_full[qb], q_buf, qb, qi))
+            for i in range(nb):
+                g = it + i
+                s, parity = g % stages, ((g // stages) + 1) & 1
+                for full, empty, buf in ((k_full, k_empty, k_buf), (v_full, v_empty, v_buf)):
+                    if g >= stages:
+                        while not empty[s].passed(parity):
+                            yield
+                    buf[s] = "being written"
+                    full[s].expect_tx(1)
+                    inflight.append((full[s], buf, s, g))
+                    yield
+            it += nb
 
     def bar_arrive(bid: int) -> None:  # bar.arrive bid, 256 by one warpgroup
         b = named[bid]
@@ -88,8 +109,15 @@ def run(n_blocks: int, stages: int, mode: int, seed: int) -> None:
             yield
 
     def consumer(cw: int):
+        it = 0
+        for qi, nb in enumerate(tiles):
+            yield from consumer_tile(cw, qi, nb, it)
+            it += nb
+
+    def consumer_tile(cw: int, qi: int, n_blocks: int, it0: int):
         ping_pong, overlap = mode >= 2, mode >= 1
         turns = [n_blocks + 1]
+        qb = qi % qbufs
 
         def turn_begin():
             if ping_pong:
@@ -105,18 +133,32 @@ def run(n_blocks: int, stages: int, mode: int, seed: int) -> None:
             for _ in range(4):
                 bar.arrive()
 
-        def read(buf: list, i: int) -> None:
-            assert buf[i % stages] == i, f"stage {i % stages} holds {buf[i % stages]!r}, not tile {i}"
+        def read(buf: list, i: int) -> None:  # i: the tile's own key-tile index
+            g = it0 + i
+            assert buf[g % stages] == g, f"stage {g % stages} holds {buf[g % stages]!r}, not tile {g}"
+
+        def read_q() -> None:
+            assert q_buf[qb] == qi, f"Q buffer {qb} holds {q_buf[qb]!r}, not query tile {qi}"
+
+        def epilogue():
+            # O staged through this tile's Q buffer, then (persistent) handed back to the producer.
+            read_q()
+            yield
+            read_q()
+            if persistent:
+                release(q_empty[qb])
 
         if ping_pong and cw == 1 and n_blocks > 0:
             bar_arrive(4)
-        while not q_full.passed(0):
+        while not q_full[qb].passed((qi // qbufs) & 1):
             yield
         if not overlap:
             for i in range(n_blocks):
-                s, ph = i % stages, (i // stages) & 1
+                g = it0 + i
+                s, ph = g % stages, (g // stages) & 1
                 while not k_full[s].passed(ph):
                     yield
+                read_q()
                 read(k_buf, i)
                 yield
                 read(k_buf, i)
@@ -127,25 +169,31 @@ def run(n_blocks: int, stages: int, mode: int, seed: int) -> None:
                 yield
                 read(v_buf, i)
                 release(v_empty[s])
+            yield from epilogue()
             return
         if n_blocks == 0:
+            yield from epilogue()
             return
-        while not k_full[0].passed(0):
+        s0, ph0 = it0 % stages, (it0 // stages) & 1
+        while not k_full[s0].passed(ph0):
             yield
         yield from turn_begin()
+        read_q()
         read(k_buf, 0)
         turn_end()
         yield
         read(k_buf, 0)
-        release(k_empty[0])
+        release(k_empty[s0])
         for i in range(1, n_blocks):
-            s, ph = i % stages, (i // stages) & 1
-            ps, pph = (i - 1) % stages, ((i - 1) // stages) & 1
+            g = it0 + i
+            s, ph = g % stages, (g // stages) & 1
+            ps, pph = (g - 1) % stages, ((g - 1) // stages) & 1
             while not k_full[s].passed(ph):
                 yield
             while not v_full[ps].passed(pph):
                 yield
             yield from turn_begin()
+            read_q()
             read(k_buf, i)
             read(v_buf, i - 1)
             turn_end()
@@ -155,7 +203,8 @@ def run(n_blocks: int, stages: int, mode: int, seed: int) -> None:
             yield
             read(v_buf, i - 1)
             release(v_empty[ps])
-        s, ph = (n_blocks - 1) % stages, ((n_blocks - 1) // stages) & 1
+        g = it0 + n_blocks - 1
+        s, ph = g % stages, (g // stages) & 1
         while not v_full[s].passed(ph):
             yield
         yield from turn_begin()
@@ -164,6 +213,7 @@ def run(n_blocks: int, stages: int, mode: int, seed: int) -> None:
         yield
         read(v_buf, n_blocks - 1)
         release(v_empty[s])
+        yield from epilogue()
 
     actors = {"producer": producer(), "consumer0": consumer(0), "consumer1": consumer(1)}
     for _step in range(200_000):
@@ -181,7 +231,7 @@ def run(n_blocks: int, stages: int, mode: int, seed: int) -> None:
             except StopIteration:
                 del actors[choice]
     else:
-        raise AssertionError(f"deadlock: n_blocks={n_blocks} stages={stages} mode={mode} "
+        raise AssertionError(f"deadlock: tiles={tiles} stages={stages} mode={mode} "
                              f"seed={seed}, still waiting: {sorted(actors)}")
     for bid, b in named.items():
         assert b["count"] == 0, f"named barrier {bid} left with {b['count']} arrivals"
@@ -193,6 +243,12 @@ def main() -> int:
             for n_blocks in range(0, 10):
                 for seed in range(50):
                     run(n_blocks, stages, mode, seed)
+    # The persistent variant: several query tiles per CTA, with 0..6 key tiles each.
+    for stages in (2, 3, 4):
+        for seed in range(300):
+            rng = random.Random(1000 + seed)
+            tiles = [rng.randrange(0, 7) for _ in range(rng.randrange(2, 7))]
+            run(0, stages, 1, seed, tiles=tiles)
     print("ok")
     return 0
 

@@ -20,8 +20,20 @@ except ImportError as exc:  # exit 3, like any other error that is not a wrong a
     print(f"tma_smoke.py needs torch: {exc}", file=sys.stderr)
     sys.exit(3)
 
-EXPECTED = {"wgmma": None, "tma-basic": "sm90_tma_basic", "tma-overlap": "sm90_tma_overlap",
-            "tma": "sm90_tma"}
+# The kernel each path must run, by head dim (fmha_api.cpp's kTmaKernels; None: not checked).
+EXPECTED = {
+    "wgmma": {64: None, 128: None},
+    "default": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap"},
+    "tma-basic": {64: "sm90_tma_basic", 128: "sm90_tma_basic"},
+    "tma-overlap": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap"},
+    "tma": {64: "sm90_tma", 128: "sm90_tma"},
+    "tma-lpt": {64: "sm90_tma_overlap_lpt", 128: "sm90_tma_overlap_lpt"},
+    "tma-pp-lpt": {64: "sm90_tma_lpt", 128: "sm90_tma_lpt"},
+    "tma-stages": {64: "sm90_tma_overlap_stages", 128: "sm90_tma_overlap_stages"},
+    "tma-m192": {64: "sm90_tma_overlap_m192", 128: "sm90_tma_overlap"},
+    "tma-m192-lpt": {64: "sm90_tma_overlap_m192_lpt", 128: "sm90_tma_overlap_lpt"},
+    "tma-persist": {64: "sm90_tma_overlap_persist", 128: "sm90_tma_overlap_persist"},
+}
 TOL = {torch.float16: 1e-2, torch.bfloat16: 6e-2}  # the absolute caps of tests/test_gpu.py
 
 
@@ -51,7 +63,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     bad = 0
     cases = [(1, 300, 300, 4, 4), (2, 1000, 1000, 4, 2), (1, 4097, 4097, 2, 2), (1, 64, 700, 2, 1),
-             (1, 700, 300, 2, 2), (1, 1, 1, 2, 2)]
+             (1, 700, 300, 2, 2), (1, 1, 1, 2, 2), (3, 700, 700, 5, 5),
+             (4, 2100, 2100, 8, 8)]
     for dtype in (torch.bfloat16, torch.float16):
         for head_dim in (128, 64):
             for causal in (False, True):
@@ -71,11 +84,11 @@ def main(argv=None) -> int:
                     err = (out.float() - ref).abs().max().item()
                     seen = torch.isfinite(ref_lse)
                     lse_err = (lse - ref_lse)[seen].abs().max().item() if seen.any() else 0.0
-                    want = EXPECTED[args.path]
+                    want = EXPECTED[args.path][head_dim]
                     ok = (err <= TOL[dtype] and lse_err < 2e-3 and (want is None or ran == want)
                           and bool((out[~seen.transpose(1, 2)] == 0).all()))
                     bad += not ok
-                    print(f"{'ok ' if ok else 'BAD'} {args.path:11s} {ran:16s} {str(dtype)[6:]:8s} "
+                    print(f"{'ok ' if ok else 'BAD'} {args.path:12s} {ran:25s} {str(dtype)[6:]:8s} "
                           f"d={head_dim:3d} causal={int(causal)} b={batch} sq={sq:5d} sk={sk:5d} "
                           f"h={h}/{hk} max|err|={err:.2e} lse_err={lse_err:.1e}", flush=True)
     print(f"{args.path}: {'PASS' if not bad else f'FAIL ({bad} bad cases)'}")

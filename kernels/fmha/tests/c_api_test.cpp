@@ -62,6 +62,10 @@ int main() {
   expect("KFORGE_FMHA_SM90_PATH=tmaa", kforge_fmha_fwd(bf16, 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
          KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "KFORGE_FMHA_SM90_PATH is 'tmaa'");
   unsetenv("KFORGE_FMHA_SM90_PATH");
+  setenv("KFORGE_FMHA_LPT_SECTION", "3x", 1);
+  expect("KFORGE_FMHA_LPT_SECTION=3x", kforge_fmha_fwd(bf16, 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "KFORGE_FMHA_LPT_SECTION is '3x'");
+  unsetenv("KFORGE_FMHA_LPT_SECTION");
 #endif
   expect("varlen without cu_seqlens_k", kforge_fmha_varlen_fwd(bf16, 64, q, s2, k, s2, v, s2, o, s2, nullptr, 0, cu, nullptr, 2, 128, 128, 8, 8, 0.125f, 1, nullptr),
          KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "cu_seqlens_k");

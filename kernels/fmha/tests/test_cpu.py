@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -305,3 +306,14 @@ def test_c_api_validation_errors_have_text() -> None:
     status = lib.kforge_fmha_fwd(1, 80, fake, s, fake, s, fake, s, fake, s, None, None,
                                  2, 128, 128, 8, 8, 0.125, 0, None)
     assert status == 2 and b"head_dim 80" in lib.kforge_fmha_last_error()
+
+
+# --- the TMA kernel's barrier protocol (a model, no GPU) -------------------------------------
+
+
+def test_tma_barrier_protocol_model_finds_no_deadlock_or_overwrite() -> None:
+    """scripts/tma_protocol_model.py: the mbarrier rings of every mode, and the persistent
+    variant's Q double buffer and cross-tile K/V ring, under random interleavings."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "tma_protocol_model.py"
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr

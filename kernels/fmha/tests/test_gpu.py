@@ -3,11 +3,13 @@ torch.nn.functional.scaled_dot_product_attention computed in fp32, and the failu
 hit on a GPU machine.
 
 Kernel paths: on an H100/H200 with a 90a build, the accuracy tests run once per sm_90a path
-(KFORGE_FMHA_SM90_PATH = wgmma, tma-basic, tma-overlap, tma; see kforge_fmha.last_kernel) and
-check that the kernel that ran is the one the path asks for (or, for calls a TMA path cannot
-take, the documented fallback). Elsewhere only the default path runs; the TMA paths are skipped
-with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma (a comma list) limits the paths; the others
-are skipped with the reason.
+(KFORGE_FMHA_SM90_PATH unset ("default", which is tma-overlap), wgmma, tma-basic, tma-overlap,
+tma and the tuning variants tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt,
+tma-persist; see
+kforge_fmha.last_kernel) and check that the kernel that ran is the one the path asks for (or,
+for calls a TMA path cannot take, the documented fallback). Elsewhere only the default path
+runs; the other paths are skipped with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma (a comma
+list) limits the paths; the others are skipped with the reason.
 
 Tolerance: the fp32 reference gets the same (rounded) fp16/bf16 inputs. Our error must be at
 most twice the error of torch's own fp16/bf16 SDPA against that reference (with a small floor
@@ -75,8 +77,22 @@ def assert_close(out, ref, lowp, dtype, what: str) -> None:
         f"{what}: max |out - ref| = {err:.3g} > tol {tol:.3g} (torch {dtype} SDPA error {torch_err:.3g})")
 
 
-ALL_PATHS = ["wgmma", "tma-basic", "tma-overlap", "tma"]
-TMA_KERNEL = {"tma": "sm90_tma", "tma-overlap": "sm90_tma_overlap", "tma-basic": "sm90_tma_basic"}
+ALL_PATHS = ["default", "wgmma", "tma-basic", "tma-overlap", "tma", "tma-lpt", "tma-pp-lpt",
+             "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist"]
+# The kernel each TMA path runs (kforge_fmha.last_kernel), by head dim (fmha_api.cpp's
+# kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only.
+TMA_KERNEL = {
+    "default": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap"},
+    "tma-basic": {64: "sm90_tma_basic", 128: "sm90_tma_basic"},
+    "tma-overlap": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap"},
+    "tma": {64: "sm90_tma", 128: "sm90_tma"},
+    "tma-lpt": {64: "sm90_tma_overlap_lpt", 128: "sm90_tma_overlap_lpt"},
+    "tma-pp-lpt": {64: "sm90_tma_lpt", 128: "sm90_tma_lpt"},
+    "tma-stages": {64: "sm90_tma_overlap_stages", 128: "sm90_tma_overlap_stages"},
+    "tma-m192": {64: "sm90_tma_overlap_m192", 128: "sm90_tma_overlap"},
+    "tma-m192-lpt": {64: "sm90_tma_overlap_m192_lpt", 128: "sm90_tma_overlap_lpt"},
+    "tma-persist": {64: "sm90_tma_overlap_persist", 128: "sm90_tma_overlap_persist"},
+}
 
 
 def _chosen_paths() -> list[str]:
@@ -91,14 +107,18 @@ def _hopper_90a() -> bool:
 
 @pytest.fixture(params=ALL_PATHS)
 def sm90_path(request, monkeypatch) -> str:
-    """Runs the test with KFORGE_FMHA_SM90_PATH set (TMA paths only where they can run)."""
+    """Runs the test with KFORGE_FMHA_SM90_PATH set, or unset for "default" (the non-default
+    paths only where they can run)."""
     path = request.param
     if path not in _chosen_paths():
         pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
-    if path != "wgmma" and not _hopper_90a():
+    if path not in ("default", "wgmma") and not _hopper_90a():
         pytest.skip(f"the {path} path needs an sm_90 GPU (this is "
                     f"{torch.cuda.get_device_name()}) and a 90a build (built: {kforge_fmha.built_archs()})")
-    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
+    if path == "default":
+        monkeypatch.delenv("KFORGE_FMHA_SM90_PATH", raising=False)
+    else:
+        monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
     return path
 
 
@@ -107,8 +127,8 @@ def expected_kernel(path: str, head_dim: int, varlen: bool = False) -> str:
     if not _hopper_90a() or os.environ.get("KFORGE_FMHA_SM90") == "0":
         return "mma_sync"
     if path != "wgmma" and not varlen:
-        return TMA_KERNEL[path]
-    return "sm90_wgmma" if head_dim == 128 else "mma_sync"  # the default (and the TMA fallback)
+        return TMA_KERNEL[path][head_dim]
+    return "sm90_wgmma" if head_dim == 128 else "mma_sync"  # the wgmma path and the TMA fallback
 
 
 def check_kernel(path: str, head_dim: int, varlen: bool = False) -> None:
@@ -387,10 +407,11 @@ def test_unknown_sm90_path_is_refused(monkeypatch) -> None:
         kforge_fmha.fmha_fwd(q, q, q)
 
 
-def test_one_process_switches_paths_between_calls(monkeypatch) -> None:
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_one_process_switches_paths_between_calls(monkeypatch, head_dim) -> None:
     if not _hopper_90a():
         pytest.skip("needs an sm_90 GPU and a 90a build to have more than one path")
-    q, k, v = (rand(2, 1000, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (rand(2, 1000, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
     paths = _chosen_paths()
     if "wgmma" not in paths or len(paths) < 2:
         pytest.skip(f"KFORGE_FMHA_TEST_PATHS leaves {paths}: nothing to compare with wgmma")
@@ -398,6 +419,60 @@ def test_one_process_switches_paths_between_calls(monkeypatch) -> None:
     for path in paths:
         monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
         outs[path] = kforge_fmha.fmha_fwd(q, k, v, causal=True)
-        check_kernel(path, 128)
-    for path in paths[1:]:  # same inputs, different kernels: agree to within rounding
-        torch.testing.assert_close(outs[path], outs["wgmma"], atol=2e-2, rtol=0)
+        check_kernel(path, head_dim)
+    for path in paths:  # same inputs, different kernels: agree to within rounding
+        if path != "wgmma":
+            torch.testing.assert_close(outs[path], outs["wgmma"], atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("section", ["1", "3", "1000"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("path", ["tma-lpt", "tma-pp-lpt", "tma-m192-lpt", "tma-persist"])
+def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, section) -> None:
+    """The 1-D longest-first grid of the lpt paths, with sections of 1 pair, of 3 pairs (the
+    last one partial: 15 pairs) and of more pairs than there are (KFORGE_FMHA_LPT_SECTION):
+    every (batch, head, m block) tile is computed once, so the output matches the reference."""
+    if path not in _chosen_paths():
+        pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
+    if not _hopper_90a():
+        pytest.skip("the lpt paths need an sm_90 GPU and a 90a build")
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
+    monkeypatch.setenv("KFORGE_FMHA_LPT_SECTION", section)
+    q, k, v = (rand(3, 700, 5, head_dim, dtype=torch.float16) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    kforge_fmha.fmha_fwd(q, k, v, causal=causal, out=out)
+    check_kernel(path, head_dim)
+    ref, _, lowp = reference(q, k, v, causal, head_dim ** -0.5, torch.float16)
+    assert torch.isfinite(out).all(), "a tile of the lpt grid was never written"
+    assert_close(out, ref, lowp, torch.float16, f"{path} section={section}")
+
+
+@pytest.mark.parametrize("seqlens", [(2100, 2100), (1000, 2100)], ids=["square", "q-shorter"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_persistent_kernel_walks_many_tiles(monkeypatch, head_dim, causal, seqlens) -> None:
+    """tma-persist with several tiles per CTA (4 x 8 pairs x 17 or 8 m blocks against one CTA
+    per SM), so the Q double buffer and the K/V ring run on across tiles of different lengths."""
+    if "tma-persist" not in _chosen_paths():
+        pytest.skip(f"path tma-persist is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
+    if not _hopper_90a():
+        pytest.skip("tma-persist needs an sm_90 GPU and a 90a build")
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", "tma-persist")
+    sq, sk = seqlens
+    q = rand(4, sq, 8, head_dim, dtype=torch.bfloat16)
+    k, v = (rand(4, sk, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    _, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, out=out, return_lse=True)
+    check_kernel("tma-persist", head_dim)
+    ref, ref_lse, lowp = reference(q, k, v, causal, head_dim ** -0.5, torch.bfloat16)
+    assert torch.isfinite(out).all(), "a tile of the persistent walk was never written"
+    assert_close(out, ref, lowp, torch.bfloat16, f"tma-persist {seqlens} causal={causal}")
+    assert (lse - ref_lse).abs().max().item() < LSE_ATOL
+
+
+def test_bad_lpt_section_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv("KFORGE_FMHA_LPT_SECTION", "0")
+    q = rand(1, 16, 2, 64, dtype=torch.float16)
+    with pytest.raises(FmhaArgumentError, match="KFORGE_FMHA_LPT_SECTION is '0'"):
+        kforge_fmha.fmha_fwd(q, q, q)
