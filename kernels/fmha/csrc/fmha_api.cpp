@@ -172,7 +172,7 @@ kforge_fmha_status check_common(const Shapes& s, const void* q, const void* k, c
   return KFORGE_FMHA_SUCCESS;
 }
 
-// The sm_90a kernels (the TMA path of KFORGE_FMHA_SM90_PATH below, by default tma-overlap) run on
+// The sm_90a kernels (the TMA path of KFORGE_FMHA_SM90_PATH below, by default one per shape) run on
 // compute capability 9.0 when the build holds 90a code; KFORGE_FMHA_SM90=0 forces the mma.sync
 // kernel, =1 asks for the sm_90a kernels (still only where they can run). The compile-time
 // default is KFORGE_FMHA_SM90_DEFAULT.
@@ -190,8 +190,8 @@ bool sm90_wanted() {
 bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr; }
 
 // Which sm_90a kernel a call asks for: KFORGE_FMHA_SM90_PATH, read at every call (so one process
-// can compare the paths). Unset, empty or "default": tma-overlap, the fastest path in the
-// measured run (docs/benchmarks.md). "wgmma": the cp.async wgmma kernel (hdim 128; hdim 64 runs
+// can compare the paths). Unset, empty or "default": the path default_tma_path() picks per shape
+// from TMA tuning run 2 (docs/benchmarks.md). "wgmma": the cp.async wgmma kernel (hdim 128; hdim 64 runs
 // the mma.sync kernel). The TMA paths (fmha_fwd_sm90_tma.cuh), each a (MODE, VAR) pair of its
 // kernel: "tma-basic" (no overlap), "tma-overlap" (intra-warpgroup overlap), "tma" (overlap +
 // ping-pong), and the tuning variants "tma-lpt" (tma-overlap in longest-first L2-section
@@ -220,15 +220,54 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-persist", 1, 5, 5, "sm90_tma_overlap_persist", "sm90_tma_overlap_persist"},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
-constexpr int kDefaultTma = 1;  // tma-overlap
+constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
 constexpr int kPathWgmma = -1;
 constexpr int kPathInvalid = -2;
+
+// The kTmaKernels index of the path with this name (a name of the table: checked at compile time).
+constexpr int tma_index(const char* name) {
+  for (int i = 0; i < kNumTma; ++i) {
+    const char* a = kTmaKernels[i].path;
+    const char* b = name;
+    while (*a != '\0' && *a == *b) ++a, ++b;
+    if (*a == *b) return i;
+  }
+  return kPathInvalid;
+}
+
+// The default path per shape: the fastest measured path of TMA tuning run 2 (NVIDIA H200,
+// 2026-11-23 05:32 UTC, docs/benchmarks.md), bf16 and fp16, seqlen 2k-16k at batch x seqlen =
+// 16384 tokens, 16 heads. Rows that justify each branch (TFLOP/s, bf16 / fp16):
+//  - hdim 64, non-causal: tma-m192 is the fastest at all 8 points (458-543 / 458-521; the next
+//    best, tma-m192-lpt, up to 5% behind; tma-overlap 381-460).
+//  - hdim 64, causal: tma-m192-lpt is the fastest at all 8 points (344-530 / 343-514; tma-m192
+//    337-506 / 331-487).
+//  - hdim 128, non-causal, seqlen_k <= 4096: tma (ping-pong): 618, 659 / 589, 628 against
+//    tma-overlap 600, 651 / 587, 633. Above: tma-overlap: 8k 673 / 646 against tma 678 / 602,
+//    16k 623 / 599 against tma 613 / 601 (ping-pong loses 7% at fp16 8k here, 9% at bf16 8k in
+//    run 1); tma-lpt's 627 at bf16 16k is not kept (591 at fp16 16k).
+//  - hdim 128, causal, seqlen_k <= 4096: tma-pp-lpt: 485, 600 / 456, 584 (the fastest at all 4
+//    points; tma-overlap 441, 551 / 396, 543). Above: tma-overlap: 8k 609 / 592, 16k 628 / 623
+//    (within 1% of the fastest except fp16 16k: tma 648 there, but 596 / 570 at 8k and 609 at
+//    bf16 16k); tma-pp-lpt 597, 607 / 568, 587.
+// The benchmark ties seqlen to batch (16384 tokens), so shorter or longer batches were not
+// measured; seqlen_k < 2k takes the <= 4096 branch unmeasured.
+int default_tma_path(int head_dim, bool causal, int seqlen_k) {
+  constexpr int kM192 = tma_index("tma-m192"), kM192Lpt = tma_index("tma-m192-lpt");
+  constexpr int kPingPong = tma_index("tma"), kPpLpt = tma_index("tma-pp-lpt");
+  constexpr int kOverlap = tma_index("tma-overlap");
+  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kPingPong >= 0 && kPpLpt >= 0 && kOverlap >= 0,
+                "default_tma_path names a path that kTmaKernels lacks");
+  if (head_dim == 64) return causal ? kM192Lpt : kM192;
+  if (seqlen_k <= 4096) return causal ? kPpLpt : kPingPong;
+  return kOverlap;
+}
 
 // The kTmaKernels index the call asks for, kPathWgmma or kPathInvalid.
 int sm90_path(const char** raw) {
   const char* e = std::getenv("KFORGE_FMHA_SM90_PATH");
   *raw = e;
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "default") == 0) return kDefaultTma;
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "default") == 0) return kPathDefault;
   if (std::strcmp(e, "wgmma") == 0) return kPathWgmma;
   for (int i = 0; i < kNumTma; ++i) {
     if (std::strcmp(e, kTmaKernels[i].path) == 0) return i;
@@ -308,10 +347,10 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
   const char* names[] = {"q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k"};
   // The path choice is an argument like the others: checked before any CUDA call.
   const char* path_raw = nullptr;
-  const int path = sm90_path(&path_raw);
+  int path = sm90_path(&path_raw);
   if (path == kPathInvalid) {
     return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
-                "KFORGE_FMHA_SM90_PATH is '%s'; use default (tma-overlap), wgmma, tma-basic, "
+                "KFORGE_FMHA_SM90_PATH is '%s'; use default (per shape), wgmma, tma-basic, "
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
                 "tma-persist, or unset it",
                 path_raw);
@@ -362,6 +401,8 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
   p.lpt_section = lpt_section;
   p.softmax_scale = s.softmax_scale;
   p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
+
+  if (path == kPathDefault) path = default_tma_path(s.head_dim, causal, s.seqlen_k);
 
   cudaError_t err;
   if (s.dtype == KFORGE_FMHA_FP16) {

@@ -1,7 +1,7 @@
 // Hopper (sm_90a) forward attention on TMA + mbarriers with a producer warp (head dims 64 and 128).
 //
-// Selected at run time by KFORGE_FMHA_SM90_PATH (fmha_api.cpp); mode 1 ("tma-overlap") is the
-// default on sm_90a. Fixed-length batches only (varlen falls back to the wgmma kernel of
+// Selected at run time by KFORGE_FMHA_SM90_PATH (fmha_api.cpp); unset, the default on sm_90a is
+// one path per shape (fmha_api.cpp's default_tma_path). Fixed-length batches only (varlen falls back to the wgmma kernel of
 // fmha_fwd_sm90.cuh at hdim 128, the mma.sync kernel at hdim 64).
 //
 // One CTA = 3 warpgroups and 128 query rows of one (head, batch) pair (the base variant):

@@ -3,7 +3,8 @@ torch.nn.functional.scaled_dot_product_attention computed in fp32, and the failu
 hit on a GPU machine.
 
 Kernel paths: on an H100/H200 with a 90a build, the accuracy tests run once per sm_90a path
-(KFORGE_FMHA_SM90_PATH unset ("default", which is tma-overlap), wgmma, tma-basic, tma-overlap,
+(KFORGE_FMHA_SM90_PATH unset ("default": one TMA path per shape, fmha_api.cpp's
+default_tma_path, mirrored by default_path below), wgmma, tma-basic, tma-overlap,
 tma and the tuning variants tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt,
 tma-persist; see
 kforge_fmha.last_kernel) and check that the kernel that ran is the one the path asks for (or,
@@ -82,7 +83,6 @@ ALL_PATHS = ["default", "wgmma", "tma-basic", "tma-overlap", "tma", "tma-lpt", "
 # The kernel each TMA path runs (kforge_fmha.last_kernel), by head dim (fmha_api.cpp's
 # kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only.
 TMA_KERNEL = {
-    "default": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap"},
     "tma-basic": {64: "sm90_tma_basic", 128: "sm90_tma_basic"},
     "tma-overlap": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap"},
     "tma": {64: "sm90_tma", 128: "sm90_tma"},
@@ -93,6 +93,16 @@ TMA_KERNEL = {
     "tma-m192-lpt": {64: "sm90_tma_overlap_m192_lpt", 128: "sm90_tma_overlap_lpt"},
     "tma-persist": {64: "sm90_tma_overlap_persist", 128: "sm90_tma_overlap_persist"},
 }
+
+
+def default_path(head_dim: int, causal: bool, seqlen_k: int) -> str:
+    """The TMA path the default picks for a fixed-length call (fmha_api.cpp's default_tma_path,
+    chosen from TMA tuning run 2 in docs/benchmarks.md)."""
+    if head_dim == 64:
+        return "tma-m192-lpt" if causal else "tma-m192"
+    if seqlen_k <= 4096:
+        return "tma-pp-lpt" if causal else "tma"
+    return "tma-overlap"
 
 
 def _chosen_paths() -> list[str]:
@@ -122,18 +132,24 @@ def sm90_path(request, monkeypatch) -> str:
     return path
 
 
-def expected_kernel(path: str, head_dim: int, varlen: bool = False) -> str:
+def expected_kernel(path: str, head_dim: int, varlen: bool = False, *, causal: bool,
+                    seqlen_k: int) -> str:
     """The kernel kforge_fmha must report for a call on this GPU under `path`."""
     if not _hopper_90a() or os.environ.get("KFORGE_FMHA_SM90") == "0":
         return "mma_sync"
     if path != "wgmma" and not varlen:
+        if path == "default":
+            path = default_path(head_dim, causal, seqlen_k)
         return TMA_KERNEL[path][head_dim]
     return "sm90_wgmma" if head_dim == 128 else "mma_sync"  # the wgmma path and the TMA fallback
 
 
-def check_kernel(path: str, head_dim: int, varlen: bool = False) -> None:
-    got, want = kforge_fmha.last_kernel(), expected_kernel(path, head_dim, varlen)
-    assert got == want, f"path {path}, hdim {head_dim}, varlen={varlen}: ran {got!r}, expected {want!r}"
+def check_kernel(path: str, head_dim: int, varlen: bool = False, *, causal: bool,
+                 seqlen_k: int) -> None:
+    got = kforge_fmha.last_kernel()
+    want = expected_kernel(path, head_dim, varlen, causal=causal, seqlen_k=seqlen_k)
+    assert got == want, (f"path {path}, hdim {head_dim}, varlen={varlen}, causal={causal}, "
+                         f"seqlen_k={seqlen_k}: ran {got!r}, expected {want!r}")
 
 
 def rand(*shape, dtype, device="cuda"):
@@ -155,7 +171,7 @@ def test_matches_sdpa(dtype, head_dim, causal, seqlen, sm90_path) -> None:
     k = rand(batch, seqlen, heads, head_dim, dtype=dtype)
     v = rand(batch, seqlen, heads, head_dim, dtype=dtype)
     out, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, return_lse=True)
-    check_kernel(sm90_path, head_dim)
+    check_kernel(sm90_path, head_dim, causal=causal, seqlen_k=seqlen)
     scale = 1.0 / math.sqrt(head_dim)
     ref, ref_lse, lowp = reference(q, k, v, causal, scale, dtype)
     assert out.shape == q.shape and out.dtype == dtype
@@ -172,7 +188,7 @@ def test_gqa_and_mqa(dtype, heads_k, causal, head_dim, sm90_path) -> None:
     k = rand(2, 300, heads_k, head_dim, dtype=dtype)
     v = rand(2, 300, heads_k, head_dim, dtype=dtype)
     out = kforge_fmha.fmha_fwd(q, k, v, causal=causal)
-    check_kernel(sm90_path, head_dim)
+    check_kernel(sm90_path, head_dim, causal=causal, seqlen_k=300)
     ref, _, lowp = reference(q, k, v, causal, head_dim ** -0.5, dtype)
     assert_close(out, ref, lowp, dtype, f"GQA 8/{heads_k}")
 
@@ -185,7 +201,7 @@ def test_kv_longer_or_shorter_than_q_causal_bottom_right(seqlens, head_dim, sm90
     q = rand(1, sq, 4, head_dim, dtype=dtype)
     k, v = rand(1, sk, 4, head_dim, dtype=dtype), rand(1, sk, 4, head_dim, dtype=dtype)
     out, lse = kforge_fmha.fmha_fwd(q, k, v, causal=True, return_lse=True)
-    check_kernel(sm90_path, head_dim)
+    check_kernel(sm90_path, head_dim, causal=True, seqlen_k=sk)
     ref, ref_lse, lowp = reference(q, k, v, True, head_dim ** -0.5, dtype)
     visible = torch.arange(sq, device="cuda") + (sk - sq) >= 0  # rows that see at least one key
     assert_close(out[:, visible], ref[:, visible], lowp[:, visible], dtype, f"sq={sq} sk={sk}")
@@ -218,7 +234,7 @@ def test_varlen_mixes_short_and_long(dtype, head_dim, causal, sm90_path) -> None
     v = rand(sum(lens_k), hk, head_dim, dtype=dtype)
     out, lse = kforge_fmha.fmha_varlen_fwd(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
                                            causal=causal, return_lse=True)
-    check_kernel(sm90_path, head_dim, varlen=True)  # the TMA paths fall back for varlen
+    check_kernel(sm90_path, head_dim, varlen=True, causal=causal, seqlen_k=max(lens_k))  # TMA paths fall back
     assert lse.shape == (h, sum(lens_q))
     scale = head_dim ** -0.5
     for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
@@ -235,7 +251,7 @@ def test_strided_views_from_a_packed_qkv(head_dim, sm90_path) -> None:
     q, k, v = qkv.unbind(dim=2)
     assert not q.is_contiguous()
     out = kforge_fmha.fmha_fwd(q, k, v, causal=True)
-    check_kernel(sm90_path, head_dim)
+    check_kernel(sm90_path, head_dim, causal=True, seqlen_k=333)
     ref, _, lowp = reference(q, k, v, True, head_dim ** -0.5, dtype)
     assert_close(out, ref, lowp, dtype, "packed qkv views")
 
@@ -244,7 +260,7 @@ def test_custom_softmax_scale(sm90_path) -> None:
     dtype = torch.bfloat16
     q, k, v = (rand(1, 200, 2, 128, dtype=dtype) for _ in range(3))
     out = kforge_fmha.fmha_fwd(q, k, v, softmax_scale=0.3)
-    check_kernel(sm90_path, 128)
+    check_kernel(sm90_path, 128, causal=False, seqlen_k=200)
     ref, _, lowp = reference(q, k, v, False, 0.3, dtype)
     assert_close(out, ref, lowp, dtype, "scale 0.3")
 
@@ -266,7 +282,7 @@ def test_runs_on_torchs_current_stream_under_cuda_graph_capture(sm90_path) -> No
     dtype = torch.float16
     q, k, v = (rand(1, 512, 4, 128, dtype=dtype) for _ in range(3))
     expected = kforge_fmha.fmha_fwd(q, k, v, causal=True)
-    check_kernel(sm90_path, 128)
+    check_kernel(sm90_path, 128, causal=True, seqlen_k=512)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -393,7 +409,7 @@ def test_large_logits_whose_max_grows_late(dtype, causal, head_dim, sm90_path) -
     k = (rand(1, seqlen, 2, head_dim, dtype=torch.float32) * ramp).to(dtype)
     v = rand(1, seqlen, 2, head_dim, dtype=dtype)
     out, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, return_lse=True)
-    check_kernel(sm90_path, head_dim)
+    check_kernel(sm90_path, head_dim, causal=causal, seqlen_k=seqlen)
     ref, ref_lse, lowp = reference(q, k, v, causal, head_dim ** -0.5, dtype)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     assert_close(out, ref, lowp, dtype, "late-growing max")
@@ -419,7 +435,7 @@ def test_one_process_switches_paths_between_calls(monkeypatch, head_dim) -> None
     for path in paths:
         monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
         outs[path] = kforge_fmha.fmha_fwd(q, k, v, causal=True)
-        check_kernel(path, head_dim)
+        check_kernel(path, head_dim, causal=True, seqlen_k=1000)
     for path in paths:  # same inputs, different kernels: agree to within rounding
         if path != "wgmma":
             torch.testing.assert_close(outs[path], outs["wgmma"], atol=2e-2, rtol=0)
@@ -442,7 +458,7 @@ def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, sectio
     q, k, v = (rand(3, 700, 5, head_dim, dtype=torch.float16) for _ in range(3))
     out = torch.full_like(q, float("nan"))
     kforge_fmha.fmha_fwd(q, k, v, causal=causal, out=out)
-    check_kernel(path, head_dim)
+    check_kernel(path, head_dim, causal=causal, seqlen_k=700)
     ref, _, lowp = reference(q, k, v, causal, head_dim ** -0.5, torch.float16)
     assert torch.isfinite(out).all(), "a tile of the lpt grid was never written"
     assert_close(out, ref, lowp, torch.float16, f"{path} section={section}")
@@ -464,7 +480,7 @@ def test_persistent_kernel_walks_many_tiles(monkeypatch, head_dim, causal, seqle
     k, v = (rand(4, sk, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
     out = torch.full_like(q, float("nan"))
     _, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, out=out, return_lse=True)
-    check_kernel("tma-persist", head_dim)
+    check_kernel("tma-persist", head_dim, causal=causal, seqlen_k=sk)
     ref, ref_lse, lowp = reference(q, k, v, causal, head_dim ** -0.5, torch.bfloat16)
     assert torch.isfinite(out).all(), "a tile of the persistent walk was never written"
     assert_close(out, ref, lowp, torch.bfloat16, f"tma-persist {seqlens} causal={causal}")

@@ -55,11 +55,14 @@ def built_archs() -> list[str]:
 
 def last_kernel() -> str:
     """Name of the kernel the last kforge_fmha call on this thread launched: "mma_sync",
-    "sm90_wgmma", "sm90_tma", "sm90_tma_overlap" or "sm90_tma_basic" ("" before any call).
+    "sm90_wgmma" or one of the TMA kernels ("sm90_tma", "sm90_tma_overlap", "sm90_tma_lpt",
+    "sm90_tma_overlap_m192", ...; "" before any call).
 
     On H100/H200 the environment variable KFORGE_FMHA_SM90_PATH (read at every call) picks the
-    sm_90a kernel: unset or "wgmma" (the default), "tma", "tma-overlap", "tma-basic"; calls a
-    TMA path cannot take (varlen batches) run the default kernel.
+    sm_90a kernel: unset or "default" (a TMA path per shape: tma-m192 / tma-m192-lpt at hdim 64,
+    tma / tma-pp-lpt up to seqlen_k 4096 and tma-overlap above at hdim 128), "wgmma", or a TMA
+    path ("tma", "tma-overlap", "tma-basic", "tma-lpt", ...); calls a TMA path cannot take
+    (varlen batches) run the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64).
     """
     lib = _lib.library()
     if not hasattr(lib, "kforge_fmha_last_kernel"):
