@@ -3,7 +3,12 @@
 # nvcc 13.0, cmake, ninja and pytest (no network). Run from the repo root:
 #
 #   OUT=/some/dir bash benchmarks/fmha_tma_gpu.sh
+#   OUT=/some/dir FMHA_QUICK=1 bash benchmarks/fmha_tma_gpu.sh   # quick mode, see below
 #
+# Quick mode (FMHA_QUICK=1): the same build (every kernel, ptxas check) and ctest, then only the
+# "default" path (fmha_api.cpp's per-shape rule) is smoke-checked, pytest runs over wgmma and
+# default, and the benchmark measures default alone against SDPA flash/efficient/cuDNN (same
+# shapes). About a minute when nothing hangs.
 # Steps (each under its own timeout, so a hung kernel cannot eat the run; total under 5 minutes
 # when nothing hangs):
 #   1. cmake + ninja build of kernels/fmha for 90a with ptxas -v  -> $OUT/build.log, $OUT/ptxas.txt
@@ -13,11 +18,13 @@
 #   4. pytest kernels/fmha/tests (CPU + GPU, KFORGE_REQUIRE_GPU=1) over wgmma and every path
 #      whose smoke did not hang or fault                             -> $OUT/pytest.log, pytest.xml
 #   5. benchmarks/fmha_vs_sdpa.py: bf16/fp16, hdim 128/64, seqlen 2k-16k, causal and not, one row
-#      per path (wgmma and the TMA paths whose smoke passed; "default" is tma-overlap's kernel, so
-#      it is tested but not benchmarked twice), SDPA flash/efficient/cuDNN in the same run, and
-#      the fastest path per shape             -> $OUT/bench.md, bench.json
-# The paths (KFORGE_FMHA_SM90_PATH; fmha_api.cpp's kTmaKernels): tma-basic, tma-overlap (the
-# default), tma (ping-pong), and the tuning variants tma-lpt (tma-overlap in longest-first
+#      per path (wgmma and the TMA paths whose smoke passed; "default" picks one of them per
+#      shape, so it is tested but not benchmarked twice, except in quick mode), SDPA
+#      flash/efficient/cuDNN in the same run, and the fastest path per shape
+#                                              -> $OUT/bench.md, bench.json
+# The paths (KFORGE_FMHA_SM90_PATH; fmha_api.cpp's kTmaKernels): default (per shape: tma-m192 /
+# tma-m192-lpt at hdim 64, tma / tma-pp-lpt / tma-overlap at hdim 128), tma-basic, tma-overlap,
+# tma (ping-pong), and the tuning variants tma-lpt (tma-overlap in longest-first
 # L2-section order), tma-pp-lpt (tma in that order), tma-stages (one more K/V stage),
 # tma-m192 (3 consumer warpgroups, hdim 64; tma-overlap at hdim 128), tma-m192-lpt,
 # tma-persist (tma-overlap as a persistent kernel in the lpt order, Q double-buffered).
@@ -32,6 +39,8 @@ mkdir -p "$OUT"
 BUILD=${BUILD_DIR:-$ROOT/kernels/fmha/build/tma}
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
+QUICK=${FMHA_QUICK:-0}
+if [ "$QUICK" = 1 ]; then TMA_PATHS=${TMA_PATHS:-default}; fi
 TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -91,13 +100,15 @@ tail -4 "$OUT/ctest.log"
 
 step "smoke per path"
 GOOD="wgmma"     # paths that passed the smoke check: tested and benchmarked
+QUICK_BENCH=""   # quick mode: "default" once its smoke passed (the only path benchmarked)
 TESTED="wgmma"   # paths that only gave wrong numbers are tested too (pytest shows the detail)
 for path in $TMA_PATHS; do
   (cd /tmp && timeout -k 5 40 "$PY" "$ROOT/kernels/fmha/scripts/tma_smoke.py" --path "$path") \
     >"$OUT/smoke-$path.log" 2>&1
   rc=$?
   if [ $rc -eq 0 ]; then
-    [ "$path" = default ] || GOOD="$GOOD,$path"
+    if [ "$QUICK" = 1 ]; then [ "$path" = default ] && QUICK_BENCH=default
+    elif [ "$path" != default ]; then GOOD="$GOOD,$path"; fi
     TESTED="$TESTED,$path"; note "smoke $path: ok"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     note "smoke $path: TIMEOUT (hang?) after 40 s; path left out of pytest and the benchmark"; status=1
@@ -119,8 +130,14 @@ tail -25 "$OUT/pytest.log"
 if [ $rc -eq 0 ]; then note "pytest: ok ($(tail -1 "$OUT/pytest.log"))"
 else note "pytest: FAILED rc=$rc ($(tail -1 "$OUT/pytest.log"))"; status=1; fi
 
-step "benchmark (paths: $GOOD)"
 BENCH_PATHS=$GOOD
+if [ "$QUICK" = 1 ]; then BENCH_PATHS=$QUICK_BENCH; fi
+step "benchmark (paths: ${BENCH_PATHS:-none})"
+if [ -z "$BENCH_PATHS" ]; then
+  note "benchmark: SKIPPED (quick mode: the default path's smoke check did not pass)"
+  note "total: $(( $(date +%s) - T0 ))s, exit 1"
+  exit 1
+fi
 (cd /tmp && timeout -k 10 ${BENCH_TIMEOUT:-150} "$PY" "$ROOT/benchmarks/fmha_vs_sdpa.py" \
    --paths "$BENCH_PATHS" --seqlens 2048,4096,8192,16384 --head-dims 128,64 --no-memory \
    --runs 10 --warmup 3 --write "$OUT/bench.md" --json "$OUT/bench.json") >"$OUT/bench.log" 2>&1
