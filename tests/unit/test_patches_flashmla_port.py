@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from kforge.series import PatchContext, load_series, parse_patch
@@ -37,3 +38,26 @@ def test_port_entries_apply_everywhere_after_upstream_entries_and_the_msvc_fix_o
     windows = {e.name for e in series.select(PatchContext("windows-amd64", ("sm_120a",)))}
     assert {PORT, DISPATCH, SETUP} <= linux and MSVC not in linux
     assert {PORT, DISPATCH, SETUP, MSVC} <= windows
+
+
+def _added_device_code() -> list[str]:
+    """The added lines of the port patch (our own CUDA sources)."""
+    return [line[1:] for line in (SERIES / PORT).read_text().splitlines() if line.startswith("+") and not line.startswith("+++")]
+
+
+def test_the_port_source_is_msvc_safe() -> None:
+    # Issue 13's Windows list: MSVC (the host compiler nvcc uses on Windows) has no __int128, and `long` is 32 bits
+    # there, so a PTX "l" (64-bit) operand must be a 64-bit type. No MSVC here: this reads the source, which a
+    # Windows build would otherwise be the first to find.
+
+
+    code = _added_device_code()
+    assert code, "the port patch adds no lines"
+    assert not [line for line in code if "__int128" in line]
+    bare_long = re.compile(r"\b(?<!long )long\b(?! long)(?! double)")
+    assert not [line for line in code if bare_long.search(line.split("//", 1)[0])], "a bare `long` (32-bit on MSVC)"
+    operands = [m.group(1) for line in code for m in re.finditer(r'"l"\((\w+)\)', line)]
+    assert operands, "no 64-bit PTX operand found: the check would prove nothing"
+    text = "\n".join(code)
+    for name in operands:  # each "l" operand is declared as a 64-bit type in the port
+        assert re.search(rf"\b(unsigned long long|long long|uint64_t|int64_t|size_t)\s+{name}\b", text), name
