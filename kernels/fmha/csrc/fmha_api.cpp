@@ -244,8 +244,9 @@ constexpr int tma_index(const char* name) {
 //    337-506 / 331-487).
 //  - hdim 128, non-causal, seqlen_k <= 4096: tma (ping-pong): 618, 659 / 589, 628 against
 //    tma-overlap 600, 651 / 587, 633. Above: tma-overlap: 8k 673 / 646 against tma 678 / 602,
-//    16k 623 / 599 against tma 613 / 601 (ping-pong loses 7% at fp16 8k here, 9% at bf16 8k in
-//    run 1); tma-lpt's 627 at bf16 16k is not kept (591 at fp16 16k).
+//    16k 623 / 599 against tma 613 / 601 (ping-pong loses 7% at fp16 8k here, and 9% at 8k in
+//    both dtypes in run 1: 614 / 591 against 673 / 652); tma-lpt's 627 at bf16 16k is not kept
+//    (591 at fp16 16k).
 //  - hdim 128, causal, seqlen_k <= 4096: tma-pp-lpt: 485, 600 / 456, 584 (the fastest at all 4
 //    points; tma-overlap 441, 551 / 396, 543). Above: tma-overlap: 8k 609 / 592, 16k 628 / 623
 //    (within 1% of the fastest except fp16 16k: tma 648 there, but 596 / 570 at 8k and 609 at
