@@ -97,3 +97,47 @@ def test_outcome_dict_has_counts_or_none() -> None:
     assert GpuTestOutcome("skipped", "no GPU").to_dict() == {
         "status": "skipped", "reason": "no GPU", "passed": None, "failed": None, "errors": None, "skipped": None}
     assert GpuTestOutcome("passed", "", counts=PytestCounts(passed=8)).to_dict()["passed"] == 8
+
+
+def _all_skipped_run(tmp_path: Path, monkeypatch, environ: dict[str, str]):  # type: ignore[no-untyped-def]
+    import types
+
+    import kforge.gputest as gt
+
+    (tmp_path / "forge.toml").write_text(FORGE)
+    (tmp_path / "kernels" / "demo").mkdir(parents=True)
+    (tmp_path / "kernels" / "demo" / "setup.py").write_text("")
+    _forge, plan = _plan(tmp_path)
+    monkeypatch.setattr(gt, "gpu_problem", lambda host, wheel, inspect: None)
+    monkeypatch.setattr(gt, "prepare_test_tree", lambda plan, dest, cache_dir: (dest, ()))
+
+    def runner(cmd, env, *, cwd=None, capture=False):  # type: ignore[no-untyped-def]
+        junit = next((a.split("=", 1)[1] for a in cmd if a.startswith("--junitxml=")), None)
+        if junit:  # pytest: every test skipped, exit 0 (what pytest does)
+            Path(junit).parent.mkdir(parents=True, exist_ok=True)
+            Path(junit).write_text('<testsuites><testsuite tests="3" failures="0" errors="0" skipped="3"/></testsuites>')
+        return 0, ""
+
+    published = types.SimpleNamespace(wheel=tmp_path / "demo-1.0-py3-none-any.whl")
+    return gt.run_gpu_tests(plan, plan_host(), wheelhouse_root=tmp_path / "wh", environ=environ, runner=runner,
+                            published=published)
+
+
+def plan_host() -> HostFacts:
+    return HostFacts(platform="linux-x86_64", python="3.12", resources=Resources(4, 8 << 30, 16 << 30))
+
+
+def test_a_run_where_every_test_skipped_is_not_a_pass(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    outcome = _all_skipped_run(tmp_path, monkeypatch, {"PATH": "/usr/bin:/bin", "KFORGE_CACHE": str(tmp_path / "c")})
+    assert outcome.status == "skipped" and "no test to a pass" in outcome.reason
+    assert outcome.counts == PytestCounts(passed=0, skipped=3)
+
+
+def test_every_test_skipped_fails_under_require_gpu(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from kforge.errors import GPUError
+
+    with pytest.raises(GPUError, match="no test to a pass"):
+        _all_skipped_run(tmp_path, monkeypatch, {"PATH": "/usr/bin:/bin", "KFORGE_CACHE": str(tmp_path / "c"),
+                                                 "KFORGE_REQUIRE_GPU": "1"})

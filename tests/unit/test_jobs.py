@@ -185,7 +185,7 @@ def _measured(units: dict[str, float], *, archs: int = 1, load: float = 8.0, thr
 
 def test_record_keeps_unit_times_and_learns_the_host_contention(tmp_path: Path) -> None:
     def build(scale: float) -> list[UnitMeasure]:
-        return [UnitMeasure(f"/scratch{scale}/build/temp.x/csrc/u{i}.o", (10.0 + i) * scale, 4 * GB) for i in range(8)]
+        return [UnitMeasure(f"/scratch{scale}/build/temp.x/csrc/u{i}.o", (10.0 + i) * scale, 4 * GB) for i in range(32)]
 
     first = jobs.record(tmp_path, "flash-attn", 1, build(1.0), jobs=8, cpus=16)
     assert first.contention is None  # one load seen: the default curve still applies
@@ -193,10 +193,10 @@ def test_record_keeps_unit_times_and_learns_the_host_contention(tmp_path: Path) 
     second = jobs.record(tmp_path, "flash-attn", 1, build(1.43), jobs=16, cpus=16)
     assert second.contention is not None and second.contention.factor(16) == pytest.approx(1.43)
     loaded = jobs.load_profile(tmp_path, "flash-attn", 1)
-    assert loaded.contention == second.contention and loaded.unit_count == 8
+    assert loaded.contention == second.contention and loaded.unit_count == 32
     # the latest build's times, divided by this host's factor at its load: back to the uncontended times
     assert dict(jobs.unit_times(loaded, 16))["build/temp.x/csrc/u7.o"] == pytest.approx(17.0)
-    assert jobs.unit_times(loaded, 16)[0][0] == "build/temp.x/csrc/u7.o"  # longest first
+    assert jobs.unit_times(loaded, 16)[0][0] == "build/temp.x/csrc/u31.o"  # longest first
     assert json.loads((tmp_path / "jobs" / "host.json").read_text())["points"][1] == [16.0, pytest.approx(1.43)]
 
 
@@ -272,3 +272,14 @@ def test_flash_attn_seed_is_the_h200_builds_unit_times() -> None:
     measured = _measured({"a.o": 1.0})
     assert dataclasses.replace(measured, seed_units=FA.seed_units).unit_builds and jobs.unit_times(
         dataclasses.replace(measured, seed_units=FA.seed_units), 16) == (("a.o", 1.0),)
+
+
+def test_a_build_with_fewer_units_than_two_per_job_teaches_no_contention(tmp_path: Path) -> None:
+    # fmha has 7 units: under MAX_JOBS=16 it never ran 16 at once. Recording it at 16 and at 8 jobs with equal
+    # times once made host.json say "no slowdown at 16 jobs", and flash-attn's plan then predicted 647 s.
+    units = [UnitMeasure(f"/s/build/u{i}.o", 10.0 + i, GB) for i in range(7)]
+    jobs.record(tmp_path, "fmha", 1, units, jobs=16, cpus=16)
+    small = jobs.record(tmp_path, "fmha", 1, units, jobs=8, cpus=16)
+    assert len(small.unit_builds) == 2 and small.contention is None  # kept for the order, not for contention
+    assert not (tmp_path / "jobs" / "host.json").exists()
+    assert small.samples == 14  # the units still count for memory and time per unit
