@@ -109,6 +109,8 @@ def repair_wheel(
     with tempfile.TemporaryDirectory(prefix=".kforge-repair-", dir=out_dir) as tmp:
         if platform == "linux":
             wheel, notes = prepare_for_auditwheel(wheel, Path(tmp) / "prepared", members)
+            if notes:
+                members = _wheel_members(wheel)  # grafted = what auditwheel added, not what the move renamed
         if platform == "linux":
             cmd = [python, "-m", "auditwheel", "repair", "-w", tmp]
             if plat:
@@ -243,6 +245,11 @@ def prepare_for_auditwheel(wheel: Path | str, out_dir: Path | str, members: Sequ
     target = out_dir / f"{head}-{new_plats}.whl"
     with zipfile.ZipFile(wheel) as src, _RelabelledWheel(target, "w") as dst:
         dist_info = dst.dist_info_path
+        found = [m.split("/", 1)[0] for m in members if m.count("/") == 1 and m.endswith(".dist-info/WHEEL")]
+        if found != [dist_info]:  # WheelFile names it from the file name; the archive must agree
+            raise RepairError(f"{wheel.name}: its .dist-info folder is {found or 'missing'}, not {dist_info}",
+                              why="the wheel's file name and its metadata folder disagree",
+                              fix="rebuild the wheel with a consistent name (PEP 427)")
         old_record = next((i for i in src.infolist() if i.filename == f"{dist_info}/RECORD"), None)
         dst.record_date = old_record.date_time if old_record else (1980, 1, 1, 0, 0, 0)
         names = set(src.namelist())

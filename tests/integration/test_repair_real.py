@@ -218,6 +218,7 @@ def test_shared_libraries_in_purelib_are_moved_to_platlib_for_auditwheel(layout:
         wheel_meta = zf.read("kforge_purelib-0.1.0.dist-info/WHEEL").decode()
     assert "Root-Is-Purelib: false" in wheel_meta
     assert "kforge_purelib/mod.so" in names and not any(".data/purelib/" in n for n in names)
+    assert "kforge_purelib/mod.so" not in result.grafted  # moved, not grafted: only the helper library was added
     if layout == "data-purelib":  # the claimed tag is gone: the name and WHEEL carry what auditwheel derived
         assert any("claimed manylinux_2_28_x86_64" in n for n in result.notes)
         assert "manylinux_2_28" not in result.wheel.name and "manylinux_2_28" not in wheel_meta

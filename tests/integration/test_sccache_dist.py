@@ -42,6 +42,13 @@ def _missing() -> str | None:
         return "no bubblewrap (apt-get install bubblewrap): sccache-dist's build sandbox"
     if os.geteuid() != 0:
         return "sccache-dist's overlay builder runs as root only"
+    try:  # installed is not enough: a container without namespaces has a bwrap that cannot sandbox anything
+        probe = subprocess.run([BWRAP, "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
+                               capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bubblewrap cannot run here ({exc})"
+    if probe.returncode != 0:
+        return f"bubblewrap cannot build a sandbox here: {(probe.stderr or '').strip()[:200]}"
     if not NVCC:
         return "no nvcc"
     return None
