@@ -251,8 +251,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args:
         sys.stderr.write("kforge ninja shim: no configuration given (this script is written by kforge)\n")
         return 2
-    with open(args[0], encoding="utf-8") as fh:
-        config = json.load(fh)
+    try:
+        with open(args[0], encoding="utf-8") as fh:
+            config = json.load(fh)
+        if not isinstance(config, dict) or not isinstance(config.get("ninja"), str):
+            raise ValueError("no 'ninja' entry")
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"kforge ninja shim: cannot read its configuration {args[0]} ({exc}); it names the real "
+                         "ninja, so nothing can run. Rebuild with kforge (it rewrites the shim), or take the shim's "
+                         "folder off PATH.\n")
+        return 2
     ninja_args = args[1:]
     path = build_file(ninja_args)
     if path is not None and os.path.isfile(path) and config.get("seconds"):

@@ -109,3 +109,15 @@ def test_globs_order_unmeasured_units_by_kind() -> None:
     assert times.lookup("/t/src/flash_fwd_hdim64_fp16_sm80.o") == 70.0  # the first glob that matches wins
     assert times.lookup("/t/src/flash_bwd_hdim64_fp16_causal_sm80.o") == 97.0
     assert times.lookup("/t/x/y/exact.o") == 1.0 and times.lookup("/t/other.o") is None
+
+
+def test_a_missing_or_corrupt_config_is_a_clear_error_not_a_traceback(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from kforge import ninjaorder
+
+    assert ninjaorder.main([str(tmp_path / "missing.json"), "-j2"]) == 2
+    (tmp_path / "torn.json").write_text('{"ninja": ')
+    assert ninjaorder.main([str(tmp_path / "torn.json")]) == 2
+    (tmp_path / "empty.json").write_text("{}")
+    assert ninjaorder.main([str(tmp_path / "empty.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("cannot read its configuration") == 3 and "Traceback" not in err
