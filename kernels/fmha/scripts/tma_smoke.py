@@ -20,36 +20,14 @@ except ImportError as exc:  # exit 3, like any other error that is not a wrong a
     print(f"tma_smoke.py needs torch: {exc}", file=sys.stderr)
     sys.exit(3)
 
-# The kernel each path must run, by head dim (fmha_api.cpp's kTmaKernels; None: not checked).
-# "default" runs the path default_path() names for the shape.
-EXPECTED = {
-    "wgmma": {64: None, 128: None},
-    "default": {},
-    "tma-basic": {64: "sm90_tma_basic", 128: "sm90_tma_basic"},
-    "tma-overlap": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap"},
-    "tma": {64: "sm90_tma", 128: "sm90_tma"},
-    "tma-lpt": {64: "sm90_tma_overlap_lpt", 128: "sm90_tma_overlap_lpt"},
-    "tma-pp-lpt": {64: "sm90_tma_lpt", 128: "sm90_tma_lpt"},
-    "tma-stages": {64: "sm90_tma_overlap_stages", 128: "sm90_tma_overlap_stages"},
-    "tma-m192": {64: "sm90_tma_overlap_m192", 128: "sm90_tma_overlap"},
-    "tma-m192-lpt": {64: "sm90_tma_overlap_m192_lpt", 128: "sm90_tma_overlap_lpt"},
-    "tma-persist": {64: "sm90_tma_overlap_persist", 128: "sm90_tma_overlap_persist"},
-}
-
-
-def default_path(head_dim: int, causal: bool, seqlen_k: int) -> str:
-    """The TMA path the default picks (fmha_api.cpp's default_tma_path, from TMA tuning run 2)."""
-    if head_dim == 64:
-        return "tma-m192-lpt" if causal else "tma-m192"
-    if seqlen_k <= 4096:
-        return "tma-pp-lpt" if causal else "tma"
-    return "tma-overlap"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from tma_paths import ALL_PATHS, TMA_KERNEL, default_path  # noqa: E402  (one table with tests/test_gpu.py)
 
 
 def expected_kernel(path: str, head_dim: int, causal: bool, seqlen_k: int) -> str | None:
     if path == "default":
         path = default_path(head_dim, causal, seqlen_k)
-    return EXPECTED[path][head_dim]
+    return None if path == "wgmma" else TMA_KERNEL[path][head_dim]
 
 
 TOL = {torch.float16: 1e-2, torch.bfloat16: 6e-2}  # the absolute caps of tests/test_gpu.py
@@ -73,7 +51,7 @@ def reference(q, k, v, causal: bool, scale: float):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--path", required=True, choices=sorted(EXPECTED))
+    ap.add_argument("--path", required=True, choices=sorted(ALL_PATHS))
     args = ap.parse_args(argv)
     os.environ["KFORGE_FMHA_SM90_PATH"] = args.path
     import kforge_fmha

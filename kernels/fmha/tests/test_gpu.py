@@ -78,31 +78,7 @@ def assert_close(out, ref, lowp, dtype, what: str) -> None:
         f"{what}: max |out - ref| = {err:.3g} > tol {tol:.3g} (torch {dtype} SDPA error {torch_err:.3g})")
 
 
-ALL_PATHS = ["default", "wgmma", "tma-basic", "tma-overlap", "tma", "tma-lpt", "tma-pp-lpt",
-             "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist"]
-# The kernel each TMA path runs (kforge_fmha.last_kernel), by head dim (fmha_api.cpp's
-# kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only.
-TMA_KERNEL = {
-    "tma-basic": {64: "sm90_tma_basic", 128: "sm90_tma_basic"},
-    "tma-overlap": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap"},
-    "tma": {64: "sm90_tma", 128: "sm90_tma"},
-    "tma-lpt": {64: "sm90_tma_overlap_lpt", 128: "sm90_tma_overlap_lpt"},
-    "tma-pp-lpt": {64: "sm90_tma_lpt", 128: "sm90_tma_lpt"},
-    "tma-stages": {64: "sm90_tma_overlap_stages", 128: "sm90_tma_overlap_stages"},
-    "tma-m192": {64: "sm90_tma_overlap_m192", 128: "sm90_tma_overlap"},
-    "tma-m192-lpt": {64: "sm90_tma_overlap_m192_lpt", 128: "sm90_tma_overlap_lpt"},
-    "tma-persist": {64: "sm90_tma_overlap_persist", 128: "sm90_tma_overlap_persist"},
-}
-
-
-def default_path(head_dim: int, causal: bool, seqlen_k: int) -> str:
-    """The TMA path the default picks for a fixed-length call (fmha_api.cpp's default_tma_path,
-    chosen from TMA tuning run 2 in docs/benchmarks.md)."""
-    if head_dim == 64:
-        return "tma-m192-lpt" if causal else "tma-m192"
-    if seqlen_k <= 4096:
-        return "tma-pp-lpt" if causal else "tma"
-    return "tma-overlap"
+from tma_paths import ALL_PATHS, TMA_KERNEL, default_path  # noqa: E402  (one table with scripts/tma_smoke.py)
 
 
 def _chosen_paths() -> list[str]:
