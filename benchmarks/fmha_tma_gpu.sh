@@ -22,6 +22,8 @@
 #      shape, so it is tested but not benchmarked twice, except in quick mode), SDPA
 #      flash/efficient/cuDNN in the same run, and the fastest path per shape
 #                                              -> $OUT/bench.md, bench.json
+# FMHA_BENCH_ARGS adds arguments to step 5 (e.g. --fa3 for a FlashAttention-3 column, with the
+# flash-attn3 wheel on PYTHONPATH).
 # The paths (KFORGE_FMHA_SM90_PATH; fmha_api.cpp's kTmaKernels): default (per shape: tma-m192 /
 # tma-m192-lpt at hdim 64, tma / tma-pp-lpt / tma-overlap at hdim 128), tma-basic, tma-overlap,
 # tma (ping-pong), and the tuning variants tma-lpt (tma-overlap in longest-first
@@ -140,7 +142,7 @@ if [ -z "$BENCH_PATHS" ]; then
 fi
 (cd /tmp && timeout -k 10 ${BENCH_TIMEOUT:-150} "$PY" "$ROOT/benchmarks/fmha_vs_sdpa.py" \
    --paths "$BENCH_PATHS" --seqlens 2048,4096,8192,16384 --head-dims 128,64 --no-memory \
-   --runs 10 --warmup 3 --write "$OUT/bench.md" --json "$OUT/bench.json") >"$OUT/bench.log" 2>&1
+   --runs 10 --warmup 3 --write "$OUT/bench.md" --json "$OUT/bench.json" ${FMHA_BENCH_ARGS:-}) >"$OUT/bench.log" 2>&1
 rc=$?
 grep -vE "^\|" "$OUT/bench.log" | tail -70
 if [ $rc -eq 0 ]; then note "benchmark: ok"

@@ -8,6 +8,11 @@ Also measures kforge_fmha's peak extra memory against seqlen (it must grow as O(
     python benchmarks/fmha_vs_sdpa.py --write docs/benchmarks.md
     python benchmarks/fmha_vs_sdpa.py --quick            # bf16 only, ours only (tuning sweeps)
     python benchmarks/fmha_vs_sdpa.py --paths wgmma,tma  # each sm_90a kernel path, same run
+    python benchmarks/fmha_vs_sdpa.py --fa3              # plus FlashAttention-3 (flash_attn_interface)
+
+With --fa3, FlashAttention-3's ``flash_attn_interface.flash_attn_func`` (the flash-attn3 wheel
+kforge builds: ``nox -s build-flash-attn3-sm90``) is one more column, measured in the same run
+on the same tensors; a shape its build left out (a disabled head dim) shows n/a with the error.
 
 With --paths, kforge_fmha runs once per path (KFORGE_FMHA_SM90_PATH, read by the library at
 every call) and the table has one row per shape and path; the SDPA columns of a shape are the
@@ -86,7 +91,11 @@ def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, r
     res = {}
     for impl in impls:
         kernel = None
-        if impl.startswith("kforge"):
+        if impl == "fa3":
+            import flash_attn_interface
+
+            fn = lambda: flash_attn_interface.flash_attn_func(q, k, v, causal=causal)  # noqa: E731, F821  (bound before the del below)
+        elif impl.startswith("kforge"):
             path = impl.partition(":")[2]
             if path:
                 os.environ["KFORGE_FMHA_SM90_PATH"] = path
@@ -152,16 +161,19 @@ def render(meta, rows, mem) -> str:
     lines.append("")
     ours_impls = [k for k in (rows[0]["results"] if rows else {}) if k.startswith("kforge")]
     paths = len(ours_impls) > 1 or any(":" in k for k in ours_impls)
+    fa3 = any("fa3" in r["results"] for r in rows)
     head = "| dtype | hdim | causal | seqlen | batch | "
     head += "path | kernel | kforge |" if paths else "kforge |"
-    lines.append(head + " SDPA flash | SDPA efficient | SDPA cuDNN | × flash | × cuDNN |")
-    lines.append("|---" * (13 if paths else 11) + "|")
+    head += " SDPA flash | SDPA efficient | SDPA cuDNN |" + (" FA3 |" if fa3 else "")
+    lines.append(head + " × flash | × cuDNN |" + (" × FA3 |" if fa3 else ""))
+    lines.append("|---" * ((13 if paths else 11) + (2 if fa3 else 0)) + "|")
     for r in rows:
         t = {k: v.get("tflops") for k, v in r["results"].items()}
         for impl in ours_impls:
             ours = t.get(impl)
             ratio_f = ours / t["flash"] if ours and t.get("flash") else None
             ratio_c = ours / t["cudnn"] if ours and t.get("cudnn") else None
+            ratio_3 = ours / t["fa3"] if ours and t.get("fa3") else None
             path_cols = ""
             if paths:
                 kernel = r["results"][impl].get("kernel", "?")
@@ -169,8 +181,9 @@ def render(meta, rows, mem) -> str:
             lines.append(
                 f"| {r['dtype']} | {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['seqlen']} "
                 f"| {r['batch']} | {path_cols}{fmt(ours)} | {fmt(t.get('flash'))} "
-                f"| {fmt(t.get('efficient'))} | {fmt(t.get('cudnn'))} | {fmt(ratio_f, 2)} "
-                f"| {fmt(ratio_c, 2)} |")
+                f"| {fmt(t.get('efficient'))} | {fmt(t.get('cudnn'))} | "
+                + (f"{fmt(t.get('fa3'))} | " if fa3 else "")
+                + f"{fmt(ratio_f, 2)} | {fmt(ratio_c, 2)} |" + (f" {fmt(ratio_3, 2)} |" if fa3 else ""))
     bar = [(r, impl) for r in rows for impl in ours_impls[:1]
            if r["dtype"] == "bfloat16" and r["head_dim"] == 128
            and r["seqlen"] >= 2048 and r["results"].get(impl, {}).get("tflops")
@@ -264,6 +277,8 @@ def main(argv=None) -> int:
                          "(KFORGE_FMHA_SM90_PATH: default, wgmma, tma-basic, tma-overlap, tma, "
                          "tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt, tma-persist); "
                          "default: the library's default only")
+    ap.add_argument("--fa3", action="store_true",
+                    help="add FlashAttention-3 (flash_attn_interface, the flash-attn3 wheel) as a column")
     ap.add_argument("--head-dims", default="128,64", help="comma list (default 128,64)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory table")
     args = ap.parse_args(argv)
@@ -274,6 +289,15 @@ def main(argv=None) -> int:
     dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16]
     ours = [f"kforge:{p}" for p in args.paths.split(",") if p] or ["kforge"]
     impls = ours if args.quick else ours + ["flash", "efficient", "cudnn"]
+    if args.fa3:
+        try:
+            import flash_attn_interface  # noqa: F401
+        except ImportError as exc:
+            print(f"--fa3: FlashAttention-3 is not importable here ({exc}). Build and install its wheel "
+                  "(nox -s build-flash-attn3-sm90, then pip install it from the wheelhouse), or drop --fa3.",
+                  file=sys.stderr)
+            return 2
+        impls.append("fa3")
     head_dims = [int(d) for d in args.head_dims.split(",")]
     props = torch.cuda.get_device_properties(0)
     meta = {"device": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
