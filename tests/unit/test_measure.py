@@ -4,9 +4,12 @@ launcher, ``measure`` for a named rule), on real processes."""
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +92,54 @@ def test_measure_wrapper_logs_time_and_peak(tmp_path: Path) -> None:
     assert got["big.o"].peak_rss >= 80 * 1024 * 1024
     assert got["big.o"].returncode == 0 and got["big.o"].seconds > 0
     assert got["fail.o"].returncode == 3
+
+
+def _sleeping_tree() -> subprocess.Popen:
+    """A shell with two children, one of them holding 64 MiB."""
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "a = subprocess.Popen([sys.executable, '-c', 'import time; x = bytearray(64 << 20); time.sleep(30)'])\n"
+        "b = subprocess.Popen(['sleep', '30'])\n"
+        "time.sleep(30)\n")])
+    return proc
+
+
+def _wait_for_tree(pid: int, names: set[str]) -> tuple[int, set[str]]:
+    for _ in range(100):
+        total, seen = measure.process_tree(pid)
+        if names <= seen and total > 64 << 20:
+            return total, seen
+        time.sleep(0.05)
+    raise AssertionError(f"the tree of {pid} never showed {names}: {seen}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_process_tree_walks_children_and_matches_the_full_scan():
+    proc = _sleeping_tree()
+    try:
+        total, seen = _wait_for_tree(proc.pid, {"sleep"})
+        scan_total, scan_seen = measure._process_tree_by_scan(proc.pid, os.sysconf("SC_PAGE_SIZE"))
+        assert seen == scan_seen
+        assert abs(total - scan_total) < 8 << 20  # the same processes, sampled a moment apart
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_process_tree_falls_back_to_the_scan_without_children_files(monkeypatch):
+    proc = _sleeping_tree()
+    try:
+        _wait_for_tree(proc.pid, {"sleep"})
+        monkeypatch.setattr(measure, "_children", lambda pid: None)
+        total, seen = measure.process_tree(proc.pid)
+        assert "sleep" in seen and total > 64 << 20
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_process_tree_of_a_gone_process_is_empty():
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    assert measure.process_tree(proc.pid) == (0, set())
