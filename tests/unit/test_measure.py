@@ -95,7 +95,7 @@ def test_measure_wrapper_logs_time_and_peak(tmp_path: Path) -> None:
 
 
 def _sleeping_tree() -> subprocess.Popen:
-    """A shell with two children, one of them holding 64 MiB."""
+    """A Python process with two children (a Python holding 64 MiB and a sleep)."""
     proc = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
         "a = subprocess.Popen([sys.executable, '-c', 'import time; x = bytearray(64 << 20); time.sleep(30)'])\n"
