@@ -29,7 +29,9 @@
 # tma (ping-pong), and the tuning variants tma-lpt (tma-overlap in longest-first
 # L2-section order), tma-pp-lpt (tma in that order), tma-stages (one more K/V stage),
 # tma-m192 (3 consumer warpgroups, hdim 64; tma-overlap at hdim 128), tma-m192-lpt,
-# tma-persist (tma-overlap as a persistent kernel in the lpt order, Q double-buffered).
+# tma-persist (tma-overlap as a persistent kernel in the lpt order, Q double-buffered),
+# tma-n176 / tma-pp-n176 (tma-overlap / tma with 176-key tiles, hdim 128), tma-dyn / tma-pp-dyn
+# (tma-overlap / tma as persistent kernels with a dynamic tile counter).
 # The library is used straight from the build folder (KFORGE_FMHA_LIBRARY, PYTHONPATH), so
 # nothing is pip-installed and nothing is built twice (the build is a clean one, so ptxas.txt
 # always has every kernel). $OUT/summary.txt lists each step's status.
@@ -43,7 +45,7 @@ PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 QUICK=${FMHA_QUICK:-0}
 if [ "$QUICK" = 1 ]; then TMA_PATHS=${TMA_PATHS:-default}; fi
-TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist}
+TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist tma-n176 tma-pp-n176 tma-dyn tma-pp-dyn}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 status=0

@@ -275,7 +275,8 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", default="",
                     help="comma list of sm_90a kernel paths to run kforge_fmha with "
                          "(KFORGE_FMHA_SM90_PATH: default, wgmma, tma-basic, tma-overlap, tma, "
-                         "tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt, tma-persist); "
+                         "tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt, tma-persist, "
+                         "tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn); "
                          "default: the library's default only")
     ap.add_argument("--fa3", action="store_true",
                     help="add FlashAttention-3 (flash_attn_interface, the flash-attn3 wheel) as a column")

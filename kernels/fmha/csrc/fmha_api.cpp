@@ -197,8 +197,12 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // ping-pong), and the tuning variants "tma-lpt" (tma-overlap in longest-first L2-section
 // order), "tma-pp-lpt" (tma in that order), "tma-stages" (tma-overlap with one more K/V
 // stage), "tma-m192" (tma-overlap with 3 consumer warpgroups, hdim 64; at hdim 128 it runs
-// tma-overlap), "tma-m192-lpt" (hdim 64; at hdim 128 tma-lpt) and "tma-persist" (tma-overlap
-// as a persistent kernel, one CTA per SM, in the lpt order, Q double-buffered). A TMA path runs head dims 64
+// tma-overlap), "tma-m192-lpt" (hdim 64; at hdim 128 tma-lpt), "tma-persist" (tma-overlap
+// as a persistent kernel, one CTA per SM, in the lpt order, Q double-buffered), "tma-n176" and
+// "tma-pp-n176" (tma-overlap and tma with 176-key tiles, hdim 128; at hdim 64 they run tma-overlap
+// and tma), "tma-dyn" and "tma-pp-dyn" (tma-overlap and tma as persistent kernels with a dynamic
+// scheduler: a global tile counter, lpt order when causal; when no counter can be had, e.g.
+// during stream capture, they run tma-lpt and tma-pp-lpt). A TMA path runs head dims 64
 // and 128 with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
@@ -218,6 +222,10 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-m192", 1, 3, 0, "sm90_tma_overlap_m192", "sm90_tma_overlap"},
     {"tma-m192-lpt", 1, 4, 1, "sm90_tma_overlap_m192_lpt", "sm90_tma_overlap_lpt"},
     {"tma-persist", 1, 5, 5, "sm90_tma_overlap_persist", "sm90_tma_overlap_persist"},
+    {"tma-n176", 1, 0, 6, "sm90_tma_overlap", "sm90_tma_overlap_n176"},
+    {"tma-pp-n176", 2, 0, 6, "sm90_tma", "sm90_tma_n176"},
+    {"tma-dyn", 1, 7, 7, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn"},
+    {"tma-pp-dyn", 2, 7, 7, "sm90_tma_dyn", "sm90_tma_dyn"},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
@@ -311,7 +319,27 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
     case 21: return try_tma<T, HDIM, 2, 1>(p, causal, stream, name, err);
     case 12: return try_tma<T, HDIM, 1, 2>(p, causal, stream, name, err);
     case 15: return try_tma<T, HDIM, 1, 5>(p, causal, stream, name, err);
+    case 17:
+    case 27: {
+      // The dynamic scheduler needs its counter (none during stream capture): else the same
+      // mode in the static lpt order.
+      const bool pp = k.mode == 2;
+      if (pp ? try_tma<T, HDIM, 2, 7>(p, causal, stream, name, err)
+             : try_tma<T, HDIM, 1, 7>(p, causal, stream, name, err)) {
+        return true;
+      }
+      const TmaKernel& lpt = kTmaKernels[tma_index(pp ? "tma-pp-lpt" : "tma-lpt")];
+      const char* lpt_name = HDIM == 64 ? lpt.name64 : lpt.name128;
+      return pp ? try_tma<T, HDIM, 2, 1>(p, causal, stream, lpt_name, err)
+                : try_tma<T, HDIM, 1, 1>(p, causal, stream, lpt_name, err);
+    }
     default: break;
+  }
+  if constexpr (HDIM == 128) {
+    if (var == 6) {
+      return k.mode == 2 ? try_tma<T, HDIM, 2, 6>(p, causal, stream, name, err)
+                         : try_tma<T, HDIM, 1, 6>(p, causal, stream, name, err);
+    }
   }
   if constexpr (HDIM == 64) {
     if (k.mode == 1 && var == 3) return try_tma<T, HDIM, 1, 3>(p, causal, stream, name, err);
@@ -353,7 +381,7 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
     return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
                 "KFORGE_FMHA_SM90_PATH is '%s'; use default (per shape), wgmma, tma-basic, "
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
-                "tma-persist, or unset it",
+                "tma-persist, tma-n176, tma-pp-n176, tma-dyn or tma-pp-dyn, or unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning

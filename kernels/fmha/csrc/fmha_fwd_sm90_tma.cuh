@@ -40,9 +40,21 @@
 //     with a static stride. Q is double-buffered (a full and an empty mbarrier per buffer), and
 //     the K/V ring runs on across tiles, so the producer loads the next tile's Q, K and V while
 //     the consumers finish this one (its last P V and the O epilogue).
+//   6 "n176": 176-key tiles (hdim 128 only): Q K^T is one wgmma m64n176k16 per k-step and P V
+//     11 k-steps, so the per-tile costs (barrier waits, row max shuffles, the wgmma fences and
+//     waits) are spread over 37% more keys (FlashAttention-3's non-causal hdim-128 tile).
+//   7 "dyn": persistent like 5, in modes 1 and 2 (ping-pong), but scheduled dynamically: each
+//     CTA starts on tile blockIdx.x, then its producer takes the next tile index from a global
+//     counter (atomicAdd) and hands it to the consumers in shared memory next to the Q buffer
+//     it loads (-1: no tiles left). Tiles run in the "lpt" order when causal, else m block
+//     within head. The last producer to finish resets the counter, so a launch leaves it 0
+//     for the next launch on its stream (one counter per device and stream, launch_fwd_sm90_tma).
 #pragma once
 
 #include <algorithm>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver is reached through cudart)
 
@@ -56,6 +68,7 @@ struct TmaMaps {
   CUtensorMap q, k, v;
   int m_blocks;     // query blocks per (batch, head) pair (the "lpt" order's 1-D grid)
   int lpt_section;  // (batch, head) pairs per L2 section of the "lpt" order
+  int* sched;       // the "dyn" variant: {next tile - gridDim.x, producers done}, 0 between launches
 };
 
 namespace sm90tma {
@@ -63,9 +76,11 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 5, "variant 0..5");
-  static constexpr bool kPersist = VAR == 5;
-  static constexpr bool kLpt = VAR == 1 || VAR == 4 || kPersist;
+  static_assert(VAR >= 0 && VAR <= 7, "variant 0..7");
+  static constexpr bool kDynamic = VAR == 7;
+  static constexpr bool kPersist = VAR == 5 || kDynamic;
+  static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
+  static constexpr bool kWideN = VAR == 6;
   static constexpr int kExtraStages = VAR == 2 ? 1 : 0;
   static constexpr int kConsumers = (VAR == 3 || VAR == 4) ? 3 : 2;
 };
@@ -76,10 +91,12 @@ struct Cfg {
   static constexpr int kConsumers = Var<VAR>::kConsumers;  // consumer warpgroups, 64 rows each
   static_assert(kConsumers == 2 || HDIM == 64, "three consumer warpgroups only at head dim 64");
   static constexpr int kBlockM = 64 * kConsumers;
-  static constexpr int kBlockN = 128;
+  static_assert(!Var<VAR>::kWideN || HDIM == 128, "176-key tiles only at head dim 128");
+  static constexpr int kBlockN = Var<VAR>::kWideN ? 176 : 128;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kHalves = HDIM / 64;             // 64-column, 128-byte-row halves
-  static constexpr int kHalfBytes = 128 * 128;          // K/V: [128 rows][64] 16-bit
+  static constexpr int kHalfBytes = kBlockN * 128;      // K/V: [kBlockN rows][64] 16-bit
+  static_assert(kHalfBytes % 1024 == 0, "K/V halves must stay 1024-byte aligned (128B swizzle)");
   static constexpr int kTileBytes = kHalves * kHalfBytes;
   static constexpr int kQHalfBytes = kBlockM * 128;     // Q (and O staging): [kBlockM rows][64]
   static constexpr int kQBytes = kHalves * kQHalfBytes;
@@ -87,7 +104,8 @@ struct Cfg {
   static constexpr int kQBufs = Var<VAR>::kPersist ? 2 : 1;
   static constexpr int kBarOffset = kQBufs * kQBytes + 2 * kStages * kTileBytes;
   static constexpr int kNumBars = 2 * kQBufs + 4 * kStages;
-  static constexpr int kSmemBytes = kBarOffset + 8 * kNumBars + 1024;  // + alignment slack
+  static constexpr int kSlotOffset = kBarOffset + 8 * kNumBars;  // dynamic: tile index per Q buffer
+  static constexpr int kSmemBytes = kSlotOffset + 4 * kQBufs + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 232448, "more shared memory than an sm_90 CTA can have");
   static_assert(kQHalfBytes % 1024 == 0, "Q halves must stay 1024-byte aligned (128B swizzle)");
   static constexpr int kProducerRegs = 24;
@@ -182,7 +200,11 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   constexpr bool kPingPong = MODE >= 2;
   static_assert(!kPingPong || C::kConsumers == 2, "ping-pong takes two consumer warpgroups");
   constexpr bool kPersist = Var<VAR>::kPersist;
-  static_assert(!kPersist || MODE == 1, "the persistent variant is of mode 1");
+  constexpr bool kDynamic = Var<VAR>::kDynamic;
+  static_assert(!kPersist || MODE == 1 || kDynamic, "the static persistent variant is of mode 1");
+  constexpr int kBlockN = C::kBlockN;
+  constexpr int kNT = kBlockN / 8;   // 8-key accumulator column groups of S
+  constexpr int kKP = kBlockN / 16;  // k-steps of P V
   constexpr int kQBufs = C::kQBufs;
   constexpr float kNegInf = -__builtin_huge_valf();
 
@@ -201,10 +223,13 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   auto k_empty = [&](int s) { return ring + 8u * (kStages + s); };
   auto v_full = [&](int s) { return ring + 8u * (2 * kStages + s); };
   auto v_empty = [&](int s) { return ring + 8u * (3 * kStages + s); };
+  // The dynamic variant's tile index per Q buffer, written by the producer before it arms the
+  // buffer's full barrier (release), read by the consumers after waiting on it (acquire).
+  volatile int* const slots = reinterpret_cast<volatile int*>(base + C::kSlotOffset);
 
   // The tile (m block, head, batch) of linear tile index lin.
   auto coords = [&](int lin, int& m_block, int& head, int& b) {
-    if constexpr (Var<VAR>::kLpt) {
+    if constexpr (Var<VAR>::kLpt || (kDynamic && CAUSAL)) {
       // Section after section of lpt_section (batch, head) pairs; inside a section, m blocks
       // from the last (heaviest when causal) to the first, all pairs of the section at each.
       const int mb = maps.m_blocks;
@@ -216,6 +241,12 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       const int r = lin - sec * per_sec;
       m_block = mb - 1 - r / in_sec;
       const int hb = first + r % in_sec;
+      head = hb % p.num_heads;
+      b = hb / p.num_heads;
+    } else if constexpr (kDynamic) {  // non-causal: the m blocks of a head one after another
+      const int mb = maps.m_blocks;
+      m_block = mb - 1 - lin % mb;
+      const int hb = lin / mb;
       head = hb % p.num_heads;
       b = hb / p.num_heads;
     } else {
@@ -265,7 +296,15 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       prefetch_map(&maps.v);
       int it = 0;  // K/V tiles loaded so far (the ring runs on across tiles)
       int qi = 0;  // tiles so far (the Q buffer ring)
-      for (int ti = first_tile; ti < total_tiles; ti += tile_stride) {
+      // The next tile: a static stride, or (dynamic) the global counter's next index.
+      auto next_tile = [&](int ti) {
+        if constexpr (kDynamic) {
+          return static_cast<int>(gridDim.x) + atomicAdd(maps.sched, 1);
+        } else {
+          return ti + tile_stride;
+        }
+      };
+      for (int ti = first_tile; ti < total_tiles; ti = next_tile(ti)) {
         int m_block, head, b;
         coords(tile_lin(ti), m_block, head, b);
         TileSetup<T> tile;
@@ -274,6 +313,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
         const int kv_head = head / p.head_ratio;
         const int qb = qi % kQBufs;
         if (qi >= kQBufs) mbar_wait(q_empty(qb), ((qi / kQBufs) + 1) & 1);
+        if constexpr (kDynamic) slots[qb] = ti;
         mbar_expect_tx(q_full(qb), C::kQBytes);
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) {
@@ -303,6 +343,21 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
         it += n_blocks;
         ++qi;
       }
+      if constexpr (kDynamic) {
+        // No tiles left: hand the consumers -1 through the next Q buffer's slot.
+        const int qb = qi % kQBufs;
+        if (qi >= kQBufs) mbar_wait(q_empty(qb), ((qi / kQBufs) + 1) & 1);
+        slots[qb] = -1;
+        mbar_arrive(q_full(qb));
+        // The last producer to get here resets the counter for the next launch: every other
+        // producer has made its last atomicAdd on it (ordered before its "done" by the fence).
+        __threadfence();
+        if (atomicAdd(maps.sched + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+          __threadfence();
+          atomicExch(maps.sched, 0);
+          atomicExch(maps.sched + 1, 0);
+        }
+      }
     }
     return;
   }
@@ -325,9 +380,15 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
 
   int it = 0;  // K/V tiles consumed so far (persistent: the ring runs on across tiles)
   int qi = 0;  // tiles so far
-  for (int ti = first_tile; ti < total_tiles; ti += tile_stride) {
+  for (int ti = first_tile; kDynamic || ti < total_tiles; ti += tile_stride) {
+  int lin = tile_lin(ti);
+  if constexpr (kDynamic) {  // the tile the producer loaded into the next Q buffer, or -1
+    mbar_wait(q_full(qi % kQBufs), (qi / kQBufs) & 1);
+    lin = slots[qi % kQBufs];
+    if (lin < 0) break;
+  }
   int m_block, head, b;
-  coords(tile_lin(ti), m_block, head, b);
+  coords(lin, m_block, head, b);
   TileSetup<T> tile;
   if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) continue;
   const int sq = tile.sq, sk = tile.sk, row0 = tile.row0, n_blocks = tile.n_blocks;
@@ -345,8 +406,8 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   }
   float row_max[2] = {kNegInf, kNegInf};
   float row_sum[2] = {0.f, 0.f};
-  float s[64];
-  uint32_t pa[8][4];
+  float s[kBlockN / 2];
+  uint32_t pa[kKP][4];
 
   // Ping-pong turn-taking: warpgroup cw waits on barrier 4 + cw before issuing its products and
   // then lets the other one go (bar.arrive on 4 + (1 - cw)); both sides count 256 threads.
@@ -380,7 +441,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   auto pv_issue = [&](int stage) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+    for (int kk = 0; kk < kKP; ++kk) {
 #pragma unroll
       for (int d = 0; d < kHalves; ++d) {
         Wgmma<T>::rs(o[d], pa[kk], v_desc + stage * kTileUnits + d * kHalfUnits + kk * (16 * 128 >> 4));
@@ -394,7 +455,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       const int row = row0 + wrow + 8 * r;
       const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kNT; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int col = n * C::kBlockN + 8 * j + 2 * t + e;
@@ -412,7 +473,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     for (int r = 0; r < 2; ++r) {
       float m = row_max[r];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      for (int j = 0; j < kNT; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       mx[r] = m;
@@ -433,7 +494,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       const float m_scaled = (row_max[r] == kNegInf) ? 0.f : row_max[r] * scale_log2;
       float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kNT; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float x = fast_exp2(fmaf(s[4 * j + 2 * r + e], scale_log2, -m_scaled));
@@ -462,7 +523,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   // accumulator n-tiles 2 kk and 2 kk + 1 (the mma.m16n8k16 A-fragment order).
   auto pack_p = [&]() {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+    for (int kk = 0; kk < kKP; ++kk) {
       pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
       pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
       pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
@@ -665,6 +726,54 @@ bool encode(CUtensorMap* map, const void* ptr, int rows, int heads, int batch, i
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The dynamic scheduler's counter pair of one device and stream ({next, done}, cudaMalloc'ed and
+// zeroed on first use; each launch leaves it zero). A launch on another stream gets its own pair,
+// so launches that may run at the same time never share one; cudaStreamPerThread is told apart by
+// thread. Null when none can be had: the stream is being captured into a graph (a graph could be
+// replayed on any stream, beside a launch that uses the same pair), or cudaMalloc failed. The
+// caller then runs a kernel with a static schedule.
+inline int* sched_counter(int dev, cudaStream_t stream) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  if (cap != cudaStreamCaptureStatusNone) return nullptr;
+  struct Key {
+    int dev;
+    cudaStream_t stream;
+    std::thread::id thread;
+    bool operator==(const Key& o) const {
+      return dev == o.dev && stream == o.stream && thread == o.thread;
+    }
+  };
+  struct Entry {
+    Key key;
+    int* counter;
+  };
+  static std::mutex mu;
+  static std::vector<Entry> table;  // few streams: a linear search
+  const Key key{dev, stream,
+                stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id()};
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Entry& e : table) {
+    if (e.key == key) return e.counter;
+  }
+  if (table.size() >= 1024) return nullptr;
+  int* c = nullptr;
+  if (cudaMalloc(&c, 2 * sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  if (cudaMemset(c, 0, 2 * sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(c);
+    return nullptr;
+  }
+  table.push_back(Entry{key, c});
+  return c;
+}
+
 }  // namespace tma_host
 
 // True when this library's code for the current device holds the sm_90a body of the TMA kernel.
@@ -728,12 +837,19 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
     const int64_t ctas = static_cast<int64_t>(m_blocks) * params.num_heads * params.batch;
     if (ctas > 0x7fffffff) return cudaErrorNotSupported;  // the base order's grid takes it
     grid = dim3(static_cast<unsigned>(ctas), 1, 1);
-    if (sm90tma::Var<VAR>::kPersist) {  // one CTA per SM (at most one fits), striding the tiles
-      int sms = 0;
-      err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      if (err != cudaSuccess) return err;
-      grid.x = static_cast<unsigned>(std::min<int64_t>(ctas, sms > 0 ? sms : 1));
-    }
+  }
+  if (sm90tma::Var<VAR>::kPersist) {  // one CTA per SM (at most one fits)
+    const int64_t ctas = static_cast<int64_t>(m_blocks) * params.num_heads * params.batch;
+    if (ctas > 0x7fffffff) return cudaErrorNotSupported;
+    int sms = 0;
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+    grid = dim3(static_cast<unsigned>(std::min<int64_t>(ctas, sms > 0 ? sms : 1)), 1, 1);
+  }
+  maps.sched = nullptr;
+  if (sm90tma::Var<VAR>::kDynamic) {
+    maps.sched = tma_host::sched_counter(dev, stream);
+    if (maps.sched == nullptr) return cudaErrorNotSupported;  // the caller runs a static order
   }
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(params, maps);
   return cudaGetLastError();
@@ -758,7 +874,14 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 1) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 1) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 2) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 5)
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 5) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 7) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7)
+// Head dim 128 only: the 176-key tiles.
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM128(T)   \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 128)            \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 1, 6)  \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 6)
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM64(T)    \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 64)             \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 3)   \

@@ -9,6 +9,11 @@ persistent variant (VAR 5, mode 1) is modelled too: one CTA walks several query 
 different key-tile counts (0 included), Q has two buffers with full and empty mbarriers, the
 K/V ring's index runs on across tiles, and the O epilogue stages through the tile's Q buffer
 (so no TMA write of the next-but-one Q may land there before every consumer warp is done).
+The dynamic variant (VAR 7, modes 1 and 2) is modelled as well: the producer writes each tile's
+index into the slot of the Q buffer it loads before arming that buffer's full barrier, and ends
+with -1 in the next slot (a plain arrive, no bytes); the consumers learn each tile from the slot
+and stop at -1, and in mode 2 they take turns across tiles with the ping-pong barriers. The model
+checks that a slot still holds its tile when the consumers release the buffer.
 It checks the protocol as written here, not the CUDA code: keep the two in step when either
 changes.
 
@@ -49,13 +54,16 @@ class MBarrier:
         return (self.phase & 1) != parity
 
 
-def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | None = None) -> None:
-    """One CTA: a single query tile of n_blocks key tiles, or (persistent, mode 1) `tiles`."""
+def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | None = None,
+        dynamic: bool = False) -> None:
+    """One CTA: a single query tile of n_blocks key tiles, or (persistent: mode 1, or dynamic:
+    modes 1 and 2) `tiles`, the key-tile counts of the tiles it is handed."""
     rng = random.Random(seed)
     tiles = [n_blocks] if tiles is None else tiles
-    persistent = len(tiles) > 1
-    assert not persistent or mode == 1, "the persistent variant is of mode 1"
+    persistent = len(tiles) > 1 or dynamic
+    assert not persistent or mode == 1 or dynamic, "the static persistent variant is of mode 1"
     qbufs = 2 if persistent else 1
+    slot: list = [None] * qbufs  # dynamic: the tile index handed over with each Q buffer
     q_full = [MBarrier(1) for _ in range(qbufs)]
     q_empty = [MBarrier(8) for _ in range(qbufs)]
     q_buf: list = [None] * qbufs
@@ -75,6 +83,8 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
             if qi >= qbufs:
                 while not q_empty[qb].passed(((qi // qbufs) + 1) & 1):
                     yield
+            if dynamic:
+                slot[qb] = qi
             q_buf[qb] = "being written"
             q_full[qb].expect_tx(1)
             inflight.append((q_full[qb], q_buf, qb, qi))
@@ -90,6 +100,14 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
                     inflight.append((full[s], buf, s, g))
                     yield
             it += nb
+        if dynamic:  # no tiles left: -1 through the next Q buffer's slot, a plain arrive
+            qi = len(tiles)
+            qb = qi % qbufs
+            if qi >= qbufs:
+                while not q_empty[qb].passed(((qi // qbufs) + 1) & 1):
+                    yield
+            slot[qb] = -1
+            q_full[qb].arrive()
 
     def bar_arrive(bid: int) -> None:  # bar.arrive bid, 256 by one warpgroup
         b = named[bid]
@@ -110,6 +128,19 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
 
     def consumer(cw: int):
         it = 0
+        if dynamic:
+            qi = 0
+            while True:
+                qb = qi % qbufs
+                while not q_full[qb].passed((qi // qbufs) & 1):
+                    yield
+                tile = slot[qb]
+                if tile == -1:
+                    return
+                assert tile == qi, f"slot {qb} holds {tile!r}, not tile {qi}"
+                yield from consumer_tile(cw, qi, tiles[tile], it)
+                it += tiles[tile]
+                qi += 1
         for qi, nb in enumerate(tiles):
             yield from consumer_tile(cw, qi, nb, it)
             it += nb
@@ -145,6 +176,8 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
             read_q()
             yield
             read_q()
+            if dynamic:
+                assert slot[qb] == qi, f"slot {qb} overwritten ({slot[qb]!r}) before tile {qi} ended"
             if persistent:
                 release(q_empty[qb])
 
@@ -249,6 +282,13 @@ def main() -> int:
             rng = random.Random(1000 + seed)
             tiles = [rng.randrange(0, 7) for _ in range(rng.randrange(2, 7))]
             run(0, stages, 1, seed, tiles=tiles)
+    # The dynamic variant, modes 1 and 2: 1-6 tiles (one tile: the -1 arrives right behind it).
+    for mode in (1, 2):
+        for stages in (2, 3):
+            for seed in range(300):
+                rng = random.Random(5000 + seed)
+                tiles = [rng.randrange(0, 7) for _ in range(rng.randrange(1, 7))]
+                run(0, stages, mode, seed, tiles=tiles, dynamic=True)
     print("ok")
     return 0
 

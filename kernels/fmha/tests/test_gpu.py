@@ -420,7 +420,8 @@ def test_one_process_switches_paths_between_calls(monkeypatch, head_dim) -> None
 @pytest.mark.parametrize("section", ["1", "3", "1000"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("path", ["tma-lpt", "tma-pp-lpt", "tma-m192-lpt", "tma-persist"])
+@pytest.mark.parametrize("path", ["tma-lpt", "tma-pp-lpt", "tma-m192-lpt", "tma-persist", "tma-dyn",
+                                  "tma-pp-dyn"])
 def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, section) -> None:
     """The 1-D longest-first grid of the lpt paths, with sections of 1 pair, of 3 pairs (the
     last one partial: 15 pairs) and of more pairs than there are (KFORGE_FMHA_LPT_SECTION):
@@ -440,27 +441,87 @@ def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, sectio
     assert_close(out, ref, lowp, torch.float16, f"{path} section={section}")
 
 
+@pytest.mark.parametrize("path", ["tma-persist", "tma-dyn", "tma-pp-dyn"])
 @pytest.mark.parametrize("seqlens", [(2100, 2100), (1000, 2100)], ids=["square", "q-shorter"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_persistent_kernel_walks_many_tiles(monkeypatch, head_dim, causal, seqlens) -> None:
-    """tma-persist with several tiles per CTA (4 x 8 pairs x 17 or 8 m blocks against one CTA
-    per SM), so the Q double buffer and the K/V ring run on across tiles of different lengths."""
-    if "tma-persist" not in _chosen_paths():
-        pytest.skip(f"path tma-persist is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
+def test_persistent_kernel_walks_many_tiles(monkeypatch, head_dim, causal, seqlens, path) -> None:
+    """The persistent paths with several tiles per CTA (4 x 8 pairs x 17 or 8 m blocks against one
+    CTA per SM), so the Q double buffer and the K/V ring run on across tiles of different
+    lengths. Three calls in a row: the dynamic paths' tile counter must be back at 0 after each
+    launch, or the next launch would skip tiles (left NaN)."""
+    if path not in _chosen_paths():
+        pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
     if not _hopper_90a():
-        pytest.skip("tma-persist needs an sm_90 GPU and a 90a build")
-    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", "tma-persist")
+        pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
     sq, sk = seqlens
     q = rand(4, sq, 8, head_dim, dtype=torch.bfloat16)
     k, v = (rand(4, sk, 8, head_dim, dtype=torch.bfloat16) for _ in range(2))
-    out = torch.full_like(q, float("nan"))
-    _, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, out=out, return_lse=True)
-    check_kernel("tma-persist", head_dim, causal=causal, seqlen_k=sk)
     ref, ref_lse, lowp = reference(q, k, v, causal, head_dim ** -0.5, torch.bfloat16)
-    assert torch.isfinite(out).all(), "a tile of the persistent walk was never written"
-    assert_close(out, ref, lowp, torch.bfloat16, f"tma-persist {seqlens} causal={causal}")
-    assert (lse - ref_lse).abs().max().item() < LSE_ATOL
+    for call in range(3):
+        out = torch.full_like(q, float("nan"))
+        _, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, out=out, return_lse=True)
+        check_kernel(path, head_dim, causal=causal, seqlen_k=sk)
+        assert torch.isfinite(out).all(), f"call {call}: a tile of the persistent walk was never written"
+        assert_close(out, ref, lowp, torch.bfloat16, f"{path} {seqlens} causal={causal} call {call}")
+        assert (lse - ref_lse).abs().max().item() < LSE_ATOL
+
+
+@pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn"])
+def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
+    """Launches of a dynamic path on two streams may run at the same time: each stream has its own
+    tile counter, so both outputs are whole and right (a shared counter would split the tiles
+    between the two grids)."""
+    if path not in _chosen_paths():
+        pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
+    if not _hopper_90a():
+        pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
+    ins = [tuple(rand(2, 3000, 8, 128, dtype=torch.float16) for _ in range(3)) for _ in range(2)]
+    refs = [reference(q, k, v, True, 128 ** -0.5, torch.float16) for q, k, v in ins]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    outs = [[torch.full_like(ins[0][0], float("nan")) for _ in range(4)] for _ in range(2)]
+    for rep in range(4):
+        for s in range(2):
+            with torch.cuda.stream(streams[s]):
+                q, k, v = ins[s]
+                kforge_fmha.fmha_fwd(q, k, v, causal=True, out=outs[s][rep])
+    torch.cuda.synchronize()
+    for s in range(2):
+        ref, _, lowp = refs[s]
+        for rep in range(4):
+            assert torch.isfinite(outs[s][rep]).all(), f"stream {s} call {rep}: tiles never written"
+            assert_close(outs[s][rep], ref, lowp, torch.float16, f"{path} stream {s} call {rep}")
+
+
+@pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn"])
+def test_dynamic_paths_fall_back_in_graph_capture(monkeypatch, path) -> None:
+    """In a CUDA graph the dynamic paths take the static lpt kernel of their mode (a graph can be
+    replayed on any stream, so no stream's counter is safe to bake in), and the replays are right."""
+    if path not in _chosen_paths():
+        pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
+    if not _hopper_90a():
+        pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
+    q, k, v = (rand(2, 1500, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    out = torch.empty_like(q)
+    kforge_fmha.fmha_fwd(q, k, v, causal=True, out=out)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(graph, stream=side):
+            kforge_fmha.fmha_fwd(q, k, v, causal=True, out=out)
+    lpt = {"tma-dyn": "sm90_tma_overlap_lpt", "tma-pp-dyn": "sm90_tma_lpt"}[path]
+    assert kforge_fmha.last_kernel() == lpt
+    ref, _, lowp = reference(q, k, v, True, 128 ** -0.5, torch.bfloat16)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, ref, lowp, torch.bfloat16, f"{path} graph replay")
 
 
 def test_bad_lpt_section_is_refused(monkeypatch) -> None:

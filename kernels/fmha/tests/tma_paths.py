@@ -4,9 +4,11 @@ scripts/tma_smoke.py (no torch needed here)."""
 from __future__ import annotations
 
 ALL_PATHS = ["default", "wgmma", "tma-basic", "tma-overlap", "tma", "tma-lpt", "tma-pp-lpt",
-             "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist"]
+             "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist", "tma-n176", "tma-pp-n176",
+             "tma-dyn", "tma-pp-dyn"]
 # The kernel each TMA path runs (kforge_fmha.last_kernel), by head dim (fmha_api.cpp's
-# kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only.
+# kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only, the 176-key tiles at
+# hdim 128 only.
 TMA_KERNEL = {
     "tma-basic": {64: "sm90_tma_basic", 128: "sm90_tma_basic"},
     "tma-overlap": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap"},
@@ -17,6 +19,10 @@ TMA_KERNEL = {
     "tma-m192": {64: "sm90_tma_overlap_m192", 128: "sm90_tma_overlap"},
     "tma-m192-lpt": {64: "sm90_tma_overlap_m192_lpt", 128: "sm90_tma_overlap_lpt"},
     "tma-persist": {64: "sm90_tma_overlap_persist", 128: "sm90_tma_overlap_persist"},
+    "tma-n176": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap_n176"},
+    "tma-pp-n176": {64: "sm90_tma", 128: "sm90_tma_n176"},
+    "tma-dyn": {64: "sm90_tma_overlap_dyn", 128: "sm90_tma_overlap_dyn"},
+    "tma-pp-dyn": {64: "sm90_tma_dyn", 128: "sm90_tma_dyn"},
 }
 
 
