@@ -22,7 +22,9 @@
 #      shape, so it is tested but not benchmarked twice, except in quick mode), SDPA
 #      flash/efficient/cuDNN in the same run, and the fastest path per shape
 #                                              -> $OUT/bench.md, bench.json
-# FMHA_BENCH_ARGS adds arguments to step 5 (e.g. --fa3 for a FlashAttention-3 column, with the
+# Step 5 times all columns of a shape in rotating rounds (--interleave): the GPU's clock moves
+# with its power draw during a run, and column after column let that drift decide the ratios.
+# BENCH_RUNS sets the rounds (default 10). FMHA_BENCH_ARGS adds arguments to step 5 (e.g. --fa3 for a FlashAttention-3 column, with the
 # flash-attn3 wheel on PYTHONPATH).
 # The paths (KFORGE_FMHA_SM90_PATH; fmha_api.cpp's kTmaKernels): default (per shape: tma-m192 /
 # tma-m192-lpt at hdim 64, tma / tma-pp-lpt / tma-overlap at hdim 128), tma-basic, tma-overlap,
@@ -30,7 +32,8 @@
 # L2-section order), tma-pp-lpt (tma in that order), tma-stages (one more K/V stage),
 # tma-m192 (3 consumer warpgroups, hdim 64; tma-overlap at hdim 128), tma-m192-lpt,
 # tma-persist (tma-overlap as a persistent kernel in the lpt order, Q double-buffered),
-# tma-n176 / tma-pp-n176 (tma-overlap / tma with 176-key tiles, hdim 128), tma-dyn / tma-pp-dyn
+# tma-pp-stages (tma with one more K/V stage), tma-n176 / tma-pp-n176 (tma-overlap / tma with
+# 176-key tiles, hdim 128), tma-dyn / tma-pp-dyn
 # (tma-overlap / tma as persistent kernels with a dynamic tile counter).
 # The library is used straight from the build folder (KFORGE_FMHA_LIBRARY, PYTHONPATH), so
 # nothing is pip-installed and nothing is built twice (the build is a clean one, so ptxas.txt
@@ -45,7 +48,7 @@ PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 QUICK=${FMHA_QUICK:-0}
 if [ "$QUICK" = 1 ]; then TMA_PATHS=${TMA_PATHS:-default}; fi
-TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist tma-n176 tma-pp-n176 tma-dyn tma-pp-dyn}
+TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist tma-pp-stages tma-n176 tma-pp-n176 tma-dyn tma-pp-dyn}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 status=0
@@ -144,7 +147,7 @@ if [ -z "$BENCH_PATHS" ]; then
 fi
 (cd /tmp && timeout -k 10 ${BENCH_TIMEOUT:-150} "$PY" "$ROOT/benchmarks/fmha_vs_sdpa.py" \
    --paths "$BENCH_PATHS" --seqlens 2048,4096,8192,16384 --head-dims 128,64 --no-memory \
-   --runs 10 --warmup 3 --write "$OUT/bench.md" --json "$OUT/bench.json" ${FMHA_BENCH_ARGS:-}) >"$OUT/bench.log" 2>&1
+   --runs ${BENCH_RUNS:-10} --warmup 3 --interleave --write "$OUT/bench.md" --json "$OUT/bench.json" ${FMHA_BENCH_ARGS:-}) >"$OUT/bench.log" 2>&1
 rc=$?
 grep -vE "^\|" "$OUT/bench.log" | tail -70
 if [ $rc -eq 0 ]; then note "benchmark: ok"

@@ -64,6 +64,39 @@ def time_ms(fn, warmup: int, runs: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
+def time_interleaved(fns: dict, warmup: int, runs: int) -> dict:
+    """Median device time of one call of each function, timed in rounds: every round calls each
+    function once, starting one further along the list each round, with CUDA events around each
+    call and no sync inside a round. GPU clocks move with power draw during a run (the H200 ran
+    from 1560 to 1980 MHz inside one benchmark, nvidia-smi at 250 ms), so timing one backend's
+    calls after another's lets a clock drift decide a ratio; rounds spread it over all of them.
+    A function that raises RuntimeError in its warm-up gets its error string instead."""
+    out, ok = {}, {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(warmup):
+                fn()
+            torch.cuda.synchronize()
+        except RuntimeError as exc:  # backend refuses this shape
+            out[name] = str(exc).splitlines()[0][:80]
+            continue
+        ok[name] = fn
+    names = list(ok)
+    events = {n: [] for n in names}
+    for r in range(runs):
+        for i in range(len(names)):
+            n = names[(r + i) % len(names)]
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            ok[n]()
+            e.record()
+            events[n].append((s, e))
+        torch.cuda.synchronize()  # one round at a time: the events of a round are few
+    for n in names:
+        out[n] = statistics.median(s.elapsed_time(e) for s, e in events[n])
+    return out
+
+
 def host_us(fn, calls: int = 200) -> float:
     """Host time of one call (microseconds), with the GPU queue kept busy."""
     import time
@@ -83,12 +116,43 @@ def flops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool) -> f
     return f / 2 if causal else f
 
 
-def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, runs):
+def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, runs,
+                interleave=False):
     batch = max(1, tokens // seqlen)
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, dtype=dtype, device="cuda")
                for _ in range(3))
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA wants (B, H, L, D)
     res = {}
+    if interleave:
+        fns, kernels = {}, {}
+        for impl in impls:
+            if impl == "fa3":
+                import flash_attn_interface
+
+                fns[impl] = lambda: flash_attn_interface.flash_attn_func(q, k, v, causal=causal)  # noqa: E731, F821
+            elif impl.startswith("kforge"):
+                def fn(path=impl.partition(":")[2]):
+                    if path:
+                        os.environ["KFORGE_FMHA_SM90_PATH"] = path
+                    return kforge_fmha.fmha_fwd(q, k, v, causal=causal)  # noqa: F821
+                fn()
+                kernels[impl] = kforge_fmha.last_kernel() if hasattr(kforge_fmha, "last_kernel") else None
+                fns[impl] = fn
+            else:
+                def fn(backend=BACKENDS[impl]):
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)  # noqa: F821
+                fns[impl] = fn
+        timed = time_interleaved(fns, warmup, runs)
+        fl = flops(batch, heads, seqlen, head_dim, causal)
+        for impl in impls:
+            t = timed[impl]
+            res[impl] = ({"ms": None, "tflops": None, "error": t} if isinstance(t, str)
+                         else {"ms": t, "tflops": fl / t / 1e9})
+            if kernels.get(impl) is not None:
+                res[impl]["kernel"] = kernels[impl]
+        del fns
+        impls = []  # done
     for impl in impls:
         kernel = None
         if impl == "fa3":
@@ -149,9 +213,12 @@ def render(meta, rows, mem) -> str:
                  f"CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; kforge_fmha {meta['kforge']} "
                  f"built for {meta['archs']}; {meta['date']}.")
     lines.append("")
+    timing = ("in rounds: each round times every column's kernel once, in an order that rotates "
+              "by one each round, so a GPU clock drift is spread over all columns"
+              if meta.get("interleave") else
+              "calls queued back to back with no sync between them, one column after another")
     lines.append(f"Forward pass, TFLOP/s (median of {meta['runs']} runs after {meta['warmup']} "
-                 f"warm-ups; CUDA events around each call, calls queued back to back with no "
-                 f"sync between them), {meta['heads']} heads, batch × seqlen = "
+                 f"warm-ups; CUDA events around each call, {timing}), {meta['heads']} heads, batch × seqlen = "
                  f"{meta['tokens']} tokens, FLOPs = 4·B·H·L²·d (halved when causal). Ratios are "
                  "kforge_fmha / SDPA backend, from the same run. Produced by "
                  "`python benchmarks/fmha_vs_sdpa.py --write docs/benchmarks.md`. "
@@ -276,8 +343,11 @@ def main(argv=None) -> int:
                     help="comma list of sm_90a kernel paths to run kforge_fmha with "
                          "(KFORGE_FMHA_SM90_PATH: default, wgmma, tma-basic, tma-overlap, tma, "
                          "tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt, tma-persist, "
-                         "tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn); "
+                         "tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn); "
                          "default: the library's default only")
+    ap.add_argument("--interleave", action="store_true",
+                    help="time all columns of a shape in rotating rounds (one call each per round) "
+                         "instead of one column's runs after another's")
     ap.add_argument("--fa3", action="store_true",
                     help="add FlashAttention-3 (flash_attn_interface, the flash-attn3 wheel) as a column")
     ap.add_argument("--head-dims", default="128,64", help="comma list (default 128,64)")
@@ -306,6 +376,7 @@ def main(argv=None) -> int:
             "cudnn": torch.backends.cudnn.version(), "kforge": kforge_fmha.__version__,
             "archs": " ".join(kforge_fmha.built_archs()), "tokens": args.tokens,
             "heads": args.heads, "runs": args.runs, "warmup": args.warmup,
+            "interleave": args.interleave,
             "python": platform.python_version(), "paths": args.paths,
             "date": __import__("datetime").datetime.now(__import__("datetime").timezone.utc)
             .strftime("%Y-%m-%d %H:%M UTC")}
@@ -323,7 +394,7 @@ def main(argv=None) -> int:
             for causal in (False, True):
                 for seqlen in seqlens:
                     r = bench_shape(dtype, head_dim, causal, seqlen, args.tokens, args.heads, impls,
-                                    args.warmup, args.runs)
+                                    args.warmup, args.runs, interleave=args.interleave)
                     rows.append(r)
                     t = {k: fmt(v.get("tflops")) for k, v in r["results"].items()}
                     print(f"{r['dtype']:9s} d={head_dim:3d} causal={int(causal)} L={seqlen:5d} "

@@ -198,7 +198,8 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // order), "tma-pp-lpt" (tma in that order), "tma-stages" (tma-overlap with one more K/V
 // stage), "tma-m192" (tma-overlap with 3 consumer warpgroups, hdim 64; at hdim 128 it runs
 // tma-overlap), "tma-m192-lpt" (hdim 64; at hdim 128 tma-lpt), "tma-persist" (tma-overlap
-// as a persistent kernel, one CTA per SM, in the lpt order, Q double-buffered), "tma-n176" and
+// as a persistent kernel, one CTA per SM, in the lpt order, Q double-buffered), "tma-pp-stages"
+// (tma with one more K/V stage), "tma-n176" and
 // "tma-pp-n176" (tma-overlap and tma with 176-key tiles, hdim 128; at hdim 64 they run tma-overlap
 // and tma), "tma-dyn" and "tma-pp-dyn" (tma-overlap and tma as persistent kernels with a dynamic
 // scheduler: a global tile counter, lpt order when causal; when no counter can be had, e.g.
@@ -222,6 +223,7 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-m192", 1, 3, 0, "sm90_tma_overlap_m192", "sm90_tma_overlap"},
     {"tma-m192-lpt", 1, 4, 1, "sm90_tma_overlap_m192_lpt", "sm90_tma_overlap_lpt"},
     {"tma-persist", 1, 5, 5, "sm90_tma_overlap_persist", "sm90_tma_overlap_persist"},
+    {"tma-pp-stages", 2, 2, 2, "sm90_tma_stages", "sm90_tma_stages"},
     {"tma-n176", 1, 0, 6, "sm90_tma_overlap", "sm90_tma_overlap_n176"},
     {"tma-pp-n176", 2, 0, 6, "sm90_tma", "sm90_tma_n176"},
     {"tma-dyn", 1, 7, 7, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn"},
@@ -318,6 +320,7 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
     case 11: return try_tma<T, HDIM, 1, 1>(p, causal, stream, name, err);
     case 21: return try_tma<T, HDIM, 2, 1>(p, causal, stream, name, err);
     case 12: return try_tma<T, HDIM, 1, 2>(p, causal, stream, name, err);
+    case 22: return try_tma<T, HDIM, 2, 2>(p, causal, stream, name, err);
     case 15: return try_tma<T, HDIM, 1, 5>(p, causal, stream, name, err);
     case 17:
     case 27: {
@@ -381,7 +384,8 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
     return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
                 "KFORGE_FMHA_SM90_PATH is '%s'; use default (per shape), wgmma, tma-basic, "
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
-                "tma-persist, tma-n176, tma-pp-n176, tma-dyn or tma-pp-dyn, or unset it",
+                "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn or tma-pp-dyn, or unset "
+                "it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning

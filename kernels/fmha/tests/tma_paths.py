@@ -4,8 +4,8 @@ scripts/tma_smoke.py (no torch needed here)."""
 from __future__ import annotations
 
 ALL_PATHS = ["default", "wgmma", "tma-basic", "tma-overlap", "tma", "tma-lpt", "tma-pp-lpt",
-             "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist", "tma-n176", "tma-pp-n176",
-             "tma-dyn", "tma-pp-dyn"]
+             "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist", "tma-pp-stages", "tma-n176",
+             "tma-pp-n176", "tma-dyn", "tma-pp-dyn"]
 # The kernel each TMA path runs (kforge_fmha.last_kernel), by head dim (fmha_api.cpp's
 # kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only, the 176-key tiles at
 # hdim 128 only.
@@ -19,6 +19,7 @@ TMA_KERNEL = {
     "tma-m192": {64: "sm90_tma_overlap_m192", 128: "sm90_tma_overlap"},
     "tma-m192-lpt": {64: "sm90_tma_overlap_m192_lpt", 128: "sm90_tma_overlap_lpt"},
     "tma-persist": {64: "sm90_tma_overlap_persist", 128: "sm90_tma_overlap_persist"},
+    "tma-pp-stages": {64: "sm90_tma_stages", 128: "sm90_tma_stages"},
     "tma-n176": {64: "sm90_tma_overlap", 128: "sm90_tma_overlap_n176"},
     "tma-pp-n176": {64: "sm90_tma", 128: "sm90_tma_n176"},
     "tma-dyn": {64: "sm90_tma_overlap_dyn", 128: "sm90_tma_overlap_dyn"},
