@@ -24,7 +24,8 @@
 #                                              -> $OUT/bench.md, bench.json
 # Step 5 times all columns of a shape in rotating rounds (--interleave): the GPU's clock moves
 # with its power draw during a run, and column after column let that drift decide the ratios.
-# BENCH_RUNS sets the rounds (default 10). FMHA_BENCH_ARGS adds arguments to step 5 (e.g. --fa3 for a FlashAttention-3 column, with the
+# BENCH_RUNS sets the rounds (default 10); BENCH_DEFAULT=1 benchmarks "default" as a path of
+# its own too (in full mode it is otherwise only tested). FMHA_BENCH_ARGS adds arguments to step 5 (e.g. --fa3 for a FlashAttention-3 column, with the
 # flash-attn3 wheel on PYTHONPATH).
 # The paths (KFORGE_FMHA_SM90_PATH; fmha_api.cpp's kTmaKernels): default (per shape: tma-m192 /
 # tma-m192-lpt at hdim 64, tma / tma-pp-lpt / tma-overlap at hdim 128), tma-basic, tma-overlap,
@@ -34,7 +35,8 @@
 # tma-persist (tma-overlap as a persistent kernel in the lpt order, Q double-buffered),
 # tma-pp-stages (tma with one more K/V stage), tma-n176 / tma-pp-n176 (tma-overlap / tma with
 # 176-key tiles, hdim 128), tma-dyn / tma-pp-dyn
-# (tma-overlap / tma as persistent kernels with a dynamic tile counter).
+# (tma-overlap / tma as persistent kernels with a dynamic tile counter), tma-dyn-xt (tma-dyn with
+# the next tile's first Q K^T issued before the epilogue).
 # The library is used straight from the build folder (KFORGE_FMHA_LIBRARY, PYTHONPATH), so
 # nothing is pip-installed and nothing is built twice (the build is a clean one, so ptxas.txt
 # always has every kernel). $OUT/summary.txt lists each step's status.
@@ -48,7 +50,7 @@ PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 QUICK=${FMHA_QUICK:-0}
 if [ "$QUICK" = 1 ]; then TMA_PATHS=${TMA_PATHS:-default}; fi
-TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist tma-pp-stages tma-n176 tma-pp-n176 tma-dyn tma-pp-dyn}
+TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist tma-pp-stages tma-n176 tma-pp-n176 tma-dyn tma-pp-dyn tma-dyn-xt}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 status=0
@@ -115,7 +117,7 @@ for path in $TMA_PATHS; do
   rc=$?
   if [ $rc -eq 0 ]; then
     if [ "$QUICK" = 1 ]; then [ "$path" = default ] && QUICK_BENCH=default
-    elif [ "$path" != default ]; then GOOD="$GOOD,$path"; fi
+    elif [ "$path" != default ] || [ "${BENCH_DEFAULT:-0}" = 1 ]; then GOOD="$GOOD,$path"; fi
     TESTED="$TESTED,$path"; note "smoke $path: ok"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     note "smoke $path: TIMEOUT (hang?) after 40 s; path left out of pytest and the benchmark"; status=1

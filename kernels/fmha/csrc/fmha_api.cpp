@@ -203,7 +203,8 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // "tma-pp-n176" (tma-overlap and tma with 176-key tiles, hdim 128; at hdim 64 they run tma-overlap
 // and tma), "tma-dyn" and "tma-pp-dyn" (tma-overlap and tma as persistent kernels with a dynamic
 // scheduler: a global tile counter, lpt order when causal; when no counter can be had, e.g.
-// during stream capture, they run tma-lpt and tma-pp-lpt). A TMA path runs head dims 64
+// during stream capture, they run tma-lpt and tma-pp-lpt) and "tma-dyn-xt" (tma-dyn with each
+// tile's first Q K^T issued before the previous tile's epilogue; falls back like tma-dyn). A TMA path runs head dims 64
 // and 128 with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
@@ -228,6 +229,7 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-pp-n176", 2, 0, 6, "sm90_tma", "sm90_tma_n176"},
     {"tma-dyn", 1, 7, 7, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn"},
     {"tma-pp-dyn", 2, 7, 7, "sm90_tma_dyn", "sm90_tma_dyn"},
+    {"tma-dyn-xt", 1, 8, 8, "sm90_tma_overlap_dyn_xt", "sm90_tma_overlap_dyn_xt"},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
@@ -245,33 +247,30 @@ constexpr int tma_index(const char* name) {
   return kPathInvalid;
 }
 
-// The default path per shape: the fastest measured path of TMA tuning run 2 (NVIDIA H200,
-// 2026-11-23 05:32 UTC, docs/benchmarks.md), bf16 and fp16, seqlen 2k-16k at batch x seqlen =
-// 16384 tokens, 16 heads. Rows that justify each branch (TFLOP/s, bf16 / fp16):
-//  - hdim 64, non-causal: tma-m192 is the fastest at all 8 points (458-543 / 458-521; the next
-//    best, tma-m192-lpt, up to 5% behind; tma-overlap 381-460).
-//  - hdim 64, causal: tma-m192-lpt is the fastest at all 8 points (344-530 / 343-514; tma-m192
-//    337-506 / 331-487).
-//  - hdim 128, non-causal, seqlen_k <= 4096: tma (ping-pong): 618, 659 / 589, 628 against
-//    tma-overlap 600, 651 / 587, 633. Above: tma-overlap: 8k 673 / 646 against tma 678 / 602,
-//    16k 623 / 599 against tma 613 / 601 (ping-pong loses 7% at fp16 8k here, and 9% at 8k in
-//    both dtypes in run 1: 614 / 591 against 673 / 652); tma-lpt's 627 at bf16 16k is not kept
-//    (591 at fp16 16k).
-//  - hdim 128, causal, seqlen_k <= 4096: tma-pp-lpt: 485, 600 / 456, 584 (the fastest at all 4
-//    points; tma-overlap 441, 551 / 396, 543). Above: tma-overlap: 8k 609 / 592, 16k 628 / 623
-//    (within 1% of the fastest except fp16 16k: tma 648 there, but 596 / 570 at 8k and 609 at
-//    bf16 16k); tma-pp-lpt 597, 607 / 568, 587.
+// The default path per shape: the fastest path of the interleaved tuning run (NVIDIA H200,
+// 2026-11-23 11:13 UTC, docs/benchmarks.md: every column of a shape timed in rotating rounds,
+// 20 rounds), bf16 and fp16, seqlen 2k-16k at batch x seqlen = 16384 tokens, 16 heads.
+// x cuDNN of the same run, bf16 / fp16:
+//  - hdim 64, non-causal: tma-m192 at every seqlen (1.04-1.13 / 1.04-1.13; tma-dyn 0.89-0.91).
+//  - hdim 64, causal, seqlen_k <= 2048: tma-dyn (0.97 / 0.97; tma-m192-lpt 0.94 / 0.94). Above:
+//    tma-m192-lpt (1.04-1.20 / 1.04-1.20; tma-dyn 0.98-0.99).
+//  - hdim 128, causal: tma-dyn at every seqlen (1.08-1.10 / 1.07-1.11; tma-pp-lpt 0.99-1.09,
+//    tma 0.96-1.11; tma-pp-n176 reads 1.13 / 1.14 at 16k, tma-dyn 1.10 / 1.11 there).
+//  - hdim 128, non-causal, seqlen_k <= 4096: tma-dyn (0.96, 0.97 / 0.96, 0.97; tma 0.92, 0.95).
+//    Above: tma-n176 (1.01, 1.05 / 1.00, 1.04; tma-overlap 0.97, 1.00; tma-dyn 0.98, 0.99).
 // The benchmark ties seqlen to batch (16384 tokens), so shorter or longer batches were not
-// measured; seqlen_k < 2k takes the <= 4096 branch unmeasured.
+// measured; seqlen_k < 2k takes the <= 2048 / <= 4096 branches unmeasured.
 int default_tma_path(int head_dim, bool causal, int seqlen_k) {
   constexpr int kM192 = tma_index("tma-m192"), kM192Lpt = tma_index("tma-m192-lpt");
-  constexpr int kPingPong = tma_index("tma"), kPpLpt = tma_index("tma-pp-lpt");
-  constexpr int kOverlap = tma_index("tma-overlap");
-  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kPingPong >= 0 && kPpLpt >= 0 && kOverlap >= 0,
+  constexpr int kDyn = tma_index("tma-dyn"), kN176 = tma_index("tma-n176");
+  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kDyn >= 0 && kN176 >= 0,
                 "default_tma_path names a path that kTmaKernels lacks");
-  if (head_dim == 64) return causal ? kM192Lpt : kM192;
-  if (seqlen_k <= 4096) return causal ? kPpLpt : kPingPong;
-  return kOverlap;
+  if (head_dim == 64) {
+    if (!causal) return kM192;
+    return seqlen_k <= 2048 ? kDyn : kM192Lpt;
+  }
+  if (causal) return kDyn;
+  return seqlen_k <= 4096 ? kDyn : kN176;
 }
 
 // The kTmaKernels index the call asks for, kPathWgmma or kPathInvalid.
@@ -323,12 +322,14 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
     case 22: return try_tma<T, HDIM, 2, 2>(p, causal, stream, name, err);
     case 15: return try_tma<T, HDIM, 1, 5>(p, causal, stream, name, err);
     case 17:
+    case 18:
     case 27: {
       // The dynamic scheduler needs its counter (none during stream capture): else the same
       // mode in the static lpt order.
       const bool pp = k.mode == 2;
       if (pp ? try_tma<T, HDIM, 2, 7>(p, causal, stream, name, err)
-             : try_tma<T, HDIM, 1, 7>(p, causal, stream, name, err)) {
+             : var == 8 ? try_tma<T, HDIM, 1, 8>(p, causal, stream, name, err)
+                        : try_tma<T, HDIM, 1, 7>(p, causal, stream, name, err)) {
         return true;
       }
       const TmaKernel& lpt = kTmaKernels[tma_index(pp ? "tma-pp-lpt" : "tma-lpt")];
@@ -384,8 +385,8 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
     return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
                 "KFORGE_FMHA_SM90_PATH is '%s'; use default (per shape), wgmma, tma-basic, "
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
-                "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn or tma-pp-dyn, or unset "
-                "it",
+                "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn or "
+                "tma-dyn-xt, or unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning

@@ -43,6 +43,10 @@
 //   6 "n176": 176-key tiles (hdim 128 only): Q K^T is one wgmma m64n176k16 per k-step and P V
 //     11 k-steps, so the per-tile costs (barrier waits, row max shuffles, the wgmma fences and
 //     waits) are spread over 37% more keys (FlashAttention-3's non-causal hdim-128 tile).
+//   8 "dyn-xt": 7 in mode 1, with the tile boundary overlapped: right after issuing a tile's last
+//     P V, each consumer warpgroup issues the next tile's first Q K^T (its Q and K are loaded by
+//     then), and only then waits for P V and runs the epilogue (normalise, LSE, O stores), so the
+//     epilogue runs under the next tile's first product instead of in front of it.
 //   7 "dyn": persistent like 5, in modes 1 and 2 (ping-pong), but scheduled dynamically: each
 //     CTA starts on tile blockIdx.x, then its producer takes the next tile index from a global
 //     counter (atomicAdd) and hands it to the consumers in shared memory next to the Q buffer
@@ -76,8 +80,9 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 7, "variant 0..7");
-  static constexpr bool kDynamic = VAR == 7;
+  static_assert(VAR >= 0 && VAR <= 8, "variant 0..8");
+  static constexpr bool kCrossTile = VAR == 8;
+  static constexpr bool kDynamic = VAR == 7 || kCrossTile;
   static constexpr bool kPersist = VAR == 5 || kDynamic;
   static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
   static constexpr bool kWideN = VAR == 6;
@@ -201,6 +206,9 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   static_assert(!kPingPong || C::kConsumers == 2, "ping-pong takes two consumer warpgroups");
   constexpr bool kPersist = Var<VAR>::kPersist;
   constexpr bool kDynamic = Var<VAR>::kDynamic;
+  constexpr bool kCrossTile = Var<VAR>::kCrossTile;
+  static_assert(!kCrossTile || MODE == 1, "the cross-tile variant is of mode 1");
+  static_assert(!kCrossTile || C::kBlockN == 128, "the stand-in product reads a V tile as K");
   static_assert(!kPersist || MODE == 1 || kDynamic, "the static persistent variant is of mode 1");
   constexpr int kBlockN = C::kBlockN;
   constexpr int kNT = kBlockN / 8;   // 8-key accumulator column groups of S
@@ -380,6 +388,11 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
 
   int it = 0;  // K/V tiles consumed so far (persistent: the ring runs on across tiles)
   int qi = 0;  // tiles so far
+  // S and P live across tiles: the cross-tile variant issues a tile's first Q K^T into s during
+  // the previous tile ("carried").
+  float s[kBlockN / 2];
+  uint32_t pa[kKP][4];
+  bool carried = false;
   for (int ti = first_tile; kDynamic || ti < total_tiles; ti += tile_stride) {
   int lin = tile_lin(ti);
   if constexpr (kDynamic) {  // the tile the producer loaded into the next Q buffer, or -1
@@ -398,16 +411,20 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   unsigned char* const qbase = base + qb * C::kQBytes;
   const uint64_t q_desc = make_desc(sQ + qb * C::kQBytes + cw * 64 * 128);
 
+  // O is zeroed once no product is in flight: in the overlap modes after tile 0's Q K^T has
+  // completed (the cross-tile variant issues that product during the previous tile, and ptxas
+  // serialises every wgmma when an accumulator is written between a product's issue and wait).
   float o[kHalves][32];
+  auto zero_o = [&]() {
 #pragma unroll
-  for (int d = 0; d < kHalves; ++d) {
+    for (int d = 0; d < kHalves; ++d) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) o[d][i] = 0.f;
-  }
+      for (int i = 0; i < 32; ++i) o[d][i] = 0.f;
+    }
+  };
+  if (!kOverlap || n_blocks == 0) zero_o();
   float row_max[2] = {kNegInf, kNegInf};
   float row_sum[2] = {0.f, 0.f};
-  float s[kBlockN / 2];
-  uint32_t pa[kKP][4];
 
   // Ping-pong turn-taking: warpgroup cw waits on barrier 4 + cw before issuing its products and
   // then lets the other one go (bar.arrive on 4 + (1 - cw)); both sides count 256 threads.
@@ -428,16 +445,17 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   auto needs_mask = [&](int n) {
     return (n + 1) * C::kBlockN > sk || (CAUSAL && n * C::kBlockN + C::kBlockN - 1 > row0 + sk - sq);
   };
-  auto qk_issue = [&](int stage) {
+  // S = Q K^T from descriptors of this warpgroup's Q rows and of a K tile.
+  auto qk_issue_desc = [&](uint64_t qd, uint64_t kd) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HDIM / 16; ++kk) {
       const uint64_t kin = (kk % 4) * 2;  // 32 bytes per k16 inside a 64-column half
-      Wgmma<T>::ss(s, q_desc + (kk / 4) * kQHalfUnits + kin,
-                   k_desc + stage * kTileUnits + (kk / 4) * kHalfUnits + kin, kk > 0);
+      Wgmma<T>::ss(s, qd + (kk / 4) * kQHalfUnits + kin, kd + (kk / 4) * kHalfUnits + kin, kk > 0);
     }
     wgmma_commit();
   };
+  auto qk_issue = [&](int stage) { qk_issue_desc(q_desc, k_desc + stage * kTileUnits); };
   auto pv_issue = [&](int stage) {
     wgmma_fence();
 #pragma unroll
@@ -560,15 +578,18 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       release(v_empty(st));
     }
   } else if (n_blocks > 0) {
-    // Tile 0: Q K^T alone.
+    // Tile 0: Q K^T alone (cross-tile variant: already issued by the previous tile, if any).
     {
       const int n = n_blocks - 1;
-      mbar_wait(k_full(it0 % kStages), (it0 / kStages) & 1);
-      turn_begin();
-      qk_issue(it0 % kStages);
-      turn_end();
-      wgmma_wait0();
+      if (!(kCrossTile && carried)) {  // carried: issued and completed in the previous tile
+        mbar_wait(k_full(it0 % kStages), (it0 / kStages) & 1);
+        turn_begin();
+        qk_issue(it0 % kStages);
+        turn_end();
+        wgmma_wait0();
+      }
       keep(s);
+      zero_o();
       release(k_empty(it0 % kStages));
       if (needs_mask(n)) mask(n);
       float alpha[2];
@@ -617,12 +638,46 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       turn_begin();
       pv_issue(st);
       turn_end();
-      wgmma_wait0();
+      bool issued_next = false;
+      if constexpr (kCrossTile) {
+        // The next tile's first Q K^T goes out before this P V is waited for: its Q buffer and
+        // first K tile are the next ones the producer loads (it needs no release of ours).
+        // The product is issued on every path, so that ptxas sees one group after P V whatever
+        // the branch (it serialises every wgmma when a path could read O with P V pending):
+        // with no next tile, or one without key tiles, it multiplies this warpgroup's rows of
+        // the next Q buffer by this tile's last V tile, both stable until that product is
+        // waited for (V is released after it), and s is not used.
+        const int nq = qi + 1;
+        const int nqb = nq % kQBufs;
+        mbar_wait(q_full(nqb), (nq / kQBufs) & 1);
+        const int nlin = slots[nqb];
+        const uint32_t nq_base = sQ + nqb * C::kQBytes;
+        uint64_t kd = v_desc + st * kTileUnits;
+        if (nlin >= 0) {
+          int nm, nh, nb;
+          coords(nlin, nm, nh, nb);
+          TileSetup<T> nt;
+          if (setup_tile<T, CAUSAL>(p, nm, nh, nb, C::kBlockM, C::kBlockN, nt) && nt.n_blocks > 0) {
+            const int g = it0 + n_blocks;  // the ring index of its first K tile
+            mbar_wait(k_full(g % kStages), (g / kStages) & 1);
+            kd = k_desc + (g % kStages) * kTileUnits;
+            issued_next = true;
+          }
+        }
+        qk_issue_desc(make_desc(nq_base + cw * 64 * 128), kd);
+        wgmma_wait1();  // this P V done; the next tile's Q K^T may still run
+        if (!issued_next) wgmma_wait0();  // the stand-in product read V: done before V's release
+      } else {
+        wgmma_wait0();
+      }
       keep(o[0]);
       if constexpr (kHalves > 1) keep(o[kHalves - 1]);
       keep(pa);
       release(v_empty(st));
+      carried = issued_next;
     }
+  } else {
+    carried = false;
   }
 
   // Epilogue: normalise, write the LSE, stage O through this warp's own 16 rows of sQ (every
@@ -665,6 +720,12 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     fence_proxy_async();
     __syncwarp();
     release(q_empty(qb));
+  }
+  if constexpr (kCrossTile) {
+    // The next tile's first Q K^T ran under this epilogue: wait for it here, so that no product
+    // is in flight across the loop's back edge (ptxas would serialise every wgmma).
+    wgmma_wait0();
+    keep(s);
   }
   it += n_blocks;
   ++qi;
@@ -877,6 +938,7 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 2) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 5) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 7) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 8) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7)
 // Head dim 128 only: the 176-key tiles.
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM128(T)   \

@@ -13,7 +13,10 @@ The dynamic variant (VAR 7, modes 1 and 2) is modelled as well: the producer wri
 index into the slot of the Q buffer it loads before arming that buffer's full barrier, and ends
 with -1 in the next slot (a plain arrive, no bytes); the consumers learn each tile from the slot
 and stop at -1, and in mode 2 they take turns across tiles with the ping-pong barriers. The model
-checks that a slot still holds its tile when the consumers release the buffer.
+checks that a slot still holds its tile when the consumers release the buffer. With `cross`
+(VAR 8, mode 1), a consumer issues the next tile's first Q K^T after its last P V and before
+releasing that V and its Q buffer: it waits for the next tile's Q and first K there, which the
+model checks can arrive without those releases.
 It checks the protocol as written here, not the CUDA code: keep the two in step when either
 changes.
 
@@ -55,10 +58,11 @@ class MBarrier:
 
 
 def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | None = None,
-        dynamic: bool = False) -> None:
+        dynamic: bool = False, cross: bool = False) -> None:
     """One CTA: a single query tile of n_blocks key tiles, or (persistent: mode 1, or dynamic:
     modes 1 and 2) `tiles`, the key-tile counts of the tiles it is handed."""
     rng = random.Random(seed)
+    assert not cross or (dynamic and mode == 1), "the cross-tile variant is dynamic, mode 1"
     tiles = [n_blocks] if tiles is None else tiles
     persistent = len(tiles) > 1 or dynamic
     assert not persistent or mode == 1 or dynamic, "the static persistent variant is of mode 1"
@@ -128,6 +132,7 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
 
     def consumer(cw: int):
         it = 0
+        carried = False
         if dynamic:
             qi = 0
             while True:
@@ -138,14 +143,15 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
                 if tile == -1:
                     return
                 assert tile == qi, f"slot {qb} holds {tile!r}, not tile {qi}"
-                yield from consumer_tile(cw, qi, tiles[tile], it)
+                carried = yield from consumer_tile(cw, qi, tiles[tile], it, carried)
                 it += tiles[tile]
                 qi += 1
         for qi, nb in enumerate(tiles):
             yield from consumer_tile(cw, qi, nb, it)
             it += nb
 
-    def consumer_tile(cw: int, qi: int, n_blocks: int, it0: int):
+    def consumer_tile(cw: int, qi: int, n_blocks: int, it0: int, carried: bool = False):
+        """One query tile; returns whether it issued the next tile's first Q K^T (cross)."""
         ping_pong, overlap = mode >= 2, mode >= 1
         turns = [n_blocks + 1]
         qb = qi % qbufs
@@ -185,6 +191,7 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
             bar_arrive(4)
         while not q_full[qb].passed((qi // qbufs) & 1):
             yield
+        assert not carried or n_blocks > 0, "a Q K^T carried into a tile without key tiles"
         if not overlap:
             for i in range(n_blocks):
                 g = it0 + i
@@ -203,17 +210,18 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
                 read(v_buf, i)
                 release(v_empty[s])
             yield from epilogue()
-            return
+            return False
         if n_blocks == 0:
             yield from epilogue()
-            return
+            return False
         s0, ph0 = it0 % stages, (it0 // stages) & 1
-        while not k_full[s0].passed(ph0):
-            yield
-        yield from turn_begin()
-        read_q()
-        read(k_buf, 0)
-        turn_end()
+        if not carried:
+            while not k_full[s0].passed(ph0):
+                yield
+            yield from turn_begin()
+            read_q()
+            read(k_buf, 0)
+            turn_end()
         yield
         read(k_buf, 0)
         release(k_empty[s0])
@@ -243,10 +251,26 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
         yield from turn_begin()
         read(v_buf, n_blocks - 1)
         turn_end()
+        issued = False
+        if cross:  # the next tile's first Q K^T, before this V and this Q buffer are released
+            nq = qi + 1
+            nqb = nq % qbufs
+            while not q_full[nqb].passed((nq // qbufs) & 1):
+                yield
+            nxt = slot[nqb]
+            if nxt != -1 and tiles[nxt] > 0:
+                g = it0 + n_blocks
+                ns, nph = g % stages, (g // stages) & 1
+                while not k_full[ns].passed(nph):
+                    yield
+                assert q_buf[nqb] == nq, f"Q buffer {nqb} holds {q_buf[nqb]!r}, not query tile {nq}"
+                assert k_buf[ns] == g, f"stage {ns} holds {k_buf[ns]!r}, not tile {g}"
+                issued = True
         yield
         read(v_buf, n_blocks - 1)
         release(v_empty[s])
         yield from epilogue()
+        return issued
 
     actors = {"producer": producer(), "consumer0": consumer(0), "consumer1": consumer(1)}
     for _step in range(200_000):
@@ -289,6 +313,12 @@ def main() -> int:
                 rng = random.Random(5000 + seed)
                 tiles = [rng.randrange(0, 7) for _ in range(rng.randrange(1, 7))]
                 run(0, stages, mode, seed, tiles=tiles, dynamic=True)
+    # The cross-tile variant (mode 1).
+    for stages in (2, 3):
+        for seed in range(300):
+            rng = random.Random(9000 + seed)
+            tiles = [rng.randrange(0, 7) for _ in range(rng.randrange(1, 7))]
+            run(0, stages, 1, seed, tiles=tiles, dynamic=True, cross=True)
     print("ok")
     return 0
 

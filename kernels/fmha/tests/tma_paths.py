@@ -5,7 +5,7 @@ from __future__ import annotations
 
 ALL_PATHS = ["default", "wgmma", "tma-basic", "tma-overlap", "tma", "tma-lpt", "tma-pp-lpt",
              "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist", "tma-pp-stages", "tma-n176",
-             "tma-pp-n176", "tma-dyn", "tma-pp-dyn"]
+             "tma-pp-n176", "tma-dyn", "tma-pp-dyn", "tma-dyn-xt"]
 # The kernel each TMA path runs (kforge_fmha.last_kernel), by head dim (fmha_api.cpp's
 # kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only, the 176-key tiles at
 # hdim 128 only.
@@ -24,14 +24,17 @@ TMA_KERNEL = {
     "tma-pp-n176": {64: "sm90_tma", 128: "sm90_tma_n176"},
     "tma-dyn": {64: "sm90_tma_overlap_dyn", 128: "sm90_tma_overlap_dyn"},
     "tma-pp-dyn": {64: "sm90_tma_dyn", 128: "sm90_tma_dyn"},
+    "tma-dyn-xt": {64: "sm90_tma_overlap_dyn_xt", 128: "sm90_tma_overlap_dyn_xt"},
 }
 
 
 def default_path(head_dim: int, causal: bool, seqlen_k: int) -> str:
     """The TMA path the default picks for a fixed-length call (fmha_api.cpp's default_tma_path,
-    chosen from TMA tuning run 2 in docs/benchmarks.md)."""
+    chosen from the interleaved tuning run in docs/benchmarks.md)."""
     if head_dim == 64:
-        return "tma-m192-lpt" if causal else "tma-m192"
-    if seqlen_k <= 4096:
-        return "tma-pp-lpt" if causal else "tma"
-    return "tma-overlap"
+        if not causal:
+            return "tma-m192"
+        return "tma-dyn" if seqlen_k <= 2048 else "tma-m192-lpt"
+    if causal:
+        return "tma-dyn"
+    return "tma-dyn" if seqlen_k <= 4096 else "tma-n176"
