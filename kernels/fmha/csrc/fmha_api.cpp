@@ -248,7 +248,7 @@ constexpr int tma_index(const char* name) {
 }
 
 // The default path per shape: the fastest path of the interleaved tuning run (NVIDIA H200,
-// 2026-11-23 11:13 UTC, docs/benchmarks.md: every column of a shape timed in rotating rounds,
+// 2026-11-23 11:08 UTC, docs/benchmarks.md: every column of a shape timed in rotating rounds,
 // 20 rounds), bf16 and fp16, seqlen 2k-16k at batch x seqlen = 16384 tokens, 16 heads.
 // x cuDNN of the same run, bf16 / fp16:
 //  - hdim 64, non-causal: tma-m192 at every seqlen (1.04-1.13 / 1.04-1.13; tma-dyn 0.89-0.91).
