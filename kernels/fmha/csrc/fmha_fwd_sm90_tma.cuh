@@ -43,16 +43,16 @@
 //   6 "n176": 176-key tiles (hdim 128 only): Q K^T is one wgmma m64n176k16 per k-step and P V
 //     11 k-steps, so the per-tile costs (barrier waits, row max shuffles, the wgmma fences and
 //     waits) are spread over 37% more keys (FlashAttention-3's non-causal hdim-128 tile).
-//   8 "dyn-xt": 7 in mode 1, with the tile boundary overlapped: right after issuing a tile's last
-//     P V, each consumer warpgroup issues the next tile's first Q K^T (its Q and K are loaded by
-//     then), and only then waits for P V and runs the epilogue (normalise, LSE, O stores), so the
-//     epilogue runs under the next tile's first product instead of in front of it.
 //   7 "dyn": persistent like 5, in modes 1 and 2 (ping-pong), but scheduled dynamically: each
 //     CTA starts on tile blockIdx.x, then its producer takes the next tile index from a global
 //     counter (atomicAdd) and hands it to the consumers in shared memory next to the Q buffer
 //     it loads (-1: no tiles left). Tiles run in the "lpt" order when causal, else m block
 //     within head. The last producer to finish resets the counter, so a launch leaves it 0
 //     for the next launch on its stream (one counter per device and stream, launch_fwd_sm90_tma).
+//   8 "dyn-xt": 7 in mode 1, with the tile boundary overlapped: right after issuing a tile's last
+//     P V, each consumer warpgroup issues the next tile's first Q K^T (its Q and K are loaded by
+//     then), and only then waits for P V and runs the epilogue (normalise, LSE, O stores), so the
+//     epilogue runs under the next tile's first product instead of in front of it.
 #pragma once
 
 #include <algorithm>

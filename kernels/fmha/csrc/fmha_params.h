@@ -53,7 +53,9 @@ cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 // The sm_90a TMA + warp-specialised kernel, fmha_fwd_sm90_tma.cuh (head dims 64 and 128).
 // MODE 0: no overlap, 1: intra-warpgroup overlap, 2: overlap + ping-pong. VAR (a tuning
 // variant, sm90tma::Var): 0 base, 1 longest-first L2-section tile order, 2 one more K/V stage,
-// 3 three consumer warpgroups (192-row CTAs, hdim 64 only), 4 = 3 + 1. launch_fwd_sm90_tma
+// 3 three consumer warpgroups (192-row CTAs, hdim 64 only), 4 = 3 + 1, 5 persistent (static
+// stride), 6 176-key tiles (hdim 128 only), 7 persistent with a dynamic tile counter, 8 = 7 with
+// the next tile's first Q K^T under the epilogue. launch_fwd_sm90_tma
 // returns cudaErrorNotSupported, launching nothing, for a call it cannot take (varlen, or
 // strides the tensor maps cannot describe). Defined in fmha_fwd_{fp16,bf16}_hdim{64,128}.cu.
 template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
