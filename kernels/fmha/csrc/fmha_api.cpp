@@ -191,21 +191,21 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 
 // Which sm_90a kernel a call asks for: KFORGE_FMHA_SM90_PATH, read at every call (so one process
 // can compare the paths). Unset, empty or "default": the path default_tma_path() picks per shape
-// from TMA tuning run 2 (docs/benchmarks.md). "wgmma": the cp.async wgmma kernel (hdim 128; hdim 64 runs
-// the mma.sync kernel). The TMA paths (fmha_fwd_sm90_tma.cuh), each a (MODE, VAR) pair of its
+// from TMA tuning run 5 (docs/benchmarks.md). "wgmma": the cp.async wgmma kernel (hdim 128;
+// hdim 64 runs the mma.sync kernel). The TMA paths (fmha_fwd_sm90_tma.cuh), each a (MODE, VAR) pair of its
 // kernel: "tma-basic" (no overlap), "tma-overlap" (intra-warpgroup overlap), "tma" (overlap +
 // ping-pong), and the tuning variants "tma-lpt" (tma-overlap in longest-first L2-section
 // order), "tma-pp-lpt" (tma in that order), "tma-stages" (tma-overlap with one more K/V
 // stage), "tma-m192" (tma-overlap with 3 consumer warpgroups, hdim 64; at hdim 128 it runs
 // tma-overlap), "tma-m192-lpt" (hdim 64; at hdim 128 tma-lpt), "tma-persist" (tma-overlap
 // as a persistent kernel, one CTA per SM, in the lpt order, Q double-buffered), "tma-pp-stages"
-// (tma with one more K/V stage), "tma-n176" and
-// "tma-pp-n176" (tma-overlap and tma with 176-key tiles, hdim 128; at hdim 64 they run tma-overlap
-// and tma), "tma-dyn" and "tma-pp-dyn" (tma-overlap and tma as persistent kernels with a dynamic
-// scheduler: a global tile counter, lpt order when causal; when no counter can be had, e.g.
-// during stream capture, they run tma-lpt and tma-pp-lpt) and "tma-dyn-xt" (tma-dyn with each
-// tile's first Q K^T issued before the previous tile's epilogue; falls back like tma-dyn). A TMA path runs head dims 64
-// and 128 with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
+// (tma with one more K/V stage), "tma-n176" and "tma-pp-n176" (tma-overlap and tma with 176-key
+// tiles, hdim 128; at hdim 64 they run tma-overlap and tma), "tma-dyn" and "tma-pp-dyn"
+// (tma-overlap and tma as persistent kernels with a dynamic scheduler: a global tile counter,
+// lpt order when causal; when no counter can be had, e.g. during stream capture, they run
+// tma-lpt and tma-pp-lpt) and "tma-dyn-xt" (tma-dyn with each tile's first Q K^T issued before
+// the previous tile's epilogue; falls back like tma-dyn). A TMA path runs head dims 64 and 128
+// with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
 struct TmaKernel {
@@ -247,7 +247,7 @@ constexpr int tma_index(const char* name) {
   return kPathInvalid;
 }
 
-// The default path per shape: the fastest path of the interleaved tuning run (NVIDIA H200,
+// The default path per shape: the fastest path of TMA tuning run 5 (NVIDIA H200,
 // 2026-11-23 11:08 UTC, docs/benchmarks.md: every column of a shape timed in rotating rounds,
 // 20 rounds), bf16 and fp16, seqlen 2k-16k at batch x seqlen = 16384 tokens, 16 heads.
 // x cuDNN of the same run, bf16 / fp16:
