@@ -1,0 +1,70 @@
+"""benchmarks/fmha_vs_sdpa.py's interleaved timing, with fake CUDA events: every column is called
+warm-up + runs times, each round starts one column further along, the medians are each column's
+own times, and a column whose warm-up raises gets its error instead of a time."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the benchmark script needs torch")
+pytest.importorskip("kforge_fmha", reason="the benchmark script imports kforge_fmha")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("fmha_vs_sdpa", ROOT / "benchmarks" / "fmha_vs_sdpa.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    clock = {"t": 0.0}
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.t = None
+
+        def record(self) -> None:
+            self.t = clock["t"]
+
+        def elapsed_time(self, end: "FakeEvent") -> float:
+            return end.t - self.t
+
+    monkeypatch.setattr(mod.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(mod.torch.cuda, "synchronize", lambda: None)
+    return mod, clock
+
+
+def test_rounds_rotate_and_medians_are_each_columns_own(bench) -> None:
+    mod, clock = bench
+    calls: list[str] = []
+    cost = {"a": 1.0, "b": 2.0, "c": 5.0}
+
+    def make(name):
+        def fn():
+            calls.append(name)
+            clock["t"] += cost[name]
+        return fn
+
+    out = mod.time_interleaved({n: make(n) for n in cost}, warmup=2, runs=4)
+    assert out == pytest.approx(cost)
+    assert {n: calls.count(n) for n in cost} == {"a": 6, "b": 6, "c": 6}
+    timed = calls[6:]  # after the warm-ups (2 per column, column by column)
+    rounds = [timed[i:i + 3] for i in range(0, 12, 3)]
+    assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+def test_a_column_that_refuses_the_shape_gets_its_error(bench) -> None:
+    mod, clock = bench
+
+    def ok():
+        clock["t"] += 3.0
+
+    def refuses():
+        raise RuntimeError("No available kernel. Aborting execution.\nmore detail")
+
+    out = mod.time_interleaved({"ok": ok, "cudnn": refuses}, warmup=1, runs=3)
+    assert out["ok"] == pytest.approx(3.0)
+    assert out["cudnn"] == "No available kernel. Aborting execution."
