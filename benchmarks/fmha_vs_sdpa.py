@@ -122,65 +122,45 @@ def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, r
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, dtype=dtype, device="cuda")
                for _ in range(3))
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA wants (B, H, L, D)
-    res = {}
-    if interleave:
-        fns, kernels = {}, {}
-        for impl in impls:
-            if impl == "fa3":
-                import flash_attn_interface
-
-                fns[impl] = lambda: flash_attn_interface.flash_attn_func(q, k, v, causal=causal)  # noqa: E731, F821
-            elif impl.startswith("kforge"):
-                def fn(path=impl.partition(":")[2]):
-                    if path:
-                        os.environ["KFORGE_FMHA_SM90_PATH"] = path
-                    return kforge_fmha.fmha_fwd(q, k, v, causal=causal)  # noqa: F821
-                fn()
-                kernels[impl] = kforge_fmha.last_kernel() if hasattr(kforge_fmha, "last_kernel") else None
-                fns[impl] = fn
-            else:
-                def fn(backend=BACKENDS[impl]):
-                    with sdpa_kernel(backend):
-                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)  # noqa: F821
-                fns[impl] = fn
-        timed = time_interleaved(fns, warmup, runs)
-        fl = flops(batch, heads, seqlen, head_dim, causal)
-        for impl in impls:
-            t = timed[impl]
-            res[impl] = ({"ms": None, "tflops": None, "error": t} if isinstance(t, str)
-                         else {"ms": t, "tflops": fl / t / 1e9})
-            if kernels.get(impl) is not None:
-                res[impl]["kernel"] = kernels[impl]
-        del fns
-        impls = []  # done
+    fns, kernels = {}, {}
     for impl in impls:
-        kernel = None
         if impl == "fa3":
             import flash_attn_interface
 
-            fn = lambda: flash_attn_interface.flash_attn_func(q, k, v, causal=causal)  # noqa: E731, F821  (bound before the del below)
+            def fn():
+                return flash_attn_interface.flash_attn_func(q, k, v, causal=causal)  # noqa: F821  (bound before the del below)
         elif impl.startswith("kforge"):
             path = impl.partition(":")[2]
-            if path:
-                os.environ["KFORGE_FMHA_SM90_PATH"] = path
-            fn = lambda: kforge_fmha.fmha_fwd(q, k, v, causal=causal)  # noqa: E731, F821  (bound before the del below)
+
+            def fn(path=path):
+                if path:  # read by the library at every call
+                    os.environ["KFORGE_FMHA_SM90_PATH"] = path
+                return kforge_fmha.fmha_fwd(q, k, v, causal=causal)  # noqa: F821  (bound before the del below)
             fn()
-            kernel = kforge_fmha.last_kernel() if hasattr(kforge_fmha, "last_kernel") else None
+            kernels[impl] = kforge_fmha.last_kernel() if hasattr(kforge_fmha, "last_kernel") else None
         else:
             def fn(backend=BACKENDS[impl]):
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)  # noqa: F821  (bound before the del below)
-        try:
-            ms = time_ms(fn, warmup, runs)
-        except RuntimeError as exc:  # backend refuses this shape
-            res[impl] = {"ms": None, "tflops": None, "error": str(exc).splitlines()[0][:80]}
-            if kernel is not None:
-                res[impl]["kernel"] = kernel
-            continue
-        res[impl] = {"ms": ms, "tflops": flops(batch, heads, seqlen, head_dim, causal) / ms / 1e9}
-        if kernel is not None:
-            res[impl]["kernel"] = kernel
-    del q, k, v, qt, kt, vt
+        fns[impl] = fn
+    if interleave:
+        timed = time_interleaved(fns, warmup, runs)
+    else:  # one column's runs after another's
+        timed = {}
+        for impl, fn in fns.items():
+            try:
+                timed[impl] = time_ms(fn, warmup, runs)
+            except RuntimeError as exc:  # backend refuses this shape
+                timed[impl] = str(exc).splitlines()[0][:80]
+    fl = flops(batch, heads, seqlen, head_dim, causal)
+    res = {}
+    for impl in impls:
+        t = timed[impl]
+        res[impl] = ({"ms": None, "tflops": None, "error": t} if isinstance(t, str)
+                     else {"ms": t, "tflops": fl / t / 1e9})
+        if kernels.get(impl) is not None:
+            res[impl]["kernel"] = kernels[impl]
+    del fns, q, k, v, qt, kt, vt
     return {"dtype": str(dtype).replace("torch.", ""), "head_dim": head_dim, "causal": causal,
             "seqlen": seqlen, "batch": batch, "heads": heads, "results": res}
 
