@@ -388,6 +388,10 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
 
   int it = 0;  // K/V tiles consumed so far (persistent: the ring runs on across tiles)
   int qi = 0;  // tiles so far
+  constexpr bool kContinuousTurns = kPingPong && kDynamic;  // ping-pong turns across tiles
+  if constexpr (kContinuousTurns) {
+    if (cw == 1) named_arrive(4, 256);  // warpgroup 0 takes the first turn
+  }
   // S and P live across tiles: the cross-tile variant issues a tile's first Q K^T into s during
   // the previous tile ("carried").
   float s[kBlockN / 2];
@@ -429,7 +433,10 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   // Ping-pong turn-taking: warpgroup cw waits on barrier 4 + cw before issuing its products and
   // then lets the other one go (bar.arrive on 4 + (1 - cw)); both sides count 256 threads.
   // Warpgroup 1 opens with one arrive for warpgroup 0 and skips its own last arrive, so the
-  // arrivals and waits match exactly.
+  // arrivals and waits match exactly. The dynamic (persistent) variant takes turns across tiles
+  // instead: warpgroup 1 opens once before its first tile and never skips an arrive, so
+  // warpgroup 0 starts its next tile's Q K^T as soon as warpgroup 1 has issued its last P V,
+  // not after its epilogue; warpgroup 0 takes the one arrive left over when both are done.
   int turns_left = n_blocks + 1;  // product-issue points: Q K^T(0), n_blocks - 1 pairs, P V(last)
   auto turn_begin = [&]() {
     if constexpr (kPingPong) named_sync(4 + cw, 256);
@@ -437,10 +444,10 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   auto turn_end = [&]() {
     if constexpr (kPingPong) {
       --turns_left;
-      if (!(cw == 1 && turns_left == 0)) named_arrive(4 + (1 - cw), 256);
+      if (kContinuousTurns || !(cw == 1 && turns_left == 0)) named_arrive(4 + (1 - cw), 256);
     }
   };
-  if (kPingPong && cw == 1 && n_blocks > 0) named_arrive(4, 256);
+  if (kPingPong && !kContinuousTurns && cw == 1 && n_blocks > 0) named_arrive(4, 256);
 
   auto needs_mask = [&](int n) {
     return (n + 1) * C::kBlockN > sk || (CAUSAL && n * C::kBlockN + C::kBlockN - 1 > row0 + sk - sq);
@@ -730,6 +737,9 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   it += n_blocks;
   ++qi;
   }  // tiles
+  if constexpr (kContinuousTurns) {
+    if (cw == 0) named_sync(4, 256);  // warpgroup 1's arrive after its last turn
+  }
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 }
 

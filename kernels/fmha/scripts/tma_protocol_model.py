@@ -12,7 +12,8 @@ K/V ring's index runs on across tiles, and the O epilogue stages through the til
 The dynamic variant (VAR 7, modes 1 and 2) is modelled as well: the producer writes each tile's
 index into the slot of the Q buffer it loads before arming that buffer's full barrier, and ends
 with -1 in the next slot (a plain arrive, no bytes); the consumers learn each tile from the slot
-and stop at -1, and in mode 2 they take turns across tiles with the ping-pong barriers. The model
+and stop at -1, and in mode 2 they take turns across tiles with the ping-pong barriers
+(warpgroup 1 opens once and never skips an arrive; warpgroup 0 takes the last one at the end). The model
 checks that a slot still holds its tile when the consumers release the buffer. With `cross`
 (VAR 8, mode 1), a consumer issues the next tile's first Q K^T after its last P V and before
 releasing that V and its Q buffer: it waits for the next tile's Q and first K there, which the
@@ -134,6 +135,8 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
         it = 0
         carried = False
         if dynamic:
+            if mode >= 2 and cw == 1:
+                bar_arrive(4)  # continuous turns: warpgroup 0 goes first, once
             qi = 0
             while True:
                 qb = qi % qbufs
@@ -141,6 +144,8 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
                     yield
                 tile = slot[qb]
                 if tile == -1:
+                    if mode >= 2 and cw == 0:
+                        yield from bar_sync(4)  # warpgroup 1's arrive after its last turn
                     return
                 assert tile == qi, f"slot {qb} holds {tile!r}, not tile {qi}"
                 carried = yield from consumer_tile(cw, qi, tiles[tile], it, carried)
@@ -163,7 +168,7 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
         def turn_end():
             if ping_pong:
                 turns[0] -= 1
-                if not (cw == 1 and turns[0] == 0):
+                if dynamic or not (cw == 1 and turns[0] == 0):
                     bar_arrive(4 + (1 - cw))
 
         def release(bar: MBarrier) -> None:
@@ -187,7 +192,7 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
             if persistent:
                 release(q_empty[qb])
 
-        if ping_pong and cw == 1 and n_blocks > 0:
+        if ping_pong and not dynamic and cw == 1 and n_blocks > 0:
             bar_arrive(4)
         while not q_full[qb].passed((qi // qbufs) & 1):
             yield
