@@ -203,8 +203,11 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // tiles, hdim 128; at hdim 64 they run tma-overlap and tma), "tma-dyn" and "tma-pp-dyn"
 // (tma-overlap and tma as persistent kernels with a dynamic scheduler: a global tile counter,
 // lpt order when causal; when no counter can be had, e.g. during stream capture, they run
-// tma-lpt and tma-pp-lpt) and "tma-dyn-xt" (tma-dyn with each tile's first Q K^T issued before
-// the previous tile's epilogue; falls back like tma-dyn). A TMA path runs head dims 64 and 128
+// tma-lpt and tma-pp-lpt), "tma-dyn-xt" (tma-dyn with each tile's first Q K^T issued before
+// the previous tile's epilogue; falls back like tma-dyn), and "tma-dyn-n176" and
+// "tma-pp-dyn-n176" (tma-dyn and tma-pp-dyn with 176-key tiles and one Q buffer, hdim 128; at
+// hdim 64 they run tma-dyn and tma-pp-dyn; with no counter they run tma-n176 and tma-pp-n176,
+// the same tiles in a static order). A TMA path runs head dims 64 and 128
 // with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
@@ -230,6 +233,8 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-dyn", 1, 7, 7, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn"},
     {"tma-pp-dyn", 2, 7, 7, "sm90_tma_dyn", "sm90_tma_dyn"},
     {"tma-dyn-xt", 1, 8, 8, "sm90_tma_overlap_dyn_xt", "sm90_tma_overlap_dyn_xt"},
+    {"tma-dyn-n176", 1, 7, 9, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn_n176"},
+    {"tma-pp-dyn-n176", 2, 7, 9, "sm90_tma_dyn", "sm90_tma_dyn_n176"},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
@@ -344,6 +349,16 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
       return k.mode == 2 ? try_tma<T, HDIM, 2, 6>(p, causal, stream, name, err)
                          : try_tma<T, HDIM, 1, 6>(p, causal, stream, name, err);
     }
+    if (var == 9) {  // dynamic 176-key tiles; no counter: the static 176-key kernel
+      const bool pp = k.mode == 2;
+      if (pp ? try_tma<T, HDIM, 2, 9>(p, causal, stream, name, err)
+             : try_tma<T, HDIM, 1, 9>(p, causal, stream, name, err)) {
+        return true;
+      }
+      const TmaKernel& n176 = kTmaKernels[tma_index(pp ? "tma-pp-n176" : "tma-n176")];
+      return pp ? try_tma<T, HDIM, 2, 6>(p, causal, stream, n176.name128, err)
+                : try_tma<T, HDIM, 1, 6>(p, causal, stream, n176.name128, err);
+    }
   }
   if constexpr (HDIM == 64) {
     if (k.mode == 1 && var == 3) return try_tma<T, HDIM, 1, 3>(p, causal, stream, name, err);
@@ -385,8 +400,8 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
     return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
                 "KFORGE_FMHA_SM90_PATH is '%s'; use default (per shape), wgmma, tma-basic, "
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
-                "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn or "
-                "tma-dyn-xt, or unset it",
+                "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, "
+                "tma-dyn-xt, tma-dyn-n176 or tma-pp-dyn-n176, or unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning

@@ -53,6 +53,11 @@
 //     P V, each consumer warpgroup issues the next tile's first Q K^T (its Q and K are loaded by
 //     then), and only then waits for P V and runs the epilogue (normalise, LSE, O stores), so the
 //     epilogue runs under the next tile's first product instead of in front of it.
+//   9 "dyn-n176": 7 with the 176-key tiles of 6 (hdim 128 only). Two Q buffers and two stages of
+//     176-key K and V do not fit in 227 KiB, so Q has one buffer: each consumer warp releases
+//     it as soon as its warpgroup's last Q K^T of the tile has completed (the producer then
+//     loads the next tile's Q under the last softmax, P V and the epilogue), and the epilogue
+//     writes O from registers straight to global memory instead of staging it in Q's buffer.
 #pragma once
 
 #include <algorithm>
@@ -80,12 +85,14 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 8, "variant 0..8");
+  static_assert(VAR >= 0 && VAR <= 9, "variant 0..9");
   static constexpr bool kCrossTile = VAR == 8;
-  static constexpr bool kDynamic = VAR == 7 || kCrossTile;
+  static constexpr bool kDynamic = VAR == 7 || kCrossTile || VAR == 9;
   static constexpr bool kPersist = VAR == 5 || kDynamic;
   static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
-  static constexpr bool kWideN = VAR == 6;
+  static constexpr bool kWideN = VAR == 6 || VAR == 9;
+  // One Q buffer released after the tile's last Q K^T, O stored from registers (VAR 9).
+  static constexpr bool kSingleQ = VAR == 9;
   static constexpr int kExtraStages = VAR == 2 ? 1 : 0;
   static constexpr int kConsumers = (VAR == 3 || VAR == 4) ? 3 : 2;
 };
@@ -106,7 +113,7 @@ struct Cfg {
   static constexpr int kQHalfBytes = kBlockM * 128;     // Q (and O staging): [kBlockM rows][64]
   static constexpr int kQBytes = kHalves * kQHalfBytes;
   static constexpr int kStages = (HDIM == 128 ? 2 : 3) + Var<VAR>::kExtraStages;  // K/V ring
-  static constexpr int kQBufs = Var<VAR>::kPersist ? 2 : 1;
+  static constexpr int kQBufs = Var<VAR>::kPersist && !Var<VAR>::kSingleQ ? 2 : 1;
   static constexpr int kBarOffset = kQBufs * kQBytes + 2 * kStages * kTileBytes;
   static constexpr int kNumBars = 2 * kQBufs + 4 * kStages;
   static constexpr int kSlotOffset = kBarOffset + 8 * kNumBars;  // dynamic: tile index per Q buffer
@@ -214,6 +221,8 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   constexpr int kNT = kBlockN / 8;   // 8-key accumulator column groups of S
   constexpr int kKP = kBlockN / 16;  // k-steps of P V
   constexpr int kQBufs = C::kQBufs;
+  constexpr bool kSingleQ = Var<VAR>::kSingleQ;
+  static_assert(!kSingleQ || (kPersist && kQBufs == 1), "single-Q: a persistent kernel, one buffer");
   constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -559,6 +568,18 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   auto release = [&](uint32_t bar) {
     if (lane == 0) mbar_arrive(bar);
   };
+  // Single-Q variant: this warp's last read of the Q buffer (its warpgroup's last Q K^T, which
+  // the caller has waited for) is done, so the producer may load the next tile's Q into it. Only
+  // the tensor cores read Q (the async proxy, like the TMA write): no proxy fence is needed.
+  bool q_released = false;
+  auto release_q_after = [&](bool last_qk) {
+    if constexpr (kSingleQ) {
+      if (last_qk) {
+        release(q_empty(qb));
+        q_released = true;
+      }
+    }
+  };
 
   mbar_wait(q_full(qb), q_parity);
 
@@ -572,6 +593,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       wgmma_wait0();
       keep(s);
       release(k_empty(st));
+      release_q_after(i == n_blocks - 1);
       if (needs_mask(n)) mask(n);
       float alpha[2];
       if (softmax(alpha)) rescale_o(alpha);
@@ -598,6 +620,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       keep(s);
       zero_o();
       release(k_empty(it0 % kStages));
+      release_q_after(n_blocks == 1);
       if (needs_mask(n)) mask(n);
       float alpha[2];
       if (softmax(alpha)) rescale_o(alpha);  // O is still 0: harmless
@@ -619,6 +642,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       wgmma_wait1();  // Q K^T(i) done, P V(i - 1) may still run
       keep(s);
       release(k_empty(st));
+      release_q_after(i == n_blocks - 1);
       if (needs_mask(n)) mask(n);
       float alpha[2];
       const bool rescale = softmax(alpha);
@@ -689,7 +713,8 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
 
   // Epilogue: normalise, write the LSE, stage O through this warp's own 16 rows of sQ (every
   // Q K^T of this warpgroup has completed, and the other warpgroup only reads its own rows),
-  // then 16-byte stores.
+  // then 16-byte stores. The single-Q variant has handed Q's buffer back already: it stores O
+  // from registers, 4 bytes per thread and store (4 threads cover 16 bytes of a row).
   T* gO = tile.o;
   const int64_t lse_off = tile.lse_off;
 #pragma unroll
@@ -703,30 +728,41 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t v = Mma<T>::pack(o[d][4 * j + 2 * r] * inv, o[d][4 * j + 2 * r + 1] * inv);
-        *reinterpret_cast<uint32_t*>(qbase + d * C::kQHalfBytes + lrow * 128 +
-                                     ((j ^ (lrow & 7)) << 4) + t * 4) = v;
+        if constexpr (kSingleQ) {
+          if (row < sq) {
+            *reinterpret_cast<uint32_t*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride +
+                                         d * 64 + 8 * j + 2 * t) = v;
+          }
+        } else {
+          *reinterpret_cast<uint32_t*>(qbase + d * C::kQHalfBytes + lrow * 128 +
+                                       ((j ^ (lrow & 7)) << 4) + t * 4) = v;
+        }
       }
     }
   }
-  __syncwarp();
-  constexpr int kChunks = HDIM / 8;  // 16-byte chunks per row
-#pragma unroll
-  for (int i = 0; i < 16 * kChunks / 32; ++i) {
-    const int idx = i * 32 + lane;
-    const int lrow = cw * 64 + warp * 16 + idx / kChunks;
-    const int c = idx % kChunks;
-    if (row0 + lrow < sq) {
-      *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
-          *reinterpret_cast<const uint4*>(qbase + (c >> 3) * C::kQHalfBytes + lrow * 128 +
-                                          (((c & 7) ^ (lrow & 7)) << 4));
-    }
-  }
-  if constexpr (kPersist) {
-    // This warp's staging reads of the Q buffer are done: let the producer's TMA refill it
-    // (generic-proxy accesses ordered before the async-proxy write).
-    fence_proxy_async();
+  if constexpr (kSingleQ) {
+    if (!q_released) release(q_empty(qb));  // a tile without key tiles never read Q
+  } else {
     __syncwarp();
-    release(q_empty(qb));
+    constexpr int kChunks = HDIM / 8;  // 16-byte chunks per row
+#pragma unroll
+    for (int i = 0; i < 16 * kChunks / 32; ++i) {
+      const int idx = i * 32 + lane;
+      const int lrow = cw * 64 + warp * 16 + idx / kChunks;
+      const int c = idx % kChunks;
+      if (row0 + lrow < sq) {
+        *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
+            *reinterpret_cast<const uint4*>(qbase + (c >> 3) * C::kQHalfBytes + lrow * 128 +
+                                            (((c & 7) ^ (lrow & 7)) << 4));
+      }
+    }
+    if constexpr (kPersist) {
+      // This warp's staging reads of the Q buffer are done: let the producer's TMA refill it
+      // (generic-proxy accesses ordered before the async-proxy write).
+      fence_proxy_async();
+      __syncwarp();
+      release(q_empty(qb));
+    }
   }
   if constexpr (kCrossTile) {
     // The next tile's first Q K^T ran under this epilogue: wait for it here, so that no product
@@ -950,11 +986,13 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 7) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 8) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7)
-// Head dim 128 only: the 176-key tiles.
+// Head dim 128 only: the 176-key tiles (static and dynamic).
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM128(T)   \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 128)            \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 1, 6)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 6)
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 6)  \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 1, 9)  \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 9)
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM64(T)    \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 64)             \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 3)   \

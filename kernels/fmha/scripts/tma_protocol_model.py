@@ -17,7 +17,10 @@ and stop at -1, and in mode 2 they take turns across tiles with the ping-pong ba
 checks that a slot still holds its tile when the consumers release the buffer. With `cross`
 (VAR 8, mode 1), a consumer issues the next tile's first Q K^T after its last P V and before
 releasing that V and its Q buffer: it waits for the next tile's Q and first K there, which the
-model checks can arrive without those releases.
+model checks can arrive without those releases. With `single_q` (VAR 9, dynamic, modes 1 and 2)
+Q has one buffer: each consumer warp releases it once its warpgroup's last Q K^T of the tile has
+completed (0 key tiles: at the epilogue), and the epilogue writes O from registers, so it does not
+read the buffer; the model checks that no TMA write of the next Q lands before that last product.
 It checks the protocol as written here, not the CUDA code: keep the two in step when either
 changes.
 
@@ -59,7 +62,7 @@ class MBarrier:
 
 
 def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | None = None,
-        dynamic: bool = False, cross: bool = False) -> None:
+        dynamic: bool = False, cross: bool = False, single_q: bool = False) -> None:
     """One CTA: a single query tile of n_blocks key tiles, or (persistent: mode 1, or dynamic:
     modes 1 and 2) `tiles`, the key-tile counts of the tiles it is handed."""
     rng = random.Random(seed)
@@ -67,7 +70,8 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
     tiles = [n_blocks] if tiles is None else tiles
     persistent = len(tiles) > 1 or dynamic
     assert not persistent or mode == 1 or dynamic, "the static persistent variant is of mode 1"
-    qbufs = 2 if persistent else 1
+    assert not single_q or (dynamic and not cross), "the single-Q variant is dynamic, not cross"
+    qbufs = 2 if persistent and not single_q else 1
     slot: list = [None] * qbufs  # dynamic: the tile index handed over with each Q buffer
     q_full = [MBarrier(1) for _ in range(qbufs)]
     q_empty = [MBarrier(8) for _ in range(qbufs)]
@@ -182,7 +186,23 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
         def read_q() -> None:
             assert q_buf[qb] == qi, f"Q buffer {qb} holds {q_buf[qb]!r}, not query tile {qi}"
 
+        q_released = [False]
+
+        def qk_done(i: int) -> None:
+            """Q K^T(i) has completed (read Q to the end); single-Q: the last one frees Q."""
+            read_q()
+            if single_q and i == n_blocks - 1:
+                assert slot[qb] == qi, f"slot {qb} overwritten ({slot[qb]!r}) before tile {qi} ended"
+                release(q_empty[qb])
+                q_released[0] = True
+
         def epilogue():
+            if single_q:  # O from registers: Q's buffer is not read
+                yield
+                if not q_released[0]:
+                    assert slot[qb] == qi, f"slot {qb} overwritten ({slot[qb]!r}) before tile {qi} ended"
+                    release(q_empty[qb])
+                return
             # O staged through this tile's Q buffer, then (persistent) handed back to the producer.
             read_q()
             yield
@@ -208,6 +228,7 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
                 yield
                 read(k_buf, i)
                 release(k_empty[s])
+                qk_done(i)
                 while not v_full[s].passed(ph):
                     yield
                 read(v_buf, i)
@@ -230,6 +251,7 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
         yield
         read(k_buf, 0)
         release(k_empty[s0])
+        qk_done(0)
         for i in range(1, n_blocks):
             g = it0 + i
             s, ph = g % stages, (g // stages) & 1
@@ -246,6 +268,7 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
             yield
             read(k_buf, i)
             release(k_empty[s])
+            qk_done(i)
             yield
             read(v_buf, i - 1)
             release(v_empty[ps])
@@ -324,6 +347,13 @@ def main() -> int:
             rng = random.Random(9000 + seed)
             tiles = [rng.randrange(0, 7) for _ in range(rng.randrange(1, 7))]
             run(0, stages, 1, seed, tiles=tiles, dynamic=True, cross=True)
+    # The single-Q variant (modes 1 and 2; mode 0 too, though no path runs it).
+    for mode in (0, 1, 2):
+        for stages in (2, 3):
+            for seed in range(300):
+                rng = random.Random(13000 + seed)
+                tiles = [rng.randrange(0, 7) for _ in range(rng.randrange(1, 7))]
+                run(0, stages, mode, seed, tiles=tiles, dynamic=True, single_q=True)
     print("ok")
     return 0
 

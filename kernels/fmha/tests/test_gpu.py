@@ -6,7 +6,8 @@ Kernel paths: on an H100/H200 with a 90a build, the accuracy tests run once per 
 (KFORGE_FMHA_SM90_PATH unset ("default": one TMA path per shape, fmha_api.cpp's
 default_tma_path, mirrored by default_path below), wgmma, tma-basic, tma-overlap,
 tma and the tuning variants tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt,
-tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, tma-dyn-xt; see
+tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, tma-dyn-xt, tma-dyn-n176,
+tma-pp-dyn-n176; see
 kforge_fmha.last_kernel) and check that the kernel that ran is the one the path asks for (or,
 for calls a TMA path cannot take, the documented fallback). Elsewhere only the default path
 runs; the other paths are skipped with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma (a comma
@@ -421,7 +422,7 @@ def test_one_process_switches_paths_between_calls(monkeypatch, head_dim) -> None
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("path", ["tma-lpt", "tma-pp-lpt", "tma-m192-lpt", "tma-persist", "tma-dyn",
-                                  "tma-pp-dyn", "tma-dyn-xt"])
+                                  "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176", "tma-pp-dyn-n176"])
 def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, section) -> None:
     """The 1-D longest-first grid of the lpt paths, with sections of 1 pair, of 3 pairs (the
     last one partial: 15 pairs) and of more pairs than there are (KFORGE_FMHA_LPT_SECTION):
@@ -441,7 +442,8 @@ def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, sectio
     assert_close(out, ref, lowp, torch.float16, f"{path} section={section}")
 
 
-@pytest.mark.parametrize("path", ["tma-persist", "tma-dyn", "tma-pp-dyn", "tma-dyn-xt"])
+@pytest.mark.parametrize("path", ["tma-persist", "tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
+                                  "tma-pp-dyn-n176"])
 @pytest.mark.parametrize("seqlens", [(2100, 2100), (1000, 2100)], ids=["square", "q-shorter"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -468,7 +470,8 @@ def test_persistent_kernel_walks_many_tiles(monkeypatch, head_dim, causal, seqle
         assert (lse - ref_lse).abs().max().item() < LSE_ATOL
 
 
-@pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn", "tma-dyn-xt"])
+@pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
+                                  "tma-pp-dyn-n176"])
 def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
     """Launches of a dynamic path on two streams may run at the same time: each stream has its own
     tile counter, so both outputs are whole and right (a shared counter would split the tiles
@@ -496,10 +499,12 @@ def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
             assert_close(outs[s][rep], ref, lowp, torch.float16, f"{path} stream {s} call {rep}")
 
 
-@pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn", "tma-dyn-xt"])
+@pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
+                                  "tma-pp-dyn-n176"])
 def test_dynamic_paths_fall_back_in_graph_capture(monkeypatch, path) -> None:
-    """In a CUDA graph the dynamic paths take the static lpt kernel of their mode (a graph can be
-    replayed on any stream, so no stream's counter is safe to bake in), and the replays are right."""
+    """In a CUDA graph the dynamic paths take the static kernel of their mode (lpt order; the
+    176-key ones the static 176-key kernel): a graph can be replayed on any stream, so no stream's
+    counter is safe to bake in. The replays are right."""
     if path not in _chosen_paths():
         pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
     if not _hopper_90a():
@@ -515,7 +520,8 @@ def test_dynamic_paths_fall_back_in_graph_capture(monkeypatch, path) -> None:
         with torch.cuda.graph(graph, stream=side):
             kforge_fmha.fmha_fwd(q, k, v, causal=True, out=out)
     lpt = {"tma-dyn": "sm90_tma_overlap_lpt", "tma-pp-dyn": "sm90_tma_lpt",
-           "tma-dyn-xt": "sm90_tma_overlap_lpt"}[path]
+           "tma-dyn-xt": "sm90_tma_overlap_lpt", "tma-dyn-n176": "sm90_tma_overlap_n176",
+           "tma-pp-dyn-n176": "sm90_tma_n176"}[path]
     assert kforge_fmha.last_kernel() == lpt
     ref, _, lowp = reference(q, k, v, True, 128 ** -0.5, torch.bfloat16)
     for _ in range(2):
