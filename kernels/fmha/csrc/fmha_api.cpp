@@ -293,20 +293,28 @@ int sm90_path(const char** raw) {
 // The kernel the last successful launch on this thread ran (kforge_fmha_last_kernel).
 thread_local const char* g_last_kernel = "";
 
-template <typename T, int HDIM, int MODE, int VAR>
-bool try_tma(const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream, const char* name,
-             cudaError_t* err) {
-  if (!(causal ? kforge_fmha::sm90_tma_available<T, HDIM, true, MODE, VAR>()
-               : kforge_fmha::sm90_tma_available<T, HDIM, false, MODE, VAR>())) {
-    return false;
-  }
-  const cudaError_t e = causal
-                            ? kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE, VAR>(p, stream)
-                            : kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE, VAR>(p, stream);
+// Launches one TMA kernel if this build has it and the call suits it; false when nothing ran.
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
+bool try_tma_one(const kforge_fmha::FwdParams& p, cudaStream_t stream, const char* name,
+                 cudaError_t* err) {
+  if (!kforge_fmha::sm90_tma_available<T, HDIM, CAUSAL, MODE, VAR>()) return false;
+  const cudaError_t e = kforge_fmha::launch_fwd_sm90_tma<T, HDIM, CAUSAL, MODE, VAR>(p, stream);
   if (e == cudaErrorNotSupported) return false;  // nothing launched: another kernel runs
   g_last_kernel = name;
   *err = e;
   return true;
+}
+template <typename T, int HDIM, int MODE, int VAR>
+bool try_tma(const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream, const char* name,
+             cudaError_t* err) {
+  return causal ? try_tma_one<T, HDIM, true, MODE, VAR>(p, stream, name, err)
+                : try_tma_one<T, HDIM, false, MODE, VAR>(p, stream, name, err);
+}
+// A kernel instantiated non-causal only.
+template <typename T, int HDIM, int MODE, int VAR>
+bool try_tma_nc(const kforge_fmha::FwdParams& p, cudaStream_t stream, const char* name,
+                cudaError_t* err) {
+  return try_tma_one<T, HDIM, false, MODE, VAR>(p, stream, name, err);
 }
 
 // Runs the TMA kernel of kTmaKernels[index] at this head dim (the instantiations of
@@ -351,6 +359,13 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
     }
     if (var == 9) {  // dynamic 176-key tiles; no counter: the static 176-key kernel
       const bool pp = k.mode == 2;
+      if (!pp && !causal && p.seqlen_k > 0) {
+        // Mode 1, non-causal: every tile's first product is the same partial last key tile;
+        // the variant that computes it only as wide as needed (64 or 112 of 176 keys).
+        const int rem = p.seqlen_k - (p.seqlen_k - 1) / 176 * 176;
+        if (rem <= 64 && try_tma_nc<T, HDIM, 1, 10>(p, stream, name, err)) return true;
+        if (rem > 64 && rem <= 112 && try_tma_nc<T, HDIM, 1, 11>(p, stream, name, err)) return true;
+      }
       if (pp ? try_tma<T, HDIM, 2, 9>(p, causal, stream, name, err)
              : try_tma<T, HDIM, 1, 9>(p, causal, stream, name, err)) {
         return true;

@@ -185,31 +185,51 @@ __device__ __forceinline__ void wgmma_rs128_f16(float (&d)[64], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-// m64n176k16 Q K^T (both operands from shared memory): the 176-key tiles of the TMA kernel's
-// "n176" variant (FlashAttention-3's non-causal hdim-128 tile width), one function per type.
-#define KFORGE_FMHA_WGMMA_SS176(NAME, PTX_TYPE) \
-__device__ __forceinline__ void NAME(float (&d)[88], uint64_t da, uint64_t db, int accumulate) { \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n176k16.f32." PTX_TYPE "." PTX_TYPE " " \
-      "{%0,%1,%2,%3,%4,%5,%6,%7," \
-      "%8,%9,%10,%11,%12,%13,%14,%15," \
-      "%16,%17,%18,%19,%20,%21,%22,%23," \
-      "%24,%25,%26,%27,%28,%29,%30,%31," \
-      "%32,%33,%34,%35,%36,%37,%38,%39," \
-      "%40,%41,%42,%43,%44,%45,%46,%47," \
-      "%48,%49,%50,%51,%52,%53,%54,%55," \
-      "%56,%57,%58,%59,%60,%61,%62,%63," \
-      "%64,%65,%66,%67,%68,%69,%70,%71," \
-      "%72,%73,%74,%75,%76,%77,%78,%79," \
-      "%80,%81,%82,%83,%84,%85,%86,%87}, " \
-      "%88, %89, p, 1, 1, 0, 0;\n}\n" \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]) \
-      : "l"(da), "l"(db), "r"(accumulate)); \
-}
-KFORGE_FMHA_WGMMA_SS176(wgmma_ss176_bf16, "bf16")
-KFORGE_FMHA_WGMMA_SS176(wgmma_ss176_f16, "f16")
-#undef KFORGE_FMHA_WGMMA_SS176
+// m64nNk16 Q K^T (both operands from shared memory) at the widths the TMA kernel's 176-key tiles
+// use: 176 (FlashAttention-3's non-causal hdim-128 tile width), and 64 and 112 for a tile's
+// partial last key tile (its first product), so that keys past the end cost no tensor-core time.
+// One function per (width, type), from one macro; NREG = N / 2 accumulators per thread, the first
+// NREG of d (an array of at least NREG: the narrow widths write the first entries of S in place,
+// where a cast to a shorter array would put S in local memory).
+#define KFORGE_FMHA_O8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define KFORGE_FMHA_OUTS32 KFORGE_FMHA_O8(0), KFORGE_FMHA_O8(8), KFORGE_FMHA_O8(16), KFORGE_FMHA_O8(24)
+#define KFORGE_FMHA_OUTS56 KFORGE_FMHA_OUTS32, KFORGE_FMHA_O8(32), KFORGE_FMHA_O8(40), KFORGE_FMHA_O8(48)
+#define KFORGE_FMHA_OUTS64 KFORGE_FMHA_OUTS56, KFORGE_FMHA_O8(56)
+#define KFORGE_FMHA_OUTS88 KFORGE_FMHA_OUTS64, KFORGE_FMHA_O8(64), KFORGE_FMHA_O8(72), KFORGE_FMHA_O8(80)
+#define KFORGE_FMHA_REGS32 "%0,%1,%2,%3,%4,%5,%6,%7," "%8,%9,%10,%11,%12,%13,%14,%15," "%16,%17,%18,%19,%20,%21,%22,%23," "%24,%25,%26,%27,%28,%29,%30,%31"
+#define KFORGE_FMHA_REGS56 KFORGE_FMHA_REGS32 ","  "%32,%33,%34,%35,%36,%37,%38,%39," "%40,%41,%42,%43,%44,%45,%46,%47," "%48,%49,%50,%51,%52,%53,%54,%55"
+#define KFORGE_FMHA_REGS64 KFORGE_FMHA_REGS56 "," "%56,%57,%58,%59,%60,%61,%62,%63"
+#define KFORGE_FMHA_REGS88 KFORGE_FMHA_REGS64 "," "%64,%65,%66,%67,%68,%69,%70,%71," "%72,%73,%74,%75,%76,%77,%78,%79," "%80,%81,%82,%83,%84,%85,%86,%87"
+// SHAPE: "m64nNk16"; ARGS: "%NREG, %NREG+1" (the descriptors); PRED: "%NREG+2" (accumulate).
+#define KFORGE_FMHA_WGMMA_SS(NAME, NREG, SHAPE, PTX_TYPE, ARGS, PRED)                          \
+  template <int M>                                                                             \
+  __device__ __forceinline__ void NAME(float (&d)[M], uint64_t da, uint64_t db, int accumulate) { \
+    static_assert(M >= NREG, "the accumulator array is too short");                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                             \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." PTX_TYPE "." PTX_TYPE " "      \
+                 "{" KFORGE_FMHA_REGS##NREG "}, " ARGS ", p, 1, 1, 0, 0;\n}\n"                  \
+                 : KFORGE_FMHA_OUTS##NREG                                                      \
+                 : "l"(da), "l"(db), "r"(accumulate));                                          \
+  }
+KFORGE_FMHA_WGMMA_SS(wgmma_ss176_bf16, 88, "m64n176k16", "bf16", "%88, %89", "%90")
+KFORGE_FMHA_WGMMA_SS(wgmma_ss176_f16, 88, "m64n176k16", "f16", "%88, %89", "%90")
+KFORGE_FMHA_WGMMA_SS(wgmma_ss112_bf16, 56, "m64n112k16", "bf16", "%56, %57", "%58")
+KFORGE_FMHA_WGMMA_SS(wgmma_ss112_f16, 56, "m64n112k16", "f16", "%56, %57", "%58")
+KFORGE_FMHA_WGMMA_SS(wgmma_ss64_bf16, 32, "m64n64k16", "bf16", "%32, %33", "%34")
+KFORGE_FMHA_WGMMA_SS(wgmma_ss64_f16, 32, "m64n64k16", "f16", "%32, %33", "%34")
+KFORGE_FMHA_WGMMA_SS(wgmma_ss128w_bf16, 64, "m64n128k16", "bf16", "%64, %65", "%66")
+KFORGE_FMHA_WGMMA_SS(wgmma_ss128w_f16, 64, "m64n128k16", "f16", "%64, %65", "%66")
+#undef KFORGE_FMHA_WGMMA_SS
+#undef KFORGE_FMHA_REGS88
+#undef KFORGE_FMHA_REGS64
+#undef KFORGE_FMHA_REGS56
+#undef KFORGE_FMHA_REGS32
+#undef KFORGE_FMHA_OUTS88
+#undef KFORGE_FMHA_OUTS64
+#undef KFORGE_FMHA_OUTS56
+#undef KFORGE_FMHA_OUTS32
+#undef KFORGE_FMHA_O8
 
 template <typename T>
 struct Wgmma;
@@ -220,6 +240,15 @@ struct Wgmma<__nv_bfloat16> {
   }
   static __device__ __forceinline__ void ss(float (&d)[88], uint64_t da, uint64_t db, int acc) {
     wgmma_ss176_bf16(d, da, db, acc);
+  }
+  // The first N / 2 entries of S: keys 0 .. N - 1.
+  template <int N, int M>
+  static __device__ __forceinline__ void ss_first(float (&d)[M], uint64_t da, uint64_t db, int acc) {
+    static_assert(N == 64 || N == 112 || N == 128 || N == 176, "width 64, 112, 128 or 176");
+    if constexpr (N == 64) wgmma_ss64_bf16(d, da, db, acc);
+    if constexpr (N == 112) wgmma_ss112_bf16(d, da, db, acc);
+    if constexpr (N == 128) wgmma_ss128w_bf16(d, da, db, acc);
+    if constexpr (N == 176) wgmma_ss176_bf16(d, da, db, acc);
   }
   static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     wgmma_rs_bf16(d, a, db);
@@ -235,6 +264,15 @@ struct Wgmma<__half> {
   }
   static __device__ __forceinline__ void ss(float (&d)[88], uint64_t da, uint64_t db, int acc) {
     wgmma_ss176_f16(d, da, db, acc);
+  }
+  // The first N / 2 entries of S: keys 0 .. N - 1.
+  template <int N, int M>
+  static __device__ __forceinline__ void ss_first(float (&d)[M], uint64_t da, uint64_t db, int acc) {
+    static_assert(N == 64 || N == 112 || N == 128 || N == 176, "width 64, 112, 128 or 176");
+    if constexpr (N == 64) wgmma_ss64_f16(d, da, db, acc);
+    if constexpr (N == 112) wgmma_ss112_f16(d, da, db, acc);
+    if constexpr (N == 128) wgmma_ss128w_f16(d, da, db, acc);
+    if constexpr (N == 176) wgmma_ss176_f16(d, da, db, acc);
   }
   static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     wgmma_rs_f16(d, a, db);

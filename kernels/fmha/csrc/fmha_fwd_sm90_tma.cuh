@@ -63,6 +63,7 @@
 #include <algorithm>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver is reached through cudart)
@@ -85,14 +86,18 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 9, "variant 0..9");
+  static_assert(VAR >= 0 && VAR <= 11, "variant 0..11");
   static constexpr bool kCrossTile = VAR == 8;
-  static constexpr bool kDynamic = VAR == 7 || kCrossTile || VAR == 9;
+  static constexpr bool kDynamic = VAR == 7 || kCrossTile || VAR >= 9;
   static constexpr bool kPersist = VAR == 5 || kDynamic;
   static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
-  static constexpr bool kWideN = VAR == 6 || VAR == 9;
-  // One Q buffer released after the tile's last Q K^T, O stored from registers (VAR 9).
-  static constexpr bool kSingleQ = VAR == 9;
+  static constexpr bool kWideN = VAR == 6 || VAR >= 9;
+  // One Q buffer released after the tile's last Q K^T, O stored from registers (VAR 9-11).
+  static constexpr bool kSingleQ = VAR >= 9;
+  // Keys of each tile's first product (its last key tile) in VAR 10 and 11 (non-causal, where
+  // every tile has the same partial last key tile; 0: the whole tile). A 128-key first product
+  // made ptxas serialise the wgmmas (C7511), so a last key tile of 113-176 keys is computed whole.
+  static constexpr int kFirstN = VAR == 10 ? 64 : VAR == 11 ? 112 : 0;
   static constexpr int kExtraStages = VAR == 2 ? 1 : 0;
   static constexpr int kConsumers = (VAR == 3 || VAR == 4) ? 3 : 2;
 };
@@ -461,27 +466,50 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   auto needs_mask = [&](int n) {
     return (n + 1) * C::kBlockN > sk || (CAUSAL && n * C::kBlockN + C::kBlockN - 1 > row0 + sk - sq);
   };
-  // S = Q K^T from descriptors of this warpgroup's Q rows and of a K tile.
-  auto qk_issue_desc = [&](uint64_t qd, uint64_t kd) {
+  // VAR 10, 11: each tile's first product is its last key tile, partial, and is computed kW0
+  // keys wide (64 or 112: the launcher picks the narrowest that covers sk), so keys past
+  // the end cost no tensor-core time. S's entries past kW0 are set to -inf once it has completed.
+  constexpr int kW0 = Var<VAR>::kFirstN > 0 ? Var<VAR>::kFirstN : kBlockN;
+  // (No device-side check of the launcher's choice: a __trap() here made ptxas spill S.)
+  static_assert(kW0 == kBlockN || (!CAUSAL && MODE == 1), "narrow first products: mode 1, non-causal");
+  // S (or, first: its first kW0 keys) = Q K^T from descriptors of this warpgroup's Q rows and of
+  // a K tile.
+  auto qk_issue_w = [&](uint64_t qd, uint64_t kd, auto first) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HDIM / 16; ++kk) {
       const uint64_t kin = (kk % 4) * 2;  // 32 bytes per k16 inside a 64-column half
-      Wgmma<T>::ss(s, qd + (kk / 4) * kQHalfUnits + kin, kd + (kk / 4) * kHalfUnits + kin, kk > 0);
+      const uint64_t a = qd + (kk / 4) * kQHalfUnits + kin, b = kd + (kk / 4) * kHalfUnits + kin;
+      if constexpr (decltype(first)::value) {
+        Wgmma<T>::template ss_first<kW0>(s, a, b, kk > 0);
+      } else {
+        Wgmma<T>::ss(s, a, b, kk > 0);
+      }
     }
     wgmma_commit();
   };
+  auto qk_issue_desc = [&](uint64_t qd, uint64_t kd) { qk_issue_w(qd, kd, std::false_type()); };
   auto qk_issue = [&](int stage) { qk_issue_desc(q_desc, k_desc + stage * kTileUnits); };
-  auto pv_issue = [&](int stage) {
+  // The tile's first product, kW0 keys wide.
+  auto qk_issue_first = [&](int stage) {
+    qk_issue_w(q_desc, k_desc + stage * kTileUnits, std::bool_constant<(kW0 < kBlockN)>());
+  };
+  // O += P V over the first KS k-steps (16 keys each) of a V tile.
+  auto pv_issue_k = [&](int stage, auto ks) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kKP; ++kk) {
+    for (int kk = 0; kk < decltype(ks)::value; ++kk) {
 #pragma unroll
       for (int d = 0; d < kHalves; ++d) {
         Wgmma<T>::rs(o[d], pa[kk], v_desc + stage * kTileUnits + d * kHalfUnits + kk * (16 * 128 >> 4));
       }
     }
     wgmma_commit();
+  };
+  auto pv_issue = [&](int stage) { pv_issue_k(stage, std::integral_constant<int, kKP>()); };
+  // P V of the tile's first key tile (kW0 keys wide; P is 0 past them).
+  auto pv_issue_first = [&](int stage) {
+    pv_issue_k(stage, std::integral_constant<int, kW0 / 16>());
   };
   auto mask = [&](int n) {
 #pragma unroll
@@ -613,12 +641,22 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       if (!(kCrossTile && carried)) {  // carried: issued and completed in the previous tile
         mbar_wait(k_full(it0 % kStages), (it0 / kStages) & 1);
         turn_begin();
-        qk_issue(it0 % kStages);
+        qk_issue_first(it0 % kStages);
         turn_end();
         wgmma_wait0();
       }
       keep(s);
+      if constexpr (kW0 < kBlockN) {  // keys past kW0: -inf (the old values need no keeping)
+#pragma unroll
+        for (int j = kW0 / 2; j < kBlockN / 2; ++j) s[j] = kNegInf;
+      }
       zero_o();
+      if constexpr (kW0 < kBlockN) {
+        // O opaque: its own P V path (n_blocks 1) would otherwise see O as constant zeros and
+        // feed one register to several accumulators (ptxas then serialises every wgmma).
+#pragma unroll
+        for (int d = 0; d < kHalves; ++d) keep(o[d]);
+      }
       release(k_empty(it0 % kStages));
       release_q_after(n_blocks == 1);
       if (needs_mask(n)) mask(n);
@@ -626,8 +664,10 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       if (softmax(alpha)) rescale_o(alpha);  // O is still 0: harmless
       pack_p();
     }
-    // Tile i: Q K^T(i) and P V(i - 1) in flight together; softmax(i) under P V(i - 1).
-    for (int i = 1; i < n_blocks; ++i) {
+    // Tile i: Q K^T(i) and P V(i - 1) in flight together; softmax(i) under P V(i - 1). With a
+    // narrow first key tile (kW0 < kBlockN), step 1 (its P V) is a copy of its own, so that no
+    // branch sits between a product's issue and its wait (ptxas would serialise every wgmma).
+    auto step = [&](int i, auto first_pv) {
       const int n = n_blocks - 1 - i;
       const int st = (it0 + i) % kStages;
       const uint32_t ph = ((it0 + i) / kStages) & 1;
@@ -637,7 +677,11 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       mbar_wait(v_full(pst), pph);
       turn_begin();
       qk_issue(st);
-      pv_issue(pst);
+      if constexpr (decltype(first_pv)::value) {
+        pv_issue_first(pst);
+      } else {
+        pv_issue(pst);
+      }
       turn_end();
       wgmma_wait1();  // Q K^T(i) done, P V(i - 1) may still run
       keep(s);
@@ -660,14 +704,21 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       release(v_empty(pst));
       if (rescale) rescale_o(alpha);
       pack_p();
-    }
+    };
+    constexpr bool kPeel = kW0 < kBlockN;
+    if (kPeel && n_blocks > 1) step(1, std::true_type());
+    for (int i = kPeel ? 2 : 1; i < n_blocks; ++i) step(i, std::false_type());
     // Last tile's P V.
     {
       const int st = (it0 + n_blocks - 1) % kStages;
       const uint32_t ph = ((it0 + n_blocks - 1) / kStages) & 1;
       mbar_wait(v_full(st), ph);
       turn_begin();
-      pv_issue(st);
+      if (kW0 < kBlockN && n_blocks == 1) {
+        pv_issue_first(st);
+      } else {
+        pv_issue(st);
+      }
       turn_end();
       bool issued_next = false;
       if constexpr (kCrossTile) {
@@ -971,6 +1022,12 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
       const kforge_fmha::FwdParams&, cudaStream_t);                                          \
   template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE, VAR>(           \
       const kforge_fmha::FwdParams&, cudaStream_t);
+// Non-causal only: the narrow-first-product variants (VAR 10, 11; mode 1 only: in mode 2, VAR 11
+// made ptxas serialise the wgmmas, C7511).
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, HDIM, MODE, VAR)                              \
+  template bool kforge_fmha::sm90_tma_available<T, HDIM, false, MODE, VAR>();                \
+  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE, VAR>(          \
+      const kforge_fmha::FwdParams&, cudaStream_t);
 // Every (MODE, VAR) pair that fmha_api.cpp dispatches to (its kTmaKernels table): the three
 // modes, then the tuning variants of mode 1 (lpt, stages) and ping-pong + lpt; at head dim 64
 // also the three-consumer-warpgroup variants.
@@ -992,7 +1049,9 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 1, 6)  \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 6)  \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 1, 9)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 9)
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 9)  \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, 128, 1, 10)  \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, 128, 1, 11)
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM64(T)    \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 64)             \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 3)   \

@@ -470,6 +470,31 @@ def test_persistent_kernel_walks_many_tiles(monkeypatch, head_dim, causal, seqle
         assert (lse - ref_lse).abs().max().item() < LSE_ATOL
 
 
+@pytest.mark.parametrize("rem", [16, 64, 65, 112, 113, 176])
+@pytest.mark.parametrize("path", ["tma-n176", "tma-dyn-n176", "tma-pp-dyn-n176"])
+def test_176_key_tiles_with_partial_last_key_tile(monkeypatch, path, rem) -> None:
+    """176-key tiles whose last key tile holds `rem` keys. Non-causal tma-dyn-n176 computes that
+    tile's product only 64 (rem <= 64) or 112 (rem <= 112) keys wide (fmha_api.cpp picks the
+    variant from seqlen_k): the keys on either side of each width's edge, with fewer query rows
+    than keys (the tail m block partial too), and causal, where every tile is computed whole."""
+    if path not in _chosen_paths():
+        pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
+    if not _hopper_90a():
+        pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
+    sk = 2 * 176 + rem
+    q = rand(2, sk - 100, 6, 128, dtype=torch.bfloat16)
+    k, v = (rand(2, sk, 6, 128, dtype=torch.bfloat16) for _ in range(2))
+    for causal in (False, True):
+        ref, ref_lse, lowp = reference(q, k, v, causal, 128 ** -0.5, torch.bfloat16)
+        out = torch.full_like(q, float("nan"))
+        _, lse = kforge_fmha.fmha_fwd(q, k, v, causal=causal, out=out, return_lse=True)
+        check_kernel(path, 128, causal=causal, seqlen_k=sk)
+        assert torch.isfinite(out).all(), f"{path} rem={rem} causal={causal}: rows never written"
+        assert_close(out, ref, lowp, torch.bfloat16, f"{path} rem={rem} causal={causal}")
+        assert (lse - ref_lse).abs().max().item() < LSE_ATOL
+
+
 @pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
                                   "tma-pp-dyn-n176"])
 def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
