@@ -191,7 +191,7 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 
 // Which sm_90a kernel a call asks for: KFORGE_FMHA_SM90_PATH, read at every call (so one process
 // can compare the paths). Unset, empty or "default": the path default_tma_path() picks per shape
-// from TMA tuning run 5 (docs/benchmarks.md). "wgmma": the cp.async wgmma kernel (hdim 128;
+// from the TMA tuning runs (docs/benchmarks.md). "wgmma": the cp.async wgmma kernel (hdim 128;
 // hdim 64 runs the mma.sync kernel). The TMA paths (fmha_fwd_sm90_tma.cuh), each a (MODE, VAR) pair of its
 // kernel: "tma-basic" (no overlap), "tma-overlap" (intra-warpgroup overlap), "tma" (overlap +
 // ping-pong), and the tuning variants "tma-lpt" (tma-overlap in longest-first L2-section
@@ -252,30 +252,33 @@ constexpr int tma_index(const char* name) {
   return kPathInvalid;
 }
 
-// The default path per shape: the fastest path of TMA tuning run 5 (NVIDIA H200,
-// 2026-11-23 11:08 UTC, docs/benchmarks.md: every column of a shape timed in rotating rounds,
-// 20 rounds), bf16 and fp16, seqlen 2k-16k at batch x seqlen = 16384 tokens, 16 heads.
-// x cuDNN of the same run, bf16 / fp16:
-//  - hdim 64, non-causal: tma-m192 at every seqlen (1.04-1.13 / 1.04-1.13; tma-dyn 0.89-0.91).
+// The default path per shape: the fastest path of the TMA tuning runs (NVIDIA H200,
+// docs/benchmarks.md: every column of a shape timed in rotating rounds, 20 rounds), bf16 and
+// fp16, seqlen 2k-16k at batch x seqlen = 16384 tokens, 16 heads. x cuDNN of the same run,
+// bf16 / fp16:
+//  - hdim 64 (run 5, 2026-11-23 11:08 UTC), non-causal: tma-m192 at every seqlen (1.04-1.13 /
+//    1.04-1.13; tma-dyn 0.89-0.91).
 //  - hdim 64, causal, seqlen_k <= 2048: tma-dyn (0.97 / 0.97; tma-m192-lpt 0.94 / 0.94). Above:
 //    tma-m192-lpt (1.04-1.20 / 1.04-1.20; tma-dyn 0.98-0.99).
-//  - hdim 128, causal: tma-dyn at every seqlen (1.08-1.10 / 1.07-1.11; tma-pp-lpt 0.99-1.09,
-//    tma 0.96-1.11; tma-pp-n176 reads 1.13 / 1.14 at 16k, tma-dyn 1.10 / 1.11 there).
-//  - hdim 128, non-causal, seqlen_k <= 4096: tma-dyn (0.96, 0.97 / 0.96, 0.97; tma 0.92, 0.95).
-//    Above: tma-n176 (1.01, 1.05 / 1.00, 1.04; tma-overlap 0.97, 1.00; tma-dyn 0.98, 0.99).
+//  - hdim 128 (run 8, 15:10 UTC), non-causal: tma-dyn-n176 at every seqlen (0.98, 0.99, 1.01,
+//    1.03 / 0.98, 0.99, 1.01, 1.02; tma-dyn 0.98, 0.98, 0.97, 0.97 / 0.98, 0.98, 0.98, 0.98;
+//    tma-n176 0.92, 0.96, 1.00, 1.02 / 0.92, 0.95, 1.00, 1.02).
+//  - hdim 128, causal, seqlen_k <= 8192: tma-dyn (1.08-1.10 / 1.08-1.10; tma-dyn-n176 0.99-1.09).
+//    Above: tma-dyn-n176 (1.10 / 1.10; tma-dyn 1.06 / 1.08; run 7: 1.10 / 1.12 against 1.08 /
+//    1.09).
 // The benchmark ties seqlen to batch (16384 tokens), so shorter or longer batches were not
-// measured; seqlen_k < 2k takes the <= 2048 / <= 4096 branches unmeasured.
+// measured; seqlen_k < 2k takes the <= 2048 / <= 8192 branches unmeasured.
 int default_tma_path(int head_dim, bool causal, int seqlen_k) {
   constexpr int kM192 = tma_index("tma-m192"), kM192Lpt = tma_index("tma-m192-lpt");
-  constexpr int kDyn = tma_index("tma-dyn"), kN176 = tma_index("tma-n176");
-  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kDyn >= 0 && kN176 >= 0,
+  constexpr int kDyn = tma_index("tma-dyn"), kDynN176 = tma_index("tma-dyn-n176");
+  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kDyn >= 0 && kDynN176 >= 0,
                 "default_tma_path names a path that kTmaKernels lacks");
   if (head_dim == 64) {
     if (!causal) return kM192;
     return seqlen_k <= 2048 ? kDyn : kM192Lpt;
   }
-  if (causal) return kDyn;
-  return seqlen_k <= 4096 ? kDyn : kN176;
+  if (causal) return seqlen_k <= 8192 ? kDyn : kDynN176;
+  return kDynN176;
 }
 
 // The kTmaKernels index the call asks for, kPathWgmma or kPathInvalid.

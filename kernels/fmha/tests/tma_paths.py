@@ -38,5 +38,5 @@ def default_path(head_dim: int, causal: bool, seqlen_k: int) -> str:
             return "tma-m192"
         return "tma-dyn" if seqlen_k <= 2048 else "tma-m192-lpt"
     if causal:
-        return "tma-dyn"
-    return "tma-dyn" if seqlen_k <= 4096 else "tma-n176"
+        return "tma-dyn" if seqlen_k <= 8192 else "tma-dyn-n176"
+    return "tma-dyn-n176"
