@@ -204,10 +204,12 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // (tma-overlap and tma as persistent kernels with a dynamic scheduler: a global tile counter,
 // lpt order when causal; when no counter can be had, e.g. during stream capture, they run
 // tma-lpt and tma-pp-lpt), "tma-dyn-xt" (tma-dyn with each tile's first Q K^T issued before
-// the previous tile's epilogue; falls back like tma-dyn), and "tma-dyn-n176" and
+// the previous tile's epilogue; falls back like tma-dyn), "tma-dyn-n176" and
 // "tma-pp-dyn-n176" (tma-dyn and tma-pp-dyn with 176-key tiles and one Q buffer, hdim 128; at
 // hdim 64 they run tma-dyn and tma-pp-dyn; with no counter they run tma-n176 and tma-pp-n176,
-// the same tiles in a static order). A TMA path runs head dims 64 and 128
+// the same tiles in a static order), and "tma-dyn-skew" and "tma-dyn-n176-skew" (the same
+// kernels as tma-dyn and tma-dyn-n176, whose producer loads K of key tile i + 1 before V of
+// key tile i). A TMA path runs head dims 64 and 128
 // with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
@@ -216,6 +218,7 @@ struct TmaKernel {
   int mode, var64, var128;
   const char* name64;  // kforge_fmha_last_kernel() at head dim 64
   const char* name128;
+  int kv_skew = 0;     // the producer's load order (FwdParams::kv_skew)
 };
 constexpr TmaKernel kTmaKernels[] = {
     {"tma-basic", 0, 0, 0, "sm90_tma_basic", "sm90_tma_basic"},
@@ -235,6 +238,8 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-dyn-xt", 1, 8, 8, "sm90_tma_overlap_dyn_xt", "sm90_tma_overlap_dyn_xt"},
     {"tma-dyn-n176", 1, 7, 9, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn_n176"},
     {"tma-pp-dyn-n176", 2, 7, 9, "sm90_tma_dyn", "sm90_tma_dyn_n176"},
+    {"tma-dyn-skew", 1, 7, 7, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn", 1},
+    {"tma-dyn-n176-skew", 1, 7, 9, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn_n176", 1},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
@@ -391,7 +396,9 @@ cudaError_t dispatch_causal(const kforge_fmha::FwdParams& p, bool causal, int ma
   const bool hopper = major == 9 && minor == 0 && built_with_90a() && sm90_wanted();
   if (hopper && path >= 0) {
     cudaError_t err = cudaSuccess;
-    if (try_tma_path<T, HDIM>(path, p, causal, stream, &err)) return err;
+    kforge_fmha::FwdParams pk = p;
+    pk.kv_skew = kTmaKernels[path].kv_skew;
+    if (try_tma_path<T, HDIM>(path, pk, causal, stream, &err)) return err;
   }
   if constexpr (HDIM == 128) {
     if (hopper) {
@@ -419,7 +426,8 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                 "KFORGE_FMHA_SM90_PATH is '%s'; use default (per shape), wgmma, tma-basic, "
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
                 "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, "
-                "tma-dyn-xt, tma-dyn-n176 or tma-pp-dyn-n176, or unset it",
+                "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew or tma-dyn-n176-skew, or "
+                "unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning

@@ -79,6 +79,7 @@ struct TmaMaps {
   int m_blocks;     // query blocks per (batch, head) pair (the "lpt" order's 1-D grid)
   int lpt_section;  // (batch, head) pairs per L2 section of the "lpt" order
   int* sched;       // the "dyn" variant: {next tile - gridDim.x, producers done}, 0 between launches
+  int kv_skew;      // the producer's load order (FwdParams::kv_skew)
 };
 
 namespace sm90tma {
@@ -342,26 +343,33 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
           tma_load_4d(sQ + qb * C::kQBytes + h * C::kQHalfBytes, &maps.q, 64 * h, row0, head, b,
                       q_full(qb));
         }
-        for (int i = 0; i < n_blocks; ++i) {
-          const int n = n_blocks - 1 - i;  // key tiles run from the last to the first
+        // Key tile i (keys run from the last tile to the first) of this tile into ring slot
+        // it + i: K, or V.
+        auto load_kv = [&](int i, bool is_v) {
+          const int n = n_blocks - 1 - i;
           const int g = it + i;
           const int s = g % kStages;
-          const uint32_t empty_parity = ((g / kStages) + 1) & 1;
-          if (g >= kStages) mbar_wait(k_empty(s), empty_parity);
-          mbar_expect_tx(k_full(s), C::kTileBytes);
+          const uint32_t full = is_v ? v_full(s) : k_full(s);
+          if (g >= kStages) mbar_wait(is_v ? v_empty(s) : k_empty(s), ((g / kStages) + 1) & 1);
+          mbar_expect_tx(full, C::kTileBytes);
 #pragma unroll
           for (int h = 0; h < kHalves; ++h) {
-            tma_load_4d(sK + s * C::kTileBytes + h * C::kHalfBytes, &maps.k, 64 * h,
-                        n * C::kBlockN, kv_head, b, k_full(s));
+            tma_load_4d((is_v ? sV : sK) + s * C::kTileBytes + h * C::kHalfBytes,
+                        is_v ? &maps.v : &maps.k, 64 * h, n * C::kBlockN, kv_head, b, full);
           }
-          if (g >= kStages) mbar_wait(v_empty(s), empty_parity);
-          mbar_expect_tx(v_full(s), C::kTileBytes);
-#pragma unroll
-          for (int h = 0; h < kHalves; ++h) {
-            tma_load_4d(sV + s * C::kTileBytes + h * C::kHalfBytes, &maps.v, 64 * h,
-                        n * C::kBlockN, kv_head, b, v_full(s));
+        };
+        // The consumers take K(i) and V(i - 1) together (Q K^T(i) and P V(i - 1)). The base order
+        // is K(i), V(i); skewed, K(i), V(i - 1), so that K(i + 1) is not held behind V(i), whose
+        // slot frees last (after P V(i - 2)).
+        for (int i = 0; i < n_blocks; ++i) {
+          load_kv(i, false);
+          if (!maps.kv_skew) {
+            load_kv(i, true);
+          } else if (i > 0) {
+            load_kv(i - 1, true);
           }
         }
+        if (maps.kv_skew && n_blocks > 0) load_kv(n_blocks - 1, true);
         it += n_blocks;
         ++qi;
       }
@@ -1005,6 +1013,7 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
     grid = dim3(static_cast<unsigned>(std::min<int64_t>(ctas, sms > 0 ? sms : 1)), 1, 1);
   }
   maps.sched = nullptr;
+  maps.kv_skew = params.kv_skew;
   if (sm90tma::Var<VAR>::kDynamic) {
     maps.sched = tma_host::sched_counter(dev, stream);
     if (maps.sched == nullptr) return cudaErrorNotSupported;  // the caller runs a static order

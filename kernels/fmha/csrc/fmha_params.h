@@ -34,6 +34,7 @@ struct FwdParams {
   int num_heads_k;
   int head_ratio;  // num_heads / num_heads_k
   int lpt_section;  // (batch, head) pairs per section of the TMA "lpt" order; 0: its L2 rule
+  int kv_skew;      // TMA producer: 1 loads K of key tile g + 1 before V of key tile g ("-skew")
 
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e)

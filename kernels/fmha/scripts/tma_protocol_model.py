@@ -21,6 +21,8 @@ model checks can arrive without those releases. With `single_q` (VAR 9, dynamic,
 Q has one buffer: each consumer warp releases it once its warpgroup's last Q K^T of the tile has
 completed (0 key tiles: at the epilogue), and the epilogue writes O from registers, so it does not
 read the buffer; the model checks that no TMA write of the next Q lands before that last product.
+With `skew` (FwdParams::kv_skew) the producer loads K(i) then V(i - 1) (the last V after the
+loop) instead of K(i) then V(i).
 It checks the protocol as written here, not the CUDA code: keep the two in step when either
 changes.
 
@@ -62,7 +64,8 @@ class MBarrier:
 
 
 def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | None = None,
-        dynamic: bool = False, cross: bool = False, single_q: bool = False) -> None:
+        dynamic: bool = False, cross: bool = False, single_q: bool = False,
+        skew: bool = False) -> None:
     """One CTA: a single query tile of n_blocks key tiles, or (persistent: mode 1, or dynamic:
     modes 1 and 2) `tiles`, the key-tile counts of the tiles it is handed."""
     rng = random.Random(seed)
@@ -97,17 +100,22 @@ def run(n_blocks: int, stages: int, mode: int, seed: int, tiles: list[int] | Non
             q_buf[qb] = "being written"
             q_full[qb].expect_tx(1)
             inflight.append((q_full[qb], q_buf, qb, qi))
-            for i in range(nb):
+            # Base order K(i), V(i); skewed (kv_skew), K(i), V(i - 1), then the last V.
+            order = [(i, kv) for i in range(nb) for kv in (0, 1)]
+            if skew:
+                order = [x for i in range(nb) for x in ([(i, 0)] + ([(i - 1, 1)] if i else []))]
+                order += [(nb - 1, 1)] if nb else []
+            for i, kv in order:
                 g = it + i
                 s, parity = g % stages, ((g // stages) + 1) & 1
-                for full, empty, buf in ((k_full, k_empty, k_buf), (v_full, v_empty, v_buf)):
-                    if g >= stages:
-                        while not empty[s].passed(parity):
-                            yield
-                    buf[s] = "being written"
-                    full[s].expect_tx(1)
-                    inflight.append((full[s], buf, s, g))
-                    yield
+                full, empty, buf = (k_full, k_empty, k_buf) if kv == 0 else (v_full, v_empty, v_buf)
+                if g >= stages:
+                    while not empty[s].passed(parity):
+                        yield
+                buf[s] = "being written"
+                full[s].expect_tx(1)
+                inflight.append((full[s], buf, s, g))
+                yield
             it += nb
         if dynamic:  # no tiles left: -1 through the next Q buffer's slot, a plain arrive
             qi = len(tiles)
@@ -347,6 +355,18 @@ def main() -> int:
             rng = random.Random(9000 + seed)
             tiles = [rng.randrange(0, 7) for _ in range(rng.randrange(1, 7))]
             run(0, stages, 1, seed, tiles=tiles, dynamic=True, cross=True)
+    # The skewed load order (K(i), V(i - 1)): every mode, one tile, and the dynamic variants.
+    for mode in (0, 1, 2):
+        for stages in (2, 3):
+            for n_blocks in range(0, 8):
+                for seed in range(30):
+                    run(n_blocks, stages, mode, seed, skew=True)
+    for single_q in (False, True):
+        for stages in (2, 3):
+            for seed in range(300):
+                rng = random.Random(17000 + seed)
+                tiles = [rng.randrange(0, 7) for _ in range(rng.randrange(1, 7))]
+                run(0, stages, 1, seed, tiles=tiles, dynamic=True, single_q=single_q, skew=True)
     # The single-Q variant (modes 1 and 2; mode 0 too, though no path runs it).
     for mode in (0, 1, 2):
         for stages in (2, 3):

@@ -7,7 +7,7 @@ Kernel paths: on an H100/H200 with a 90a build, the accuracy tests run once per 
 default_tma_path, mirrored by default_path below), wgmma, tma-basic, tma-overlap,
 tma and the tuning variants tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt,
 tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, tma-dyn-xt, tma-dyn-n176,
-tma-pp-dyn-n176; see
+tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew; see
 kforge_fmha.last_kernel) and check that the kernel that ran is the one the path asks for (or,
 for calls a TMA path cannot take, the documented fallback). Elsewhere only the default path
 runs; the other paths are skipped with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma (a comma
@@ -443,7 +443,7 @@ def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, sectio
 
 
 @pytest.mark.parametrize("path", ["tma-persist", "tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
-                                  "tma-pp-dyn-n176"])
+                                  "tma-pp-dyn-n176", "tma-dyn-skew", "tma-dyn-n176-skew"])
 @pytest.mark.parametrize("seqlens", [(2100, 2100), (1000, 2100)], ids=["square", "q-shorter"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -471,7 +471,7 @@ def test_persistent_kernel_walks_many_tiles(monkeypatch, head_dim, causal, seqle
 
 
 @pytest.mark.parametrize("rem", [16, 64, 65, 112, 113, 176])
-@pytest.mark.parametrize("path", ["tma-n176", "tma-dyn-n176", "tma-pp-dyn-n176"])
+@pytest.mark.parametrize("path", ["tma-n176", "tma-dyn-n176", "tma-pp-dyn-n176", "tma-dyn-n176-skew"])
 def test_176_key_tiles_with_partial_last_key_tile(monkeypatch, path, rem) -> None:
     """176-key tiles whose last key tile holds `rem` keys. Non-causal tma-dyn-n176 computes that
     tile's product only 64 (rem <= 64) or 112 (rem <= 112) keys wide (fmha_api.cpp picks the
