@@ -324,7 +324,8 @@ def main(argv=None) -> int:
                          "(KFORGE_FMHA_SM90_PATH: default, wgmma, tma-basic, tma-overlap, tma, "
                          "tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt, tma-persist, "
                          "tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, tma-dyn-xt, "
-                         "tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew); "
+                         "tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, "
+                         "tma-pp-dyn-skew); "
                          "default: the library's default only")
     ap.add_argument("--interleave", action="store_true",
                     help="time all columns of a shape in rotating rounds (one call each per round) "

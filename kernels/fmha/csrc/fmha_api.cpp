@@ -207,9 +207,9 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // the previous tile's epilogue; falls back like tma-dyn), "tma-dyn-n176" and
 // "tma-pp-dyn-n176" (tma-dyn and tma-pp-dyn with 176-key tiles and one Q buffer, hdim 128; at
 // hdim 64 they run tma-dyn and tma-pp-dyn; with no counter they run tma-n176 and tma-pp-n176,
-// the same tiles in a static order), and "tma-dyn-skew" and "tma-dyn-n176-skew" (the same
-// kernels as tma-dyn and tma-dyn-n176, whose producer loads K of key tile i + 1 before V of
-// key tile i). A TMA path runs head dims 64 and 128
+// the same tiles in a static order), and "tma-dyn-skew", "tma-dyn-n176-skew" and
+// "tma-pp-dyn-skew" (the kernels of tma-dyn, tma-dyn-n176 and tma-pp-dyn, whose producer loads
+// K of key tile i + 1 before V of key tile i). A TMA path runs head dims 64 and 128
 // with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
@@ -240,6 +240,7 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-pp-dyn-n176", 2, 7, 9, "sm90_tma_dyn", "sm90_tma_dyn_n176"},
     {"tma-dyn-skew", 1, 7, 7, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn", 1},
     {"tma-dyn-n176-skew", 1, 7, 9, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn_n176", 1},
+    {"tma-pp-dyn-skew", 2, 7, 7, "sm90_tma_dyn", "sm90_tma_dyn", 1},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
@@ -265,25 +266,27 @@ constexpr int tma_index(const char* name) {
 //    1.04-1.13; tma-dyn 0.89-0.91).
 //  - hdim 64, causal, seqlen_k <= 2048: tma-dyn (0.97 / 0.97; tma-m192-lpt 0.94 / 0.94). Above:
 //    tma-m192-lpt (1.04-1.20 / 1.04-1.20; tma-dyn 0.98-0.99).
-//  - hdim 128 (run 8, 15:10 UTC), non-causal: tma-dyn-n176 at every seqlen (0.98, 0.99, 1.01,
-//    1.03 / 0.98, 0.99, 1.01, 1.02; tma-dyn 0.98, 0.98, 0.97, 0.97 / 0.98, 0.98, 0.98, 0.98;
-//    tma-n176 0.92, 0.96, 1.00, 1.02 / 0.92, 0.95, 1.00, 1.02).
-//  - hdim 128, causal, seqlen_k <= 8192: tma-dyn (1.08-1.10 / 1.08-1.10; tma-dyn-n176 0.99-1.09).
-//    Above: tma-dyn-n176 (1.10 / 1.10; tma-dyn 1.06 / 1.08; run 7: 1.10 / 1.12 against 1.08 /
-//    1.09).
+//  - hdim 128 (run 10, 15:26 UTC), non-causal, seqlen_k <= 4096: tma-dyn-skew (0.98, 1.01 /
+//    0.99, 0.99; tma-dyn 0.97, 0.97 / 0.98, 0.97; tma-dyn-n176 0.97, 0.99 / 0.97, 0.99). Above:
+//    tma-dyn-n176 (1.01, 1.03 / 1.02, 1.02; tma-dyn-skew 0.99, 1.00 / 1.00, 1.01; its skewed
+//    order is slower there: 0.98, 0.99 / 0.99, 0.98).
+//  - hdim 128, causal, seqlen_k <= 8192: tma-dyn-skew (1.09-1.12 / 1.07-1.11; tma-dyn 1.08-1.10
+//    / 1.07-1.09). Above: tma-dyn-n176 (1.10 / 1.12; tma-dyn-skew 1.08 / 1.10; runs 7 and 8 had
+//    tma-dyn-n176 at 1.09-1.12 against tma-dyn's 1.06-1.09).
 // The benchmark ties seqlen to batch (16384 tokens), so shorter or longer batches were not
-// measured; seqlen_k < 2k takes the <= 2048 / <= 8192 branches unmeasured.
+// measured; seqlen_k < 2k takes the <= 2048 / <= 4096 / <= 8192 branches unmeasured.
 int default_tma_path(int head_dim, bool causal, int seqlen_k) {
   constexpr int kM192 = tma_index("tma-m192"), kM192Lpt = tma_index("tma-m192-lpt");
   constexpr int kDyn = tma_index("tma-dyn"), kDynN176 = tma_index("tma-dyn-n176");
-  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kDyn >= 0 && kDynN176 >= 0,
+  constexpr int kDynSkew = tma_index("tma-dyn-skew");
+  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kDyn >= 0 && kDynN176 >= 0 && kDynSkew >= 0,
                 "default_tma_path names a path that kTmaKernels lacks");
   if (head_dim == 64) {
     if (!causal) return kM192;
     return seqlen_k <= 2048 ? kDyn : kM192Lpt;
   }
-  if (causal) return seqlen_k <= 8192 ? kDyn : kDynN176;
-  return kDynN176;
+  if (causal) return seqlen_k <= 8192 ? kDynSkew : kDynN176;
+  return seqlen_k <= 4096 ? kDynSkew : kDynN176;
 }
 
 // The kTmaKernels index the call asks for, kPathWgmma or kPathInvalid.
@@ -426,8 +429,8 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                 "KFORGE_FMHA_SM90_PATH is '%s'; use default (per shape), wgmma, tma-basic, "
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
                 "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, "
-                "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew or tma-dyn-n176-skew, or "
-                "unset it",
+                "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew or "
+                "tma-pp-dyn-skew, or unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning
