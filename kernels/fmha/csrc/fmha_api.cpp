@@ -264,8 +264,9 @@ constexpr int tma_index(const char* name) {
 // bf16 / fp16:
 //  - hdim 64 (run 5, 2026-11-23 11:08 UTC), non-causal: tma-m192 at every seqlen (1.04-1.13 /
 //    1.04-1.13; tma-dyn 0.89-0.91).
-//  - hdim 64, causal, seqlen_k <= 2048: tma-dyn (0.97 / 0.97; tma-m192-lpt 0.94 / 0.94). Above:
-//    tma-m192-lpt (1.04-1.20 / 1.04-1.20; tma-dyn 0.98-0.99).
+//  - hdim 64, causal, seqlen_k <= 2048: tma-dyn-skew (run 11, 15:32 UTC: 0.97 / 0.98; tma-dyn,
+//    the default of runs 6-11 there, 0.94 / 0.95; tma-m192-lpt 0.94 / 0.95). Above: tma-m192-lpt
+//    (run 5: 1.04-1.20 / 1.04-1.20; tma-dyn 0.98-0.99).
 //  - hdim 128 (run 10, 15:26 UTC), non-causal, seqlen_k <= 4096: tma-dyn-skew (0.98, 1.01 /
 //    0.99, 0.99; tma-dyn 0.97, 0.97 / 0.98, 0.97; tma-dyn-n176 0.97, 0.99 / 0.97, 0.99). Above:
 //    tma-dyn-n176 (1.01, 1.03 / 1.02, 1.02; tma-dyn-skew 0.99, 1.00 / 1.00, 1.01; its skewed
@@ -277,13 +278,12 @@ constexpr int tma_index(const char* name) {
 // measured; seqlen_k < 2k takes the <= 2048 / <= 4096 / <= 8192 branches unmeasured.
 int default_tma_path(int head_dim, bool causal, int seqlen_k) {
   constexpr int kM192 = tma_index("tma-m192"), kM192Lpt = tma_index("tma-m192-lpt");
-  constexpr int kDyn = tma_index("tma-dyn"), kDynN176 = tma_index("tma-dyn-n176");
-  constexpr int kDynSkew = tma_index("tma-dyn-skew");
-  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kDyn >= 0 && kDynN176 >= 0 && kDynSkew >= 0,
+  constexpr int kDynN176 = tma_index("tma-dyn-n176"), kDynSkew = tma_index("tma-dyn-skew");
+  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kDynN176 >= 0 && kDynSkew >= 0,
                 "default_tma_path names a path that kTmaKernels lacks");
   if (head_dim == 64) {
     if (!causal) return kM192;
-    return seqlen_k <= 2048 ? kDyn : kM192Lpt;
+    return seqlen_k <= 2048 ? kDynSkew : kM192Lpt;
   }
   if (causal) return seqlen_k <= 8192 ? kDynSkew : kDynN176;
   return seqlen_k <= 4096 ? kDynSkew : kDynN176;
