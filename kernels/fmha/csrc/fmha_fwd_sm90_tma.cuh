@@ -58,6 +58,9 @@
 //     it as soon as its warpgroup's last Q K^T of the tile has completed (the producer then
 //     loads the next tile's Q under the last softmax, P V and the epilogue), and the epilogue
 //     writes O from registers straight to global memory instead of staging it in Q's buffer.
+//   10, 11: 9 in mode 1, non-causal only, with each tile's first product (its partial last key
+//     tile) computed 64 (10) or 112 (11) keys wide; the launcher picks one from seqlen_k.
+// The producer's load order is a run-time flag (TmaMaps::kv_skew): K(i), V(i) or K(i), V(i - 1).
 #pragma once
 
 #include <algorithm>
