@@ -231,6 +231,17 @@ KFORGE_FMHA_WGMMA_SS(wgmma_ss128w_f16, 64, "m64n128k16", "f16", "%64, %65", "%66
 #undef KFORGE_FMHA_OUTS32
 #undef KFORGE_FMHA_O8
 
+// Wgmma<T>::ss_first<N>(d, ...): the first N / 2 entries of S (keys 0 .. N - 1), N of 64, 112,
+// 128 or 176; SUF is the type's suffix of the functions above.
+#define KFORGE_FMHA_SS_FIRST(SUF)                                                                  \
+  template <int N, int M>                                                                          \
+  static __device__ __forceinline__ void ss_first(float (&d)[M], uint64_t da, uint64_t db, int acc) { \
+    static_assert(N == 64 || N == 112 || N == 128 || N == 176, "width 64, 112, 128 or 176");      \
+    if constexpr (N == 64) wgmma_ss64_##SUF(d, da, db, acc);                                       \
+    if constexpr (N == 112) wgmma_ss112_##SUF(d, da, db, acc);                                     \
+    if constexpr (N == 128) wgmma_ss128w_##SUF(d, da, db, acc);                                    \
+    if constexpr (N == 176) wgmma_ss176_##SUF(d, da, db, acc);                                     \
+  }
 template <typename T>
 struct Wgmma;
 template <>
@@ -241,15 +252,7 @@ struct Wgmma<__nv_bfloat16> {
   static __device__ __forceinline__ void ss(float (&d)[88], uint64_t da, uint64_t db, int acc) {
     wgmma_ss176_bf16(d, da, db, acc);
   }
-  // The first N / 2 entries of S: keys 0 .. N - 1.
-  template <int N, int M>
-  static __device__ __forceinline__ void ss_first(float (&d)[M], uint64_t da, uint64_t db, int acc) {
-    static_assert(N == 64 || N == 112 || N == 128 || N == 176, "width 64, 112, 128 or 176");
-    if constexpr (N == 64) wgmma_ss64_bf16(d, da, db, acc);
-    if constexpr (N == 112) wgmma_ss112_bf16(d, da, db, acc);
-    if constexpr (N == 128) wgmma_ss128w_bf16(d, da, db, acc);
-    if constexpr (N == 176) wgmma_ss176_bf16(d, da, db, acc);
-  }
+  KFORGE_FMHA_SS_FIRST(bf16)
   static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     wgmma_rs_bf16(d, a, db);
   }
@@ -265,15 +268,7 @@ struct Wgmma<__half> {
   static __device__ __forceinline__ void ss(float (&d)[88], uint64_t da, uint64_t db, int acc) {
     wgmma_ss176_f16(d, da, db, acc);
   }
-  // The first N / 2 entries of S: keys 0 .. N - 1.
-  template <int N, int M>
-  static __device__ __forceinline__ void ss_first(float (&d)[M], uint64_t da, uint64_t db, int acc) {
-    static_assert(N == 64 || N == 112 || N == 128 || N == 176, "width 64, 112, 128 or 176");
-    if constexpr (N == 64) wgmma_ss64_f16(d, da, db, acc);
-    if constexpr (N == 112) wgmma_ss112_f16(d, da, db, acc);
-    if constexpr (N == 128) wgmma_ss128w_f16(d, da, db, acc);
-    if constexpr (N == 176) wgmma_ss176_f16(d, da, db, acc);
-  }
+  KFORGE_FMHA_SS_FIRST(f16)
   static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     wgmma_rs_f16(d, a, db);
   }
