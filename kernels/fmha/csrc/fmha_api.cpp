@@ -337,18 +337,18 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
   const TmaKernel& k = kTmaKernels[index];
   const int var = HDIM == 64 ? k.var64 : k.var128;
   const char* name = HDIM == 64 ? k.name64 : k.name128;
-  switch (k.mode * 10 + var) {
+  switch (k.mode * 100 + var) {  // (not mode * 10: VAR 12 of mode 1 would be VAR 2 of mode 2)
     case 0: return try_tma<T, HDIM, 0, 0>(p, causal, stream, name, err);
-    case 10: return try_tma<T, HDIM, 1, 0>(p, causal, stream, name, err);
-    case 20: return try_tma<T, HDIM, 2, 0>(p, causal, stream, name, err);
-    case 11: return try_tma<T, HDIM, 1, 1>(p, causal, stream, name, err);
-    case 21: return try_tma<T, HDIM, 2, 1>(p, causal, stream, name, err);
-    case 12: return try_tma<T, HDIM, 1, 2>(p, causal, stream, name, err);
-    case 22: return try_tma<T, HDIM, 2, 2>(p, causal, stream, name, err);
-    case 15: return try_tma<T, HDIM, 1, 5>(p, causal, stream, name, err);
-    case 17:
-    case 18:
-    case 27: {
+    case 100: return try_tma<T, HDIM, 1, 0>(p, causal, stream, name, err);
+    case 200: return try_tma<T, HDIM, 2, 0>(p, causal, stream, name, err);
+    case 101: return try_tma<T, HDIM, 1, 1>(p, causal, stream, name, err);
+    case 201: return try_tma<T, HDIM, 2, 1>(p, causal, stream, name, err);
+    case 102: return try_tma<T, HDIM, 1, 2>(p, causal, stream, name, err);
+    case 202: return try_tma<T, HDIM, 2, 2>(p, causal, stream, name, err);
+    case 105: return try_tma<T, HDIM, 1, 5>(p, causal, stream, name, err);
+    case 107:
+    case 108:
+    case 207: {
       // The dynamic scheduler needs its counter (none during stream capture): else the same
       // mode in the static lpt order.
       const bool pp = k.mode == 2;
