@@ -1,14 +1,13 @@
-"""How much the last partial wave costs kforge_fmha's persistent TMA kernels, and what splitting it
-by keys (tma-dyn-split) buys: non-causal hdim 128, seqlen 2k and 4k, batch 4, with the head
-count chosen so that the grid of 128-row tiles is 15.0, 15.5 or 16.0 waves of the GPU's SMs
-(31, 32 and 33 heads on a 132-SM H100/H200 at 2k: 1984, 2048 and 2112 tiles).
+"""How much the last partial wave costs kforge_fmha's persistent TMA kernel and SDPA cuDNN:
+non-causal hdim 128, bf16, seqlen 2k and 4k, batch 4, with the head count chosen so that the grid
+of 128-row tiles is closest to 15.0, 15.5 and 16.0 waves of the GPU's SMs (31, 32 and 33 heads
+on a 132-SM H100/H200 at 2k: 1984, 2048 and 2112 tiles).
 
-If the tail costs a whole tile, 15.5 waves take as long as 16.0; if it costs nothing, the time
-grows with the tile count. Columns (timed in rotating rounds, fmha_vs_sdpa.time_interleaved):
-tma-dyn-skew (no split), tma-dyn-split with the launcher's rule and with KFORGE_FMHA_SPLIT_UNITS
-forced, and SDPA cuDNN on the same tensors.
+If the tail costs a whole tile, 15.0 and 15.5 waves take as long as 16.0; if it costs nothing,
+the time grows with the tile count. Columns (timed in rotating rounds,
+fmha_vs_sdpa.time_interleaved): the kforge paths of --paths and SDPA cuDNN on the same tensors.
 
-    python benchmarks/fmha_tail.py [--runs 20] [--json out.json]
+    python benchmarks/fmha_tail.py [--paths tma-dyn-skew,tma-dyn] [--runs 20] [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,16 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fmha_vs_sdpa import flops, time_interleaved  # noqa: E402
 
 
-def columns(q, k, v, units: list[str]):
+def columns(q, k, v, paths: list[str]):
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
 
-    def ours(path, split):
+    def ours(path):
         def fn():
-            os.environ["KFORGE_FMHA_SM90_PATH"] = path  # both read by the library at every call
-            if split is None:
-                os.environ.pop("KFORGE_FMHA_SPLIT_UNITS", None)
-            else:
-                os.environ["KFORGE_FMHA_SPLIT_UNITS"] = split
+            os.environ["KFORGE_FMHA_SM90_PATH"] = path  # read by the library at every call
             return kforge_fmha.fmha_fwd(q, k, v)
         return fn
 
@@ -45,9 +40,7 @@ def columns(q, k, v, units: list[str]):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(qt, kt, vt)
 
-    fns = {"tma-dyn-skew": ours("tma-dyn-skew", None), "split:rule": ours("tma-dyn-split", None)}
-    for u in units:
-        fns[f"split:{u}"] = ours("tma-dyn-split", u)
+    fns = {path: ours(path) for path in paths}
     fns["cudnn"] = cudnn
     return fns
 
@@ -56,7 +49,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlens", default="2048,4096")
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--units", default="66,264", help="forced KFORGE_FMHA_SPLIT_UNITS columns")
+    ap.add_argument("--paths", default="tma-dyn-skew", help="comma list of KFORGE_FMHA_SM90_PATH values")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", type=Path)
@@ -64,7 +57,7 @@ def main(argv=None) -> int:
     dev = torch.cuda.get_device_properties(0)
     sms = dev.multi_processor_count
     dtype, hdim = torch.bfloat16, 128
-    units = [u for u in args.units.split(",") if u]
+    paths = [p for p in args.paths.split(",") if p]
     print(f"{dev.name}, {sms} SMs; torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
           f"bf16, hdim {hdim}, non-causal, batch {args.batch}, {args.runs} rounds")
     rows = []
@@ -73,11 +66,11 @@ def main(argv=None) -> int:
         per_head = args.batch * m_blocks
         # head counts whose tile grid is closest to 15.0, 15.5 and 16.0 waves
         for waves in (15.0, 15.5, 16.0):
-            heads = max(1, round(waves * sms / per_head))
+            heads = max(1, int(waves * sms / per_head + 0.5))
             tiles = heads * per_head
             q, k, v = (torch.randn(args.batch, seqlen, heads, hdim, dtype=dtype, device="cuda")
                        for _ in range(3))
-            fns = columns(q, k, v, units)
+            fns = columns(q, k, v, paths)
             kernel = {}
             for name, fn in fns.items():
                 if name != "cudnn":

@@ -241,7 +241,6 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-dyn-skew", 1, 7, 7, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn", 1},
     {"tma-dyn-n176-skew", 1, 7, 9, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn_n176", 1},
     {"tma-pp-dyn-skew", 2, 7, 7, "sm90_tma_dyn", "sm90_tma_dyn", 1},
-    {"tma-dyn-split", 1, 7, 12, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn_split", 1},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
@@ -337,7 +336,7 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
   const TmaKernel& k = kTmaKernels[index];
   const int var = HDIM == 64 ? k.var64 : k.var128;
   const char* name = HDIM == 64 ? k.name64 : k.name128;
-  switch (k.mode * 100 + var) {  // (not mode * 10: VAR 12 of mode 1 would be VAR 2 of mode 2)
+  switch (k.mode * 100 + var) {  // (not mode * 10: a VAR past 9 would meet another mode)
     case 0: return try_tma<T, HDIM, 0, 0>(p, causal, stream, name, err);
     case 100: return try_tma<T, HDIM, 1, 0>(p, causal, stream, name, err);
     case 200: return try_tma<T, HDIM, 2, 0>(p, causal, stream, name, err);
@@ -368,13 +367,6 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
     if (var == 6) {
       return k.mode == 2 ? try_tma<T, HDIM, 2, 6>(p, causal, stream, name, err)
                          : try_tma<T, HDIM, 1, 6>(p, causal, stream, name, err);
-    }
-    if (var == 12) {
-      // The split tail, non-causal (instantiated so); causal, or with no counter: tma-dyn's
-      // kernel (no counter there either: the lpt order), in the path's load order.
-      if (!causal && try_tma_nc<T, HDIM, 1, 12>(p, stream, name, err)) return true;
-      const int dyn = tma_index("tma-dyn");
-      return try_tma_path<T, HDIM>(dyn, p, causal, stream, err);
     }
     if (var == 9) {  // dynamic 176-key tiles; no counter: the static 176-key kernel
       const bool pp = k.mode == 2;
@@ -437,8 +429,8 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                 "KFORGE_FMHA_SM90_PATH is '%s'; use default (per shape), wgmma, tma-basic, "
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
                 "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, "
-                "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, "
-                "tma-pp-dyn-skew or tma-dyn-split, or unset it",
+                "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew or "
+                "tma-pp-dyn-skew, or unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning
@@ -454,20 +446,6 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                   e);
     }
     lpt_section = static_cast<int>(v);
-  }
-  // KFORGE_FMHA_SPLIT_UNITS: units of tma-dyn-split's split tail (a tuning and test knob; 0: no
-  // split; unset: the launcher's rule, fmha_fwd_sm90_tma.cuh's split_plan).
-  int split_units = -1;
-  if (const char* e = std::getenv("KFORGE_FMHA_SPLIT_UNITS"); e != nullptr && *e != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (end == e || *end != '\0' || v < 0 || v > (1 << 20)) {
-      return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
-                  "KFORGE_FMHA_SPLIT_UNITS is '%s'; use a whole number of units from 0 (no "
-                  "split) to 1048576, or unset it",
-                  e);
-    }
-    split_units = static_cast<int>(v);
   }
   int major = 0, minor = 0;
   kforge_fmha_status st = check_device(&major, &minor);
@@ -499,7 +477,6 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
   p.num_heads_k = s.num_heads_k;
   p.head_ratio = s.num_heads / s.num_heads_k;
   p.lpt_section = lpt_section;
-  p.split_units = split_units;
   p.softmax_scale = s.softmax_scale;
   p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
 

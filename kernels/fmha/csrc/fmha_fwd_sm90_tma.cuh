@@ -60,15 +60,6 @@
 //     writes O from registers straight to global memory instead of staging it in Q's buffer.
 //   10, 11: 9 in mode 1, non-causal only, with each tile's first product (its partial last key
 //     tile) computed 64 (10) or 112 (11) keys wide; the launcher picks one from seqlen_k.
-//   12 "dyn-split": 7 in mode 1, non-causal only, with the last partial wave split by keys
-//     (stream-K for the tail): the N mod P tiles past the last whole wave of P CTAs hold W key
-//     tiles, cut into U units of W / U key tiles each (U <= P, the launcher's TmaMaps::split_*),
-//     so that the tail ends after about W / U key tiles instead of one whole tile. A unit covers
-//     one or two segments (the end of one tile, the start of the next). Each consumer warp of a
-//     partial segment writes its unnormalised O, row max and row sum to a workspace slot and
-//     counts itself on its tile's counter (one per tile and warp); the warp that counts last
-//     folds every slot of the tile in unit order (the same result whichever warp is last), writes
-//     O and the LSE, and resets the counter to 0 for the next launch.
 // The producer's load order is a run-time flag (TmaMaps::kv_skew): K(i), V(i) or K(i), V(i - 1).
 #pragma once
 
@@ -92,13 +83,6 @@ struct TmaMaps {
   int lpt_section;  // (batch, head) pairs per L2 section of the "lpt" order
   int* sched;       // the "dyn" variant: {next tile - gridDim.x, producers done}, 0 between launches
   int kv_skew;      // the producer's load order (FwdParams::kv_skew)
-  // VAR 12 (split tail): tiles [0, split_d) whole, the rest (of split_nb key tiles each, W in
-  // all) split into split_units units, the first split_rem of them split_q + 1 key tiles long and
-  // the others split_q (W = units q + rem); the workspace (2 slots per unit) and the counters (one
-  // per tail tile and consumer warp, 0 between launches).
-  int split_d, split_units, split_nb, split_q, split_rem;
-  float4* split_ws;
-  int* split_cnt;
 };
 
 namespace sm90tma {
@@ -106,16 +90,14 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 12, "variant 0..12");
+  static_assert(VAR >= 0 && VAR <= 11, "variant 0..11");
   static constexpr bool kCrossTile = VAR == 8;
   static constexpr bool kDynamic = VAR == 7 || kCrossTile || VAR >= 9;
   static constexpr bool kPersist = VAR == 5 || kDynamic;
   static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
-  static constexpr bool kWideN = VAR == 6 || (VAR >= 9 && VAR <= 11);
+  static constexpr bool kWideN = VAR == 6 || VAR >= 9;
   // One Q buffer released after the tile's last Q K^T, O stored from registers (VAR 9-11).
-  static constexpr bool kSingleQ = VAR >= 9 && VAR <= 11;
-  // The last partial wave split by keys (VAR 12).
-  static constexpr bool kSplitTail = VAR == 12;
+  static constexpr bool kSingleQ = VAR >= 9;
   // Keys of each tile's first product (its last key tile) in VAR 10 and 11 (non-causal, where
   // every tile has the same partial last key tile; 0: the whole tile). A 128-key first product
   // made ptxas serialise the wgmmas (C7511), so a last key tile of 113-176 keys is computed whole.
@@ -244,8 +226,6 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   static_assert(!kCrossTile || MODE == 1, "the cross-tile variant is of mode 1");
   static_assert(!kCrossTile || C::kBlockN == 128, "the stand-in product reads a V tile as K");
   static_assert(!kPersist || MODE == 1 || kDynamic, "the static persistent variant is of mode 1");
-  constexpr bool kSplitTail = Var<VAR>::kSplitTail;
-  static_assert(!kSplitTail || (MODE == 1 && !CAUSAL), "the split tail: mode 1, non-causal");
   constexpr int kBlockN = C::kBlockN;
   constexpr int kNT = kBlockN / 8;   // 8-key accumulator column groups of S
   constexpr int kKP = kBlockN / 16;  // k-steps of P V
@@ -306,46 +286,6 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   const int tile_stride = kPersist ? static_cast<int>(gridDim.x) : 1;
   const int first_tile = kPersist ? static_cast<int>(blockIdx.x) : 0;
   auto tile_lin = [&](int ti) { return kPersist ? ti : static_cast<int>(blockIdx.x); };
-  // Work units and their segments. Without a split tail, unit u is tile u, whole. With one
-  // (VAR 12), units [0, split_d) are those tiles, and tail unit j = u - split_d covers the tail's
-  // key tiles [bound(j), bound(j + 1)), where tail tile tt's key tiles are tt nb .. tt nb + nb - 1
-  // in loop order (from its last key tile to its first): the end of one tile and (a second
-  // segment) the start of the next. The launcher keeps split_units above the tail's tile count,
-  // so no unit is longer than a tile. A slot code (the consumers' hand-off) is 2 u + segment.
-  // (32-bit arithmetic: the launcher keeps W below 2^31.)
-  const int split_d = kSplitTail ? maps.split_d : total_tiles;
-  const int split_u = kSplitTail ? maps.split_units : 0;
-  const int split_nb = kSplitTail ? maps.split_nb : 1;
-  const int split_q = kSplitTail ? maps.split_q : 1, split_rem = kSplitTail ? maps.split_rem : 0;
-  const int total_units = split_d + split_u;
-  auto bound = [&](int j) { return j * split_q + min(j, split_rem); };
-  auto unit_of = [&](int x) {
-    const int long_end = split_rem * (split_q + 1);  // the long units' key tiles
-    return x < long_end ? x / (split_q + 1) : split_rem + (x - long_end) / split_q;
-  };
-  auto segments = [&](int u) {
-    if (!kSplitTail || u < split_d) return 1;
-    const int j = u - split_d;
-    return bound(j) / split_nb == (bound(j + 1) - 1) / split_nb ? 1 : 2;
-  };
-  struct Seg {
-    int lin;     // the tile
-    bool whole;  // else key tiles [lo, hi) of it (loop order), of tail tile tt, from unit j
-    int lo, hi, tt, j;
-  };
-  auto decode = [&](int code, Seg& sg) {
-    sg = Seg{code, true, 0, 0, 0, 0};
-    if constexpr (kSplitTail) {
-      const int u = code >> 1;
-      sg.lin = u;
-      if (u < split_d) return;
-      const int j = u - split_d;
-      const int a = bound(j), e = bound(j + 1);
-      const int tt = a / split_nb + (code & 1);
-      const int t0 = tt * split_nb;
-      sg = Seg{split_d + tt, false, max(a - t0, 0), min(e - t0, split_nb), tt, j};
-    }
-  };
   const int tid = threadIdx.x;
   const int wg = tid / 128;
 
@@ -390,23 +330,16 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
           return ti + tile_stride;
         }
       };
-      for (int ti = first_tile; ti < total_units; ti = next_tile(ti)) {
-       // (segments() in the condition, not held in a variable: with 24 registers, ptxas spilt it.)
-       for (int seg = 0; seg < segments(ti); ++seg) {
-        const int code = kSplitTail ? 2 * ti + seg : ti;
-        Seg sg;
-        decode(code, sg);
+      for (int ti = first_tile; ti < total_tiles; ti = next_tile(ti)) {
         int m_block, head, b;
-        coords(kPersist ? sg.lin : tile_lin(ti), m_block, head, b);
+        coords(tile_lin(ti), m_block, head, b);
         TileSetup<T> tile;
         if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) continue;
-        const int row0 = tile.row0;
-        const int n_blocks = sg.whole ? tile.n_blocks : sg.hi - sg.lo;  // key tiles of the segment
-        const int n_top = tile.n_blocks - 1 - (sg.whole ? 0 : sg.lo);   // its first key tile
+        const int row0 = tile.row0, n_blocks = tile.n_blocks;
         const int kv_head = head / p.head_ratio;
         const int qb = qi % kQBufs;
         if (qi >= kQBufs) mbar_wait(q_empty(qb), ((qi / kQBufs) + 1) & 1);
-        if constexpr (kDynamic) slots[qb] = code;
+        if constexpr (kDynamic) slots[qb] = ti;
         mbar_expect_tx(q_full(qb), C::kQBytes);
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) {
@@ -416,7 +349,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
         // Key tile i (keys run from the last tile to the first) of this tile into ring slot
         // it + i: K, or V.
         auto load_kv = [&](int i, bool is_v) {
-          const int n = n_top - i;
+          const int n = n_blocks - 1 - i;
           const int g = it + i;
           const int s = g % kStages;
           const uint32_t full = is_v ? v_full(s) : k_full(s);
@@ -442,7 +375,6 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
         if (maps.kv_skew && n_blocks > 0) load_kv(n_blocks - 1, true);
         it += n_blocks;
         ++qi;
-       }  // segments
       }
       if constexpr (kDynamic) {
         // No tiles left: hand the consumers -1 through the next Q buffer's slot.
@@ -497,15 +429,11 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     lin = slots[qi % kQBufs];
     if (lin < 0) break;
   }
-  Seg sg;
-  decode(lin, sg);
   int m_block, head, b;
-  coords(sg.lin, m_block, head, b);
+  coords(lin, m_block, head, b);
   TileSetup<T> tile;
   if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) continue;
-  const int sq = tile.sq, sk = tile.sk, row0 = tile.row0;
-  const int n_blocks = sg.whole ? tile.n_blocks : sg.hi - sg.lo;  // key tiles of this segment
-  const int n_top = tile.n_blocks - 1 - (sg.whole ? 0 : sg.lo);   // its first key tile
+  const int sq = tile.sq, sk = tile.sk, row0 = tile.row0, n_blocks = tile.n_blocks;
   const int it0 = kPersist ? it : 0;  // a constant 0 unless persistent
   const int qb = kPersist ? qi % kQBufs : 0;
   const uint32_t q_parity = kPersist ? (qi / kQBufs) & 1 : 0;
@@ -696,7 +624,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
 
   if constexpr (!kOverlap) {
     for (int i = 0; i < n_blocks; ++i) {
-      const int n = n_top - i;
+      const int n = n_blocks - 1 - i;
       const int st = (it0 + i) % kStages;
       const uint32_t ph = ((it0 + i) / kStages) & 1;
       mbar_wait(k_full(st), ph);
@@ -720,7 +648,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   } else if (n_blocks > 0) {
     // Tile 0: Q K^T alone (cross-tile variant: already issued by the previous tile, if any).
     {
-      const int n = n_top;
+      const int n = n_blocks - 1;
       if (!(kCrossTile && carried)) {  // carried: issued and completed in the previous tile
         mbar_wait(k_full(it0 % kStages), (it0 / kStages) & 1);
         turn_begin();
@@ -751,7 +679,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     // narrow first key tile (kW0 < kBlockN), step 1 (its P V) is a copy of its own, so that no
     // branch sits between a product's issue and its wait (ptxas would serialise every wgmma).
     auto step = [&](int i, auto first_pv) {
-      const int n = n_top - i;
+      const int n = n_blocks - 1 - i;
       const int st = (it0 + i) % kStages;
       const uint32_t ph = ((it0 + i) / kStages) & 1;
       const int pst = (it0 + i - 1) % kStages;
@@ -851,82 +779,12 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   // from registers, 4 bytes per thread and store (4 threads cover 16 bytes of a row).
   T* gO = tile.o;
   const int64_t lse_off = tile.lse_off;
-  // A split tile's segment (VAR 12): this warp's partial O, row max and row sum go to the
-  // workspace slot of (unit, segment), then the warp counts itself on the tile's counter. The
-  // warp that counts last folds the slots of every unit of the tile in unit order (its own
-  // included, so the result does not depend on which warp is last) into o, row_max and row_sum,
-  // resets the counter, and goes on to the epilogue; the others store nothing.
-  bool store_o = true;
-  if constexpr (kSplitTail) {
-    if (!sg.whole) {
-      constexpr int kV4 = kHalves * 8;                       // float4s of O per thread
-      constexpr int kWarpV4 = 32 * (kV4 + 1);                // + {max, max, sum, sum}
-      constexpr int kSlotV4 = 4 * C::kConsumers * kWarpV4;  // every consumer warp
-      const int wid = cw * 4 + warp;
-      auto slot = [&](int j, int seg) {
-        return maps.split_ws + static_cast<int64_t>(2 * j + seg) * kSlotV4 + wid * kWarpV4 + lane;
-      };
-      const int t0 = sg.tt * split_nb;
-      float4* const mine = slot(sg.j, bound(sg.j) < t0 ? 1 : 0);
-#pragma unroll
-      for (int d = 0; d < kHalves; ++d) {
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          __stcg(mine + (d * 8 + q) * 32,
-                 make_float4(o[d][4 * q], o[d][4 * q + 1], o[d][4 * q + 2], o[d][4 * q + 3]));
-        }
-      }
-      __stcg(mine + kV4 * 32, make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]));
-      __threadfence();
-      __syncwarp();
-      int* const cnt = maps.split_cnt + sg.tt * (4 * C::kConsumers) + wid;
-      const int j0 = unit_of(t0), j1 = unit_of(t0 + split_nb - 1);
-      int before = 0;
-      if (lane == 0) before = atomicAdd(cnt, 1);
-      before = __shfl_sync(0xffffffffu, before, 0);
-      store_o = before == j1 - j0;
-      if (store_o) {
-        __threadfence();
-        row_max[0] = row_max[1] = kNegInf;
-        row_sum[0] = row_sum[1] = 0.f;
-        zero_o();
-        for (int j = j0; j <= j1; ++j) {
-          const float4* src = slot(j, j == j0 && bound(j) < t0 ? 1 : 0);
-          const float4 ml = __ldcg(src + kV4 * 32);
-          const float m_in[2] = {ml.x, ml.y}, l_in[2] = {ml.z, ml.w};
-          float a_old[2], a_in[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float m = fmaxf(row_max[r], m_in[r]);
-            const float m_scaled = m == kNegInf ? 0.f : m * scale_log2;
-            a_old[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);
-            a_in[r] = fast_exp2(m_in[r] * scale_log2 - m_scaled);
-            row_max[r] = m;
-            row_sum[r] = row_sum[r] * a_old[r] + l_in[r] * a_in[r];
-          }
-#pragma unroll
-          for (int d = 0; d < kHalves; ++d) {
-#pragma unroll
-            for (int q = 0; q < 8; ++q) {
-              const float4 v = __ldcg(src + (d * 8 + q) * 32);
-              o[d][4 * q] = o[d][4 * q] * a_old[0] + v.x * a_in[0];
-              o[d][4 * q + 1] = o[d][4 * q + 1] * a_old[0] + v.y * a_in[0];
-              o[d][4 * q + 2] = o[d][4 * q + 2] * a_old[1] + v.z * a_in[1];
-              o[d][4 * q + 3] = o[d][4 * q + 3] * a_old[1] + v.w * a_in[1];
-            }
-          }
-        }
-        if (lane == 0) *cnt = 0;  // every unit of the tile has counted: ready for the next launch
-      }
-    }
-  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int lrow = wrow + 8 * r;
     const int row = row0 + lrow;
     const float inv = finish_row(p, row_sum[r], row_max[r], scale_log2,
-                                 lse_off + head * p.lse_head_stride + row,
-                                 t == 0 && row < sq && store_o);
+                                 lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
 #pragma unroll
     for (int d = 0; d < kHalves; ++d) {
 #pragma unroll
@@ -954,7 +812,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       const int idx = i * 32 + lane;
       const int lrow = cw * 64 + warp * 16 + idx / kChunks;
       const int c = idx % kChunks;
-      if (row0 + lrow < sq && store_o) {
+      if (row0 + lrow < sq) {
         *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
             *reinterpret_cast<const uint4*>(qbase + (c >> 3) * C::kQHalfBytes + lrow * 128 +
                                             (((c & 7) ^ (lrow & 7)) << 4));
@@ -1037,146 +895,52 @@ bool encode(CUtensorMap* map, const void* ptr, int rows, int heads, int batch, i
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One device and stream: a launch on another stream gets its own buffers, so launches that may
-// run at the same time never share them; cudaStreamPerThread is told apart by thread.
-struct StreamKey {
-  int dev;
-  cudaStream_t stream;
-  std::thread::id thread;
-  bool operator==(const StreamKey& o) const {
-    return dev == o.dev && stream == o.stream && thread == o.thread;
-  }
-};
-inline StreamKey stream_key(int dev, cudaStream_t stream) {
-  return StreamKey{dev, stream,
-                   stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id()};
-}
-// False when the stream is being captured into a graph (a graph could be replayed on any stream,
-// beside a launch that uses the same buffers) or its state cannot be read.
-inline bool stream_not_capturing(cudaStream_t stream) {
+// The dynamic scheduler's counter pair of one device and stream ({next, done}, cudaMalloc'ed and
+// zeroed on first use; each launch leaves it zero). A launch on another stream gets its own pair,
+// so launches that may run at the same time never share one; cudaStreamPerThread is told apart by
+// thread. Null when none can be had: the stream is being captured into a graph (a graph could be
+// replayed on any stream, beside a launch that uses the same pair), or cudaMalloc failed. The
+// caller then runs a kernel with a static schedule.
+inline int* sched_counter(int dev, cudaStream_t stream) {
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess) {
     cudaGetLastError();
-    return false;
-  }
-  return cap == cudaStreamCaptureStatusNone;
-}
-// cudaMalloc'ed and zeroed device memory, or null (the error cleared).
-inline void* zeroed_alloc(size_t bytes) {
-  void* ptr = nullptr;
-  if (cudaMalloc(&ptr, bytes) != cudaSuccess) {
-    cudaGetLastError();
     return nullptr;
   }
-  if (cudaMemset(ptr, 0, bytes) != cudaSuccess) {
-    cudaGetLastError();
-    cudaFree(ptr);
-    return nullptr;
-  }
-  return ptr;
-}
-
-// The dynamic scheduler's counter pair of one device and stream ({next, done}, zeroed on first
-// use; each launch leaves it zero). Null when none can be had: the stream is being captured, or
-// cudaMalloc failed. The caller then runs a kernel with a static schedule.
-inline int* sched_counter(int dev, cudaStream_t stream) {
-  if (!stream_not_capturing(stream)) return nullptr;
+  if (cap != cudaStreamCaptureStatusNone) return nullptr;
+  struct Key {
+    int dev;
+    cudaStream_t stream;
+    std::thread::id thread;
+    bool operator==(const Key& o) const {
+      return dev == o.dev && stream == o.stream && thread == o.thread;
+    }
+  };
   struct Entry {
-    StreamKey key;
+    Key key;
     int* counter;
   };
   static std::mutex mu;
   static std::vector<Entry> table;  // few streams: a linear search
-  const StreamKey key = stream_key(dev, stream);
+  const Key key{dev, stream,
+                stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id()};
   std::lock_guard<std::mutex> lock(mu);
   for (const Entry& e : table) {
     if (e.key == key) return e.counter;
   }
   if (table.size() >= 1024) return nullptr;
-  int* c = static_cast<int*>(zeroed_alloc(2 * sizeof(int)));
-  if (c == nullptr) return nullptr;
+  int* c = nullptr;
+  if (cudaMalloc(&c, 2 * sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  if (cudaMemset(c, 0, 2 * sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(c);
+    return nullptr;
+  }
   table.push_back(Entry{key, c});
   return c;
-}
-
-// The split tail's workspace (ws_bytes) and counters (cnt zeroed ints; each launch leaves them
-// zero) of one device and stream, grown as calls need more (the old ones are freed after the
-// stream's work is done). False, with nothing changed, when they cannot be had (as
-// sched_counter); the caller then runs the kernel without a split.
-inline bool split_buffers(int dev, cudaStream_t stream, size_t ws_bytes, size_t cnt,
-                          float4** ws_out, int** cnt_out) {
-  if (!stream_not_capturing(stream)) return false;
-  struct Entry {
-    StreamKey key;
-    void* ws;
-    size_t ws_bytes;
-    int* cnt;
-    size_t cnt_n;
-  };
-  static std::mutex mu;
-  static std::vector<Entry> table;
-  const StreamKey key = stream_key(dev, stream);
-  std::lock_guard<std::mutex> lock(mu);
-  Entry* e = nullptr;
-  for (Entry& x : table) {
-    if (x.key == key) e = &x;
-  }
-  if (e == nullptr) {
-    if (table.size() >= 1024) return false;
-    table.push_back(Entry{key, nullptr, 0, nullptr, 0});
-    e = &table.back();
-  }
-  if (e->ws_bytes < ws_bytes || e->cnt_n < cnt) {
-    const size_t nb = std::max(ws_bytes, e->ws_bytes), nc = std::max(cnt, e->cnt_n);
-    void* ws = zeroed_alloc(nb);
-    int* c = static_cast<int*>(zeroed_alloc(nc * sizeof(int)));
-    if (ws == nullptr || c == nullptr) {
-      if (ws != nullptr) cudaFree(ws);
-      if (c != nullptr) cudaFree(c);
-      return false;
-    }
-    if (e->ws != nullptr || e->cnt != nullptr) {
-      if (cudaStreamSynchronize(stream) != cudaSuccess) {  // earlier launches still use them
-        cudaGetLastError();
-        cudaFree(ws);
-        cudaFree(c);
-        return false;
-      }
-      cudaFree(e->ws);
-      cudaFree(e->cnt);
-    }
-    *e = Entry{key, ws, nb, c, nc};
-  }
-  *ws_out = static_cast<float4*>(e->ws);
-  *cnt_out = e->cnt;
-  return true;
-}
-
-// The split tail of VAR 12 for `tiles` tiles of nb key tiles each on a grid of up to `ctas` CTAs:
-// {split_d, split_units}, or {tiles, 0} for no split. The tiles past the last whole wave
-// (tiles mod ctas) hold w = r nb key tiles; they are cut into ctas units (or w, if fewer), as long
-// as a unit is shorter than a tile by more than 4 key tiles: a guess, not measured, at what a
-// unit's two segments cost over a tile (their first products and epilogues, the fold). forced > 0
-// (KFORGE_FMHA_SPLIT_UNITS) asks for that many units, kept within [r + 1, min(w, 4 ctas)] so that
-// no unit is longer than a tile; forced 0: no split.
-struct SplitPlan {
-  int d, units;
-};
-inline SplitPlan split_plan(int64_t tiles, int ctas, int nb, int forced) {
-  const SplitPlan none{static_cast<int>(tiles), 0};
-  if (tiles <= 0 || ctas <= 0 || nb < 2 || forced == 0) return none;
-  const int64_t r = tiles % ctas;
-  if (r == 0) return none;
-  const int64_t w = r * nb;
-  int64_t u = std::min<int64_t>(ctas, w);
-  if (forced > 0) {
-    u = std::min<int64_t>(std::max<int64_t>(forced, r + 1), std::min<int64_t>(w, int64_t{4} * ctas));
-  } else if ((w + u - 1) / u + 4 >= nb) {
-    return none;
-  }
-  // Unit indices and key tile numbers stay ints.
-  if (u <= r || tiles > 0x7fffffff - int64_t{4} * ctas || w > 0x7fffffff) return none;
-  return SplitPlan{static_cast<int>(tiles - r), static_cast<int>(u)};
 }
 
 }  // namespace tma_host
@@ -1253,41 +1017,9 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   }
   maps.sched = nullptr;
   maps.kv_skew = params.kv_skew;
-  maps.split_d = 0;
-  maps.split_units = 0;
-  maps.split_nb = 1;
-  maps.split_q = 1;
-  maps.split_rem = 0;
-  maps.split_ws = nullptr;
-  maps.split_cnt = nullptr;
   if (sm90tma::Var<VAR>::kDynamic) {
     maps.sched = tma_host::sched_counter(dev, stream);
     if (maps.sched == nullptr) return cudaErrorNotSupported;  // the caller runs a static order
-  }
-  if constexpr (sm90tma::Var<VAR>::kSplitTail) {
-    const int64_t tiles = static_cast<int64_t>(m_blocks) * params.num_heads * params.batch;
-    int sms = 0;
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-    const int nb = (params.seqlen_k + C::kBlockN - 1) / C::kBlockN;
-    tma_host::SplitPlan plan = tma_host::split_plan(tiles, sms, nb, params.split_units);
-    if (plan.units > 0) {
-      constexpr size_t kSlotBytes = size_t{4} * C::kConsumers * 32 * (C::kHalves * 8 + 1) * 16;
-      const size_t cnt = static_cast<size_t>(tiles - plan.d) * 4 * C::kConsumers;
-      if (!tma_host::split_buffers(dev, stream, 2 * static_cast<size_t>(plan.units) * kSlotBytes,
-                                   cnt, &maps.split_ws, &maps.split_cnt)) {
-        plan = tma_host::SplitPlan{static_cast<int>(tiles), 0};  // no buffers: no split
-      }
-    }
-    maps.split_d = plan.d;
-    maps.split_units = plan.units;
-    maps.split_nb = nb;
-    if (plan.units > 0) {
-      const int w = static_cast<int>((tiles - plan.d) * nb);
-      maps.split_q = w / plan.units;
-      maps.split_rem = w % plan.units;
-    }
-    grid = dim3(static_cast<unsigned>(std::min<int64_t>(int64_t{plan.d} + plan.units, sms)), 1, 1);
   }
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(params, maps);
   return cudaGetLastError();
@@ -1331,8 +1063,7 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 1, 9)  \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 9)  \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, 128, 1, 10)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, 128, 1, 11)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, 128, 1, 12)
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, 128, 1, 11)
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM64(T)    \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 64)             \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 3)   \

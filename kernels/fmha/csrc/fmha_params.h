@@ -35,7 +35,6 @@ struct FwdParams {
   int head_ratio;  // num_heads / num_heads_k
   int lpt_section;  // (batch, head) pairs per section of the TMA "lpt" order; 0: its L2 rule
   int kv_skew;      // TMA producer: 1 loads K of key tile g + 1 before V of key tile g ("-skew")
-  int split_units;  // TMA "dyn-split": units of the split tail; -1: the launcher's rule, 0: none
 
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e)
@@ -57,8 +56,7 @@ cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 // variant, sm90tma::Var): 0 base, 1 longest-first L2-section tile order, 2 one more K/V stage,
 // 3 three consumer warpgroups (192-row CTAs, hdim 64 only), 4 = 3 + 1, 5 persistent (static
 // stride), 6 176-key tiles (hdim 128 only), 7 persistent with a dynamic tile counter, 8 = 7 with
-// the next tile's first Q K^T under the epilogue, 9-11 = 7 with 176-key tiles, 12 = 7 with the
-// last partial wave split by keys. launch_fwd_sm90_tma
+// the next tile's first Q K^T under the epilogue. launch_fwd_sm90_tma
 // returns cudaErrorNotSupported, launching nothing, for a call it cannot take (varlen, or
 // strides the tensor maps cannot describe). Defined in fmha_fwd_{fp16,bf16}_hdim{64,128}.cu.
 template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>

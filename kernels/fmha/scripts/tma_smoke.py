@@ -21,13 +21,13 @@ except ImportError as exc:  # exit 3, like any other error that is not a wrong a
     sys.exit(3)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from tma_paths import ALL_PATHS, default_path, tma_kernel  # noqa: E402  (one table with tests/test_gpu.py)
+from tma_paths import ALL_PATHS, TMA_KERNEL, default_path  # noqa: E402  (one table with tests/test_gpu.py)
 
 
 def expected_kernel(path: str, head_dim: int, causal: bool, seqlen_k: int) -> str | None:
     if path == "default":
         path = default_path(head_dim, causal, seqlen_k)
-    return None if path == "wgmma" else tma_kernel(path, head_dim, causal)
+    return None if path == "wgmma" else TMA_KERNEL[path][head_dim]
 
 
 TOL = {torch.float16: 1e-2, torch.bfloat16: 6e-2}  # the absolute caps of tests/test_gpu.py

@@ -7,7 +7,7 @@ Kernel paths: on an H100/H200 with a 90a build, the accuracy tests run once per 
 default_tma_path, mirrored by default_path below), wgmma, tma-basic, tma-overlap,
 tma and the tuning variants tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt,
 tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, tma-dyn-xt, tma-dyn-n176,
-tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, tma-pp-dyn-skew, tma-dyn-split; see
+tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, tma-pp-dyn-skew; see
 kforge_fmha.last_kernel) and check that the kernel that ran is the one the path asks for (or,
 for calls a TMA path cannot take, the documented fallback). Elsewhere only the default path
 runs; the other paths are skipped with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma (a comma
@@ -79,7 +79,7 @@ def assert_close(out, ref, lowp, dtype, what: str) -> None:
         f"{what}: max |out - ref| = {err:.3g} > tol {tol:.3g} (torch {dtype} SDPA error {torch_err:.3g})")
 
 
-from tma_paths import ALL_PATHS, default_path, tma_kernel  # noqa: E402  (one table with scripts/tma_smoke.py)
+from tma_paths import ALL_PATHS, TMA_KERNEL, default_path  # noqa: E402  (one table with scripts/tma_smoke.py)
 
 
 def _chosen_paths() -> list[str]:
@@ -117,7 +117,7 @@ def expected_kernel(path: str, head_dim: int, varlen: bool = False, *, causal: b
     if path != "wgmma" and not varlen:
         if path == "default":
             path = default_path(head_dim, causal, seqlen_k)
-        return tma_kernel(path, head_dim, causal)
+        return TMA_KERNEL[path][head_dim]
     return "sm90_wgmma" if head_dim == 128 else "mma_sync"  # the wgmma path and the TMA fallback
 
 
@@ -445,7 +445,7 @@ def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, sectio
 
 @pytest.mark.parametrize("path", ["tma-persist", "tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
                                   "tma-pp-dyn-n176", "tma-dyn-skew", "tma-dyn-n176-skew",
-                                  "tma-pp-dyn-skew", "tma-dyn-split"])
+                                  "tma-pp-dyn-skew"])
 @pytest.mark.parametrize("seqlens", [(2100, 2100), (1000, 2100)], ids=["square", "q-shorter"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -499,7 +499,7 @@ def test_176_key_tiles_with_partial_last_key_tile(monkeypatch, path, rem) -> Non
 
 @pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
                                   "tma-pp-dyn-n176", "tma-dyn-skew", "tma-dyn-n176-skew",
-                                  "tma-pp-dyn-skew", "tma-dyn-split"])
+                                  "tma-pp-dyn-skew"])
 def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
     """Launches of a dynamic path on two streams may run at the same time: each stream has its own
     tile counter, so both outputs are whole and right (a shared counter would split the tiles
@@ -529,7 +529,7 @@ def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
 
 @pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
                                   "tma-pp-dyn-n176", "tma-dyn-skew", "tma-dyn-n176-skew",
-                                  "tma-pp-dyn-skew", "tma-dyn-split"])
+                                  "tma-pp-dyn-skew"])
 def test_dynamic_paths_fall_back_in_graph_capture(monkeypatch, path) -> None:
     """In a CUDA graph the dynamic paths take the static kernel of their mode (lpt order; the
     176-key ones the static 176-key kernel): a graph can be replayed on any stream, so no stream's
@@ -551,8 +551,7 @@ def test_dynamic_paths_fall_back_in_graph_capture(monkeypatch, path) -> None:
     lpt = {"tma-dyn": "sm90_tma_overlap_lpt", "tma-pp-dyn": "sm90_tma_lpt",
            "tma-dyn-xt": "sm90_tma_overlap_lpt", "tma-dyn-n176": "sm90_tma_overlap_n176",
            "tma-pp-dyn-n176": "sm90_tma_n176", "tma-dyn-skew": "sm90_tma_overlap_lpt",
-           "tma-dyn-n176-skew": "sm90_tma_overlap_n176", "tma-pp-dyn-skew": "sm90_tma_lpt",
-           "tma-dyn-split": "sm90_tma_overlap_lpt"}[path]
+           "tma-dyn-n176-skew": "sm90_tma_overlap_n176", "tma-pp-dyn-skew": "sm90_tma_lpt"}[path]
     assert kforge_fmha.last_kernel() == lpt
     ref, _, lowp = reference(q, k, v, True, 128 ** -0.5, torch.bfloat16)
     for _ in range(2):
@@ -560,90 +559,6 @@ def test_dynamic_paths_fall_back_in_graph_capture(monkeypatch, path) -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert_close(out, ref, lowp, torch.bfloat16, f"{path} graph replay")
-
-
-def _split_inputs(batch, sq, sk, heads, dtype):
-    q = rand(batch, sq, heads, 128, dtype=dtype)
-    k, v = (rand(batch, sk, heads, 128, dtype=dtype) for _ in range(2))
-    return q, k, v
-
-
-@pytest.mark.parametrize("units", ["rule", "0", "25", "60", "528"])
-@pytest.mark.parametrize("shape", [(1, 1000, 3000, 3), (4, 2100, 2100, 8)], ids=["one-wave", "tail"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
-def test_split_tail_matches_reference(monkeypatch, dtype, shape, units) -> None:
-    """tma-dyn-split, non-causal hdim 128: the tiles past the last whole wave split by keys into
-    units (KFORGE_FMHA_SPLIT_UNITS: the launcher's rule, none, or 25, 60 and 528 units, kept
-    within [tail tiles + 1, min(key tiles, 4 x SMs)]). one-wave: 24 tiles of 24 key tiles (the
-    last partial), fewer tiles than SMs, so every tile is split, into up to 24 units each; tail:
-    544 tiles of 17 key tiles, 544 mod 132 = 16 of them split. Three calls in a row (the tile
-    counters must be back at 0), outputs and LSE against the reference, the same bits on every
-    call whichever warp folds a tile, and not the bits of the unsplit kernel (so a split ran)."""
-    path = "tma-dyn-split"
-    if path not in _chosen_paths():
-        pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
-    if not _hopper_90a():
-        pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
-    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
-    batch, sq, sk, heads = shape
-    q, k, v = _split_inputs(batch, sq, sk, heads, dtype)
-    ref, ref_lse, lowp = reference(q, k, v, False, 128 ** -0.5, dtype)
-    monkeypatch.setenv("KFORGE_FMHA_SPLIT_UNITS", "0")
-    whole = kforge_fmha.fmha_fwd(q, k, v)
-    if units == "rule":
-        monkeypatch.delenv("KFORGE_FMHA_SPLIT_UNITS")
-    else:
-        monkeypatch.setenv("KFORGE_FMHA_SPLIT_UNITS", units)
-    outs = []
-    for call in range(3):
-        out = torch.full_like(q, float("nan"))
-        _, lse = kforge_fmha.fmha_fwd(q, k, v, out=out, return_lse=True)
-        check_kernel(path, 128, causal=False, seqlen_k=sk)
-        assert torch.isfinite(out).all(), f"units={units} call {call}: rows never written"
-        assert_close(out, ref, lowp, dtype, f"{path} units={units} call {call}")
-        assert (lse - ref_lse).abs().max().item() < LSE_ATOL
-        outs.append(out)
-    for call in (1, 2):
-        assert torch.equal(outs[call], outs[0]), f"units={units}: call {call} differs from call 0"
-    if units == "0":
-        assert torch.equal(outs[0], whole)
-    else:
-        assert not torch.equal(outs[0], whole), f"units={units}: the same bits as the unsplit kernel"
-
-
-def test_split_tail_on_two_streams_at_once(monkeypatch) -> None:
-    """Split launches on two streams at the same time: each stream has its own workspace and
-    counters, so both outputs are right (shared ones would mix the two grids' partial tiles)."""
-    path = "tma-dyn-split"
-    if path not in _chosen_paths():
-        pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
-    if not _hopper_90a():
-        pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
-    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
-    monkeypatch.setenv("KFORGE_FMHA_SPLIT_UNITS", "132")
-    ins = [_split_inputs(1, 1000, 3000, 3, torch.float16) for _ in range(2)]
-    refs = [reference(q, k, v, False, 128 ** -0.5, torch.float16) for q, k, v in ins]
-    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    torch.cuda.synchronize()
-    outs = [[torch.full_like(ins[0][0], float("nan")) for _ in range(4)] for _ in range(2)]
-    for rep in range(4):
-        for s in range(2):
-            with torch.cuda.stream(streams[s]):
-                q, k, v = ins[s]
-                kforge_fmha.fmha_fwd(q, k, v, out=outs[s][rep])
-    torch.cuda.synchronize()
-    for s in range(2):
-        ref, _, lowp = refs[s]
-        for rep in range(4):
-            assert torch.isfinite(outs[s][rep]).all(), f"stream {s} call {rep}: tiles never written"
-            assert_close(outs[s][rep], ref, lowp, torch.float16, f"split stream {s} call {rep}")
-
-
-def test_bad_split_units_is_refused(monkeypatch) -> None:
-    monkeypatch.setenv("KFORGE_FMHA_SPLIT_UNITS", "-3")
-    q = rand(1, 16, 2, 64, dtype=torch.float16)
-    with pytest.raises(FmhaArgumentError, match="KFORGE_FMHA_SPLIT_UNITS is '-3'"):
-        kforge_fmha.fmha_fwd(q, q, q)
 
 
 def test_bad_lpt_section_is_refused(monkeypatch) -> None:
