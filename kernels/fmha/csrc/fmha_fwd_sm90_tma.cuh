@@ -60,13 +60,6 @@
 //     writes O from registers straight to global memory instead of staging it in Q's buffer.
 //   10, 11: 9 in mode 1, non-causal only, with each tile's first product (its partial last key
 //     tile) computed 64 (10) or 112 (11) keys wide; the launcher picks one from seqlen_k.
-//   13 "dyn-xs": 7 in mode 1 with the tile boundary overlapped: each consumer warpgroup issues
-//     the next tile's first Q K^T ahead of this tile's last P V, and runs that key tile's
-//     softmax while P V is on the tensor cores, as inside a tile; only the epilogue (normalise,
-//     LSE, O stores) is left between the last P V and the next tile's second Q K^T. The producer
-//     claims its next tile from the counter when it starts a tile (the atomic's latency hides
-//     under the tile's loads), so that the next tile's Q and first K land early.
-//   14 "dyn-ca": 7 with the producer's early claim of 13 alone.
 // The producer's load order is a run-time flag (TmaMaps::kv_skew): K(i), V(i) or K(i), V(i - 1).
 #pragma once
 
@@ -97,18 +90,14 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 14 && VAR != 12, "variant 0..11, 13, 14");
+  static_assert(VAR >= 0 && VAR <= 11, "variant 0..11");
   static constexpr bool kCrossTile = VAR == 8;
-  // VAR 13: the next tile's first Q K^T and softmax under this tile's last P V.
-  static constexpr bool kCarrySoftmax = VAR == 13;
-  // VAR 13, 14: the producer claims the next tile when it starts one.
-  static constexpr bool kClaimAhead = VAR == 13 || VAR == 14;
   static constexpr bool kDynamic = VAR == 7 || kCrossTile || VAR >= 9;
   static constexpr bool kPersist = VAR == 5 || kDynamic;
   static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
-  static constexpr bool kWideN = VAR == 6 || (VAR >= 9 && VAR <= 11);
+  static constexpr bool kWideN = VAR == 6 || VAR >= 9;
   // One Q buffer released after the tile's last Q K^T, O stored from registers (VAR 9-11).
-  static constexpr bool kSingleQ = VAR >= 9 && VAR <= 11;
+  static constexpr bool kSingleQ = VAR >= 9;
   // Keys of each tile's first product (its last key tile) in VAR 10 and 11 (non-causal, where
   // every tile has the same partial last key tile; 0: the whole tile). A 128-key first product
   // made ptxas serialise the wgmmas (C7511), so a last key tile of 113-176 keys is computed whole.
@@ -236,9 +225,6 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   constexpr bool kCrossTile = Var<VAR>::kCrossTile;
   static_assert(!kCrossTile || MODE == 1, "the cross-tile variant is of mode 1");
   static_assert(!kCrossTile || C::kBlockN == 128, "the stand-in product reads a V tile as K");
-  constexpr bool kCarrySoftmax = Var<VAR>::kCarrySoftmax;
-  static_assert(!kCarrySoftmax || (MODE == 1 && C::kBlockN == 128 && C::kQBufs == 2),
-                "the carried softmax: mode 1, 128-key tiles (its stand-in product), two Q buffers");
   static_assert(!kPersist || MODE == 1 || kDynamic, "the static persistent variant is of mode 1");
   constexpr int kBlockN = C::kBlockN;
   constexpr int kNT = kBlockN / 8;   // 8-key accumulator column groups of S
@@ -344,11 +330,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
           return ti + tile_stride;
         }
       };
-      // VAR 13, 14: the next tile is claimed when this one starts (ti_next), else when it ends.
-      int ti_next = 0;
-      for (int ti = first_tile; ti < total_tiles;
-           ti = Var<VAR>::kClaimAhead ? ti_next : next_tile(ti)) {
-        if constexpr (Var<VAR>::kClaimAhead) ti_next = next_tile(ti);
+      for (int ti = first_tile; ti < total_tiles; ti = next_tile(ti)) {
         int m_block, head, b;
         coords(tile_lin(ti), m_block, head, b);
         TileSetup<T> tile;
@@ -440,9 +422,6 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   float s[kBlockN / 2];
   uint32_t pa[kKP][4];
   bool carried = false;
-  // The softmax's row state (VAR 13: the next tile's, from its first key tile on, while this
-  // tile's final one is in fin_max / fin_sum for the epilogue).
-  float row_max[2], row_sum[2], fin_max[2], fin_sum[2];
   for (int ti = first_tile; kDynamic || ti < total_tiles; ti += tile_stride) {
   int lin = tile_lin(ti);
   if constexpr (kDynamic) {  // the tile the producer loaded into the next Q buffer, or -1
@@ -473,11 +452,8 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     }
   };
   if (!kOverlap || n_blocks == 0) zero_o();
-  const bool carried_softmax = kCarrySoftmax && carried;  // this tile's key tile 0 is done
-  if (!carried_softmax) {
-    row_max[0] = row_max[1] = kNegInf;
-    row_sum[0] = row_sum[1] = 0.f;
-  }
+  float row_max[2] = {kNegInf, kNegInf};
+  float row_sum[2] = {0.f, 0.f};
 
   // Ping-pong turn-taking: warpgroup cw waits on barrier 4 + cw before issuing its products and
   // then lets the other one go (bar.arrive on 4 + (1 - cw)); both sides count 256 threads.
@@ -498,11 +474,9 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   };
   if (kPingPong && !kContinuousTurns && cw == 1 && n_blocks > 0) named_arrive(4, 256);
 
-  // Key tile n of the tile whose first query row is r0 (this tile's row0, or VAR 13's next tile's).
-  auto needs_mask_at = [&](int n, int r0) {
-    return (n + 1) * C::kBlockN > sk || (CAUSAL && n * C::kBlockN + C::kBlockN - 1 > r0 + sk - sq);
+  auto needs_mask = [&](int n) {
+    return (n + 1) * C::kBlockN > sk || (CAUSAL && n * C::kBlockN + C::kBlockN - 1 > row0 + sk - sq);
   };
-  auto needs_mask = [&](int n) { return needs_mask_at(n, row0); };
   // VAR 10, 11: each tile's first product is its last key tile, partial, and is computed kW0
   // keys wide (64 or 112: the launcher picks the narrowest that covers sk), so keys past
   // the end cost no tensor-core time. S's entries past kW0 are set to -inf once it has completed.
@@ -548,10 +522,10 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   auto pv_issue_first = [&](int stage) {
     pv_issue_k(stage, std::integral_constant<int, kW0 / 16>());
   };
-  auto mask_at = [&](int n, int r0) {
+  auto mask = [&](int n) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = r0 + wrow + 8 * r;
+      const int row = row0 + wrow + 8 * r;
       const int limit = CAUSAL ? min(sk, row + sk - sq + 1) : sk;
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
@@ -563,7 +537,6 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       }
     }
   };
-  auto mask = [&](int n) { mask_at(n, row0); };
   // Online softmax of s (stale max, exp2 domain): s becomes P (unnormalised). Returns whether O
   // must be rescaled by alpha[] (done by the caller, after any P V in flight has finished).
   auto softmax = [&](float (&alpha)[2]) -> bool {
@@ -673,9 +646,8 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       release(v_empty(st));
     }
   } else if (n_blocks > 0) {
-    // Tile 0: Q K^T alone (cross-tile variant: already issued by the previous tile, if any; VAR
-    // 13: Q K^T, softmax and the packing into pa all done by the previous tile).
-    if (!carried_softmax) {
+    // Tile 0: Q K^T alone (cross-tile variant: already issued by the previous tile, if any).
+    {
       const int n = n_blocks - 1;
       if (!(kCrossTile && carried)) {  // carried: issued and completed in the previous tile
         mbar_wait(k_full(it0 % kStages), (it0 / kStages) & 1);
@@ -752,113 +724,53 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       const int st = (it0 + n_blocks - 1) % kStages;
       const uint32_t ph = ((it0 + n_blocks - 1) / kStages) & 1;
       mbar_wait(v_full(st), ph);
+      turn_begin();
+      if (kW0 < kBlockN && n_blocks == 1) {
+        pv_issue_first(st);
+      } else {
+        pv_issue(st);
+      }
+      turn_end();
       bool issued_next = false;
-      if constexpr (kCarrySoftmax) {
-        // The next tile's first Q K^T goes out ahead of this P V (the tensor cores run them in
-        // that order, so wait_group 1 returns with the product done and P V running), and its
-        // softmax runs under P V, as a step inside a tile does. As in VAR 8, the product is
-        // issued on every path: with no next tile, or one without key tiles, a stand-in product
-        // of this warpgroup's rows of the next Q buffer by this tile's last V tile (stable until
-        // V's release after the wait below), whose softmax is thrown away.
+      if constexpr (kCrossTile) {
+        // The next tile's first Q K^T goes out before this P V is waited for: its Q buffer and
+        // first K tile are the next ones the producer loads (it needs no release of ours).
+        // The product is issued on every path, so that ptxas sees one group after P V whatever
+        // the branch (it serialises every wgmma when a path could read O with P V pending):
+        // with no next tile, or one without key tiles, it multiplies this warpgroup's rows of
+        // the next Q buffer by this tile's last V tile, both stable until that product is
+        // waited for (V is released after it), and s is not used.
         const int nq = qi + 1;
         const int nqb = nq % kQBufs;
         mbar_wait(q_full(nqb), (nq / kQBufs) & 1);
         const int nlin = slots[nqb];
+        const uint32_t nq_base = sQ + nqb * C::kQBytes;
         uint64_t kd = v_desc + st * kTileUnits;
-        int next_n = 0, next_row0 = 0, next_stage = 0;
         if (nlin >= 0) {
           int nm, nh, nb;
           coords(nlin, nm, nh, nb);
           TileSetup<T> nt;
           if (setup_tile<T, CAUSAL>(p, nm, nh, nb, C::kBlockM, C::kBlockN, nt) && nt.n_blocks > 0) {
             const int g = it0 + n_blocks;  // the ring index of its first K tile
-            next_stage = g % kStages;
-            mbar_wait(k_full(next_stage), (g / kStages) & 1);
-            kd = k_desc + next_stage * kTileUnits;
-            next_n = nt.n_blocks - 1;
-            next_row0 = nt.row0;
+            mbar_wait(k_full(g % kStages), (g / kStages) & 1);
+            kd = k_desc + (g % kStages) * kTileUnits;
             issued_next = true;
           }
         }
-        qk_issue_desc(make_desc(sQ + nqb * C::kQBytes + cw * 64 * 128), kd);
-        pv_issue(st);
-        wgmma_wait1();  // the next tile's Q K^T done; this P V may still run
-        keep(s);
-        if (issued_next) release(k_empty(next_stage));
-        // This tile's row state goes to the epilogue; the next tile's starts afresh.
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          fin_max[r] = row_max[r];
-          fin_sum[r] = row_sum[r];
-          row_max[r] = kNegInf;
-          row_sum[r] = 0.f;
-        }
-        if (needs_mask_at(next_n, next_row0)) mask_at(next_n, next_row0);
-        float alpha[2];
-        softmax(alpha);  // O is zeroed before the next tile's first P V: no rescale
-        // (As in the steps: a warp-uniform branch on the sums keeps the exponentials ahead of
-        // the wait; both sides only wait.)
-        if (__any_sync(0xffffffffu, __float_as_uint(row_sum[0] + row_sum[1]) == 0xffffffffu)) {
-          asm volatile("wgmma.wait_group.sync.aligned 0; // rare side\n" ::: "memory");
-        } else {
-          wgmma_wait0();  // this P V done: O and pa are free
-        }
+        qk_issue_desc(make_desc(nq_base + cw * 64 * 128), kd);
+        wgmma_wait1();  // this P V done; the next tile's Q K^T may still run
+        if (!issued_next) wgmma_wait0();  // the stand-in product read V: done before V's release
       } else {
-        turn_begin();
-        if (kW0 < kBlockN && n_blocks == 1) {
-          pv_issue_first(st);
-        } else {
-          pv_issue(st);
-        }
-        turn_end();
-        if constexpr (kCrossTile) {
-          // The next tile's first Q K^T goes out before this P V is waited for: its Q buffer and
-          // first K tile are the next ones the producer loads (it needs no release of ours).
-          // The product is issued on every path, so that ptxas sees one group after P V whatever
-          // the branch (it serialises every wgmma when a path could read O with P V pending):
-          // with no next tile, or one without key tiles, it multiplies this warpgroup's rows of
-          // the next Q buffer by this tile's last V tile, both stable until that product is
-          // waited for (V is released after it), and s is not used.
-          const int nq = qi + 1;
-          const int nqb = nq % kQBufs;
-          mbar_wait(q_full(nqb), (nq / kQBufs) & 1);
-          const int nlin = slots[nqb];
-          const uint32_t nq_base = sQ + nqb * C::kQBytes;
-          uint64_t kd = v_desc + st * kTileUnits;
-          if (nlin >= 0) {
-            int nm, nh, nb;
-            coords(nlin, nm, nh, nb);
-            TileSetup<T> nt;
-            if (setup_tile<T, CAUSAL>(p, nm, nh, nb, C::kBlockM, C::kBlockN, nt) && nt.n_blocks > 0) {
-              const int g = it0 + n_blocks;  // the ring index of its first K tile
-              mbar_wait(k_full(g % kStages), (g / kStages) & 1);
-              kd = k_desc + (g % kStages) * kTileUnits;
-              issued_next = true;
-            }
-          }
-          qk_issue_desc(make_desc(nq_base + cw * 64 * 128), kd);
-          wgmma_wait1();  // this P V done; the next tile's Q K^T may still run
-          if (!issued_next) wgmma_wait0();  // the stand-in product read V: done before V's release
-        } else {
-          wgmma_wait0();
-        }
+        wgmma_wait0();
       }
       keep(o[0]);
       if constexpr (kHalves > 1) keep(o[kHalves - 1]);
       keep(pa);
       release(v_empty(st));
       carried = issued_next;
-      if constexpr (kCarrySoftmax) pack_p();  // the next tile's P of its first key tile
     }
   } else {
     carried = false;
-    if constexpr (kCarrySoftmax) {  // no key tiles: the epilogue's row state is the initial one
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        fin_max[r] = row_max[r];
-        fin_sum[r] = row_sum[r];
-      }
-    }
   }
 
   // Epilogue: normalise, write the LSE, stage O through this warp's own 16 rows of sQ (every
@@ -871,8 +783,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   for (int r = 0; r < 2; ++r) {
     const int lrow = wrow + 8 * r;
     const int row = row0 + lrow;
-    const float inv = finish_row(p, kCarrySoftmax ? fin_sum[r] : row_sum[r],
-                                 kCarrySoftmax ? fin_max[r] : row_max[r], scale_log2,
+    const float inv = finish_row(p, row_sum[r], row_max[r], scale_log2,
                                  lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
 #pragma unroll
     for (int d = 0; d < kHalves; ++d) {
@@ -915,7 +826,6 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       release(q_empty(qb));
     }
   }
-  if constexpr (kCarrySoftmax) zero_o();  // for the next tile's first P V (nothing in flight)
   if constexpr (kCrossTile) {
     // The next tile's first Q K^T ran under this epilogue: wait for it here, so that no product
     // is in flight across the loop's back edge (ptxas would serialise every wgmma).
@@ -1144,9 +1054,7 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 5) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 7) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 8) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 13) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 14)
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7)
 // Head dim 128 only: the 176-key tiles (static and dynamic).
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM128(T)   \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 128)            \
