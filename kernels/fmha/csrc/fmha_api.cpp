@@ -241,6 +241,7 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-dyn-skew", 1, 7, 7, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn", 1},
     {"tma-dyn-n176-skew", 1, 7, 9, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn_n176", 1},
     {"tma-pp-dyn-skew", 2, 7, 7, "sm90_tma_dyn", "sm90_tma_dyn", 1},
+    {"tma-dyn-fe", 1, 13, 13, "sm90_tma_overlap_dyn_fe", "sm90_tma_overlap_dyn_fe", 1},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
@@ -347,13 +348,15 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
     case 105: return try_tma<T, HDIM, 1, 5>(p, causal, stream, name, err);
     case 107:
     case 108:
+    case 113:
     case 207: {
       // The dynamic scheduler needs its counter (none during stream capture): else the same
       // mode in the static lpt order.
       const bool pp = k.mode == 2;
       if (pp ? try_tma<T, HDIM, 2, 7>(p, causal, stream, name, err)
-             : var == 8 ? try_tma<T, HDIM, 1, 8>(p, causal, stream, name, err)
-                        : try_tma<T, HDIM, 1, 7>(p, causal, stream, name, err)) {
+             : var == 8  ? try_tma<T, HDIM, 1, 8>(p, causal, stream, name, err)
+             : var == 13 ? try_tma<T, HDIM, 1, 13>(p, causal, stream, name, err)
+                         : try_tma<T, HDIM, 1, 7>(p, causal, stream, name, err)) {
         return true;
       }
       const TmaKernel& lpt = kTmaKernels[tma_index(pp ? "tma-pp-lpt" : "tma-lpt")];
@@ -429,8 +432,8 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                 "KFORGE_FMHA_SM90_PATH is '%s'; use default (per shape), wgmma, tma-basic, "
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
                 "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, "
-                "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew or "
-                "tma-pp-dyn-skew, or unset it",
+                "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, "
+                "tma-pp-dyn-skew or tma-dyn-fe, or unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning

@@ -60,6 +60,9 @@
 //     writes O from registers straight to global memory instead of staging it in Q's buffer.
 //   10, 11: 9 in mode 1, non-causal only, with each tile's first product (its partial last key
 //     tile) computed 64 (10) or 112 (11) keys wide; the launcher picks one from seqlen_k.
+//   13 "dyn-fe": 7 with a shorter epilogue: O goes to the staging buffer with stmatrix (8 stores
+//     of four 8x8 matrices per thread instead of 32 4-byte stores), the row's 1 / sum is the
+//     approximate reciprocal, and a full tile's O stores go out without a per-row bound check.
 // The producer's load order is a run-time flag (TmaMaps::kv_skew): K(i), V(i) or K(i), V(i - 1).
 #pragma once
 
@@ -90,14 +93,15 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 11, "variant 0..11");
+  static_assert(VAR >= 0 && VAR <= 13 && VAR != 12, "variant 0..11, 13");
   static constexpr bool kCrossTile = VAR == 8;
+  static constexpr bool kFastEpilogue = VAR == 13;  // stmatrix staging, fast 1 / sum
   static constexpr bool kDynamic = VAR == 7 || kCrossTile || VAR >= 9;
   static constexpr bool kPersist = VAR == 5 || kDynamic;
   static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
-  static constexpr bool kWideN = VAR == 6 || VAR >= 9;
+  static constexpr bool kWideN = VAR == 6 || (VAR >= 9 && VAR <= 11);
   // One Q buffer released after the tile's last Q K^T, O stored from registers (VAR 9-11).
-  static constexpr bool kSingleQ = VAR >= 9;
+  static constexpr bool kSingleQ = VAR >= 9 && VAR <= 11;
   // Keys of each tile's first product (its last key tile) in VAR 10 and 11 (non-causal, where
   // every tile has the same partial last key tile; 0: the whole tile). A 128-key first product
   // made ptxas serialise the wgmmas (C7511), so a last key tile of 113-176 keys is computed whole.
@@ -203,6 +207,14 @@ __device__ __forceinline__ void named_arrive(int id, int count) {
 }
 __device__ __forceinline__ void wgmma_wait1() {
   asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
+// Four 8x8 16-bit matrices to shared memory: lane l gives the address of row l % 8 of matrix
+// l / 8; register i holds this lane's two elements of matrix i (the mma accumulator layout).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
 }
 
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
@@ -779,25 +791,56 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   // from registers, 4 bytes per thread and store (4 threads cover 16 bytes of a row).
   T* gO = tile.o;
   const int64_t lse_off = tile.lse_off;
+  constexpr bool kFastEpilogue = Var<VAR>::kFastEpilogue;
+  static_assert(!kFastEpilogue || !kSingleQ, "the fast epilogue stages O in the Q buffer");
+  if constexpr (kFastEpilogue) {
+    float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int lrow = wrow + 8 * r;
-    const int row = row0 + lrow;
-    const float inv = finish_row(p, row_sum[r], row_max[r], scale_log2,
-                                 lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + wrow + 8 * r;
+      inv[r] = finish_row<true>(p, row_sum[r], row_max[r], scale_log2,
+                                lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
+    }
+    // Column groups 2 jp and 2 jp + 1 of a 64-column half, rows 0-7 and 8-15 of this warp's 16:
+    // matrix m = 2 (j - 2 jp) + r, whose row lane % 8 lane 8 m + (lane % 8) addresses.
+    const int m = lane / 8;
+    const int lrow = cw * 64 + warp * 16 + 8 * (m % 2) + lane % 8;
+    const uint32_t row_addr = sQ + qb * C::kQBytes + lrow * 128;
 #pragma unroll
     for (int d = 0; d < kHalves; ++d) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t v = Mma<T>::pack(o[d][4 * j + 2 * r] * inv, o[d][4 * j + 2 * r + 1] * inv);
-        if constexpr (kSingleQ) {
-          if (row < sq) {
-            *reinterpret_cast<uint32_t*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride +
-                                         d * 64 + 8 * j + 2 * t) = v;
+      for (int jp = 0; jp < 4; ++jp) {
+        uint32_t v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = 2 * jp + i / 2, r = i % 2;
+          v[i] = Mma<T>::pack(o[d][4 * j + 2 * r] * inv[r], o[d][4 * j + 2 * r + 1] * inv[r]);
+        }
+        const int jj = 2 * jp + m / 2;
+        stmatrix_x4(row_addr + d * C::kQHalfBytes + ((jj ^ (lrow & 7)) << 4), v[0], v[1], v[2], v[3]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int lrow = wrow + 8 * r;
+      const int row = row0 + lrow;
+      const float inv = finish_row(p, row_sum[r], row_max[r], scale_log2,
+                                   lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
+#pragma unroll
+      for (int d = 0; d < kHalves; ++d) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t v = Mma<T>::pack(o[d][4 * j + 2 * r] * inv, o[d][4 * j + 2 * r + 1] * inv);
+          if constexpr (kSingleQ) {
+            if (row < sq) {
+              *reinterpret_cast<uint32_t*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride +
+                                           d * 64 + 8 * j + 2 * t) = v;
+            }
+          } else {
+            *reinterpret_cast<uint32_t*>(qbase + d * C::kQHalfBytes + lrow * 128 +
+                                         ((j ^ (lrow & 7)) << 4) + t * 4) = v;
           }
-        } else {
-          *reinterpret_cast<uint32_t*>(qbase + d * C::kQHalfBytes + lrow * 128 +
-                                       ((j ^ (lrow & 7)) << 4) + t * 4) = v;
         }
       }
     }
@@ -807,15 +850,21 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   } else {
     __syncwarp();
     constexpr int kChunks = HDIM / 8;  // 16-byte chunks per row
-#pragma unroll
-    for (int i = 0; i < 16 * kChunks / 32; ++i) {
+    auto store_chunk = [&](int i) {
       const int idx = i * 32 + lane;
       const int lrow = cw * 64 + warp * 16 + idx / kChunks;
       const int c = idx % kChunks;
-      if (row0 + lrow < sq) {
-        *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
-            *reinterpret_cast<const uint4*>(qbase + (c >> 3) * C::kQHalfBytes + lrow * 128 +
-                                            (((c & 7) ^ (lrow & 7)) << 4));
+      *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(qbase + (c >> 3) * C::kQHalfBytes + lrow * 128 +
+                                          (((c & 7) ^ (lrow & 7)) << 4));
+    };
+    if (kFastEpilogue && row0 + C::kBlockM <= sq) {  // a full tile: no row past the end
+#pragma unroll
+      for (int i = 0; i < 16 * kChunks / 32; ++i) store_chunk(i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16 * kChunks / 32; ++i) {
+        if (row0 + cw * 64 + warp * 16 + (i * 32 + lane) / kChunks < sq) store_chunk(i);
       }
     }
     if constexpr (kPersist) {
@@ -1054,7 +1103,8 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 5) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 7) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 8) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7)
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 13)
 // Head dim 128 only: the 176-key tiles (static and dynamic).
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM128(T)   \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 128)            \
