@@ -40,8 +40,8 @@
 # the next tile's first Q K^T issued before the epilogue), tma-dyn-n176 / tma-pp-dyn-n176
 # (tma-dyn / tma-pp-dyn with 176-key tiles and one Q buffer, hdim 128), tma-dyn-skew /
 # tma-dyn-n176-skew / tma-pp-dyn-skew (their producer loads K of key tile i + 1 before V of key
-# tile i), tma-dyn-fe (tma-dyn-skew with a shorter epilogue: stmatrix staging, approximate
-# 1 / sum, unchecked full-tile stores).
+# tile i), tma-dyn-fe (tma-dyn-skew with a shorter epilogue: stmatrix staging, unchecked
+# full-tile stores).
 # The library is used straight from the build folder (KFORGE_FMHA_LIBRARY, PYTHONPATH), so
 # nothing is pip-installed and nothing is built twice (the build is a clean one, so ptxas.txt
 # always has every kernel). $OUT/summary.txt lists each step's status.

@@ -310,9 +310,6 @@ __device__ __forceinline__ bool setup_tile(const FwdParams& p, int m_block, int 
 // End of the online softmax for one query row whose partial sums sit in 4 adjacent lanes (the
 // mma/wgmma accumulator layout): reduce the sum, write the row's LSE (natural log) from lane
 // 4k when `row` < sq, and return the factor that normalises O (0 for a row with no visible key).
-// kFastRcp: 1 / sum from the hardware's approximate reciprocal (MUFU.RCP, without the IEEE
-// division's refinement and slow path).
-template <bool kFastRcp = false>
 __device__ __forceinline__ float finish_row(const FwdParams& p, float partial_sum, float row_max,
                                             float scale_log2, int64_t lse_index, bool write_lse) {
   constexpr float kLn2 = 0.6931471805599453f;
@@ -323,7 +320,6 @@ __device__ __forceinline__ float finish_row(const FwdParams& p, float partial_su
   if (p.lse != nullptr && write_lse) {
     p.lse[lse_index] = empty ? -__builtin_huge_valf() : (row_max * scale_log2 + __log2f(sum)) * kLn2;
   }
-  if constexpr (kFastRcp) return empty ? 0.f : __fdividef(1.f, sum);
   return empty ? 0.f : 1.f / sum;
 }
 

@@ -61,8 +61,10 @@
 //   10, 11: 9 in mode 1, non-causal only, with each tile's first product (its partial last key
 //     tile) computed 64 (10) or 112 (11) keys wide; the launcher picks one from seqlen_k.
 //   13 "dyn-fe": 7 with a shorter epilogue: O goes to the staging buffer with stmatrix (8 stores
-//     of four 8x8 matrices per thread instead of 32 4-byte stores), the row's 1 / sum is the
-//     approximate reciprocal, and a full tile's O stores go out without a per-row bound check.
+//     of four 8x8 matrices per thread instead of 32 4-byte stores), and a full tile's O stores go
+//     out without a per-row bound check, so its 8 loads from the staging buffer are issued
+//     together. (An approximate 1 / sum was tried too: it made the output differ in bits from
+//     the static kernel that a graph capture falls back to.)
 // The producer's load order is a run-time flag (TmaMaps::kv_skew): K(i), V(i) or K(i), V(i - 1).
 #pragma once
 
@@ -95,7 +97,7 @@ template <int VAR>
 struct Var {
   static_assert(VAR >= 0 && VAR <= 13 && VAR != 12, "variant 0..11, 13");
   static constexpr bool kCrossTile = VAR == 8;
-  static constexpr bool kFastEpilogue = VAR == 13;  // stmatrix staging, fast 1 / sum
+  static constexpr bool kFastEpilogue = VAR == 13;  // stmatrix staging, unchecked full-tile stores
   static constexpr bool kDynamic = VAR == 7 || kCrossTile || VAR >= 9;
   static constexpr bool kPersist = VAR == 5 || kDynamic;
   static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
@@ -798,8 +800,8 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + wrow + 8 * r;
-      inv[r] = finish_row<true>(p, row_sum[r], row_max[r], scale_log2,
-                                lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
+      inv[r] = finish_row(p, row_sum[r], row_max[r], scale_log2,
+                          lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
     }
     // Column groups 2 jp and 2 jp + 1 of a 64-column half, rows 0-7 and 8-15 of this warp's 16:
     // matrix m = 2 (j - 2 jp) + r, whose row lane % 8 lane 8 m + (lane % 8) addresses.

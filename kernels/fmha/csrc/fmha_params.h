@@ -57,7 +57,7 @@ cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 // 3 three consumer warpgroups (192-row CTAs, hdim 64 only), 4 = 3 + 1, 5 persistent (static
 // stride), 6 176-key tiles (hdim 128 only), 7 persistent with a dynamic tile counter, 8 = 7 with
 // the next tile's first Q K^T under the epilogue, 9-11 = 7 with 176-key tiles, 13 = 7 with a
-// shorter epilogue (stmatrix staging, approximate 1 / sum, unchecked full-tile stores). launch_fwd_sm90_tma
+// shorter epilogue (stmatrix staging, unchecked full-tile stores). launch_fwd_sm90_tma
 // returns cudaErrorNotSupported, launching nothing, for a call it cannot take (varlen, or
 // strides the tensor maps cannot describe). Defined in fmha_fwd_{fp16,bf16}_hdim{64,128}.cu.
 template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>

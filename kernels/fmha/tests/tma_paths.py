@@ -41,7 +41,7 @@ def default_path(head_dim: int, causal: bool, seqlen_k: int) -> str:
     if head_dim == 64:
         if not causal:
             return "tma-m192"
-        return "tma-dyn-skew" if seqlen_k <= 2048 else "tma-m192-lpt"
+        return "tma-dyn-fe" if seqlen_k <= 2048 else "tma-m192-lpt"
     if causal:
-        return "tma-dyn-skew" if seqlen_k <= 8192 else "tma-dyn-n176"
-    return "tma-dyn-skew" if seqlen_k <= 4096 else "tma-dyn-n176"
+        return "tma-dyn-fe" if seqlen_k <= 8192 else "tma-dyn-n176"
+    return "tma-dyn-fe" if seqlen_k <= 4096 else "tma-dyn-n176"
