@@ -276,10 +276,10 @@ constexpr int tma_index(const char* name) {
 //    / 1.07-1.09). Above: tma-dyn-n176 (1.10 / 1.12; tma-dyn-skew 1.08 / 1.10; runs 7 and 8 had
 //    tma-dyn-n176 at 1.09-1.12 against tma-dyn's 1.06-1.09).
 // Where the rule above picks tma-dyn-skew, the default runs tma-dyn-fe: the same kernel with a
-// shorter epilogue, which the run of 2026-11-23 18:24 UTC (H200, 30 rounds) measured against
-// tma-dyn-skew in the same rounds: hdim 64 causal <= 2k 1.03 / 1.03 x tma-dyn-skew (1.01 / 1.02
-// x cuDNN, where tma-dyn-skew was 0.98 / 0.99), hdim 128 1.00-1.00 (0.997-1.004, within the
-// readings' spread).
+// shorter epilogue, measured against tma-dyn-skew in the same rounds (H200, 30 rounds, runs 20
+// and 21 of docs/benchmarks.md, 2026-11-23 18:23 and 18:28 UTC), bf16 / fp16: hdim 64 causal 2k
+// 1.03 / 1.03 and 1.02 / 1.01 x tma-dyn-skew; hdim 128 at the points it takes 0.998-1.006 and
+// 0.998-1.013 (within the readings' spread).
 // The benchmark ties seqlen to batch (16384 tokens), so shorter or longer batches were not
 // measured; seqlen_k < 2k takes the <= 2048 / <= 4096 / <= 8192 branches unmeasured.
 int default_tma_path(int head_dim, bool causal, int seqlen_k) {
