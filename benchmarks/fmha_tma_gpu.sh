@@ -28,7 +28,7 @@
 # its own too (in full mode it is otherwise only tested). FMHA_BENCH_ARGS adds arguments to step 5 (e.g. --fa3 for a FlashAttention-3 column, with the
 # flash-attn3 wheel on PYTHONPATH).
 # The paths (KFORGE_FMHA_SM90_PATH; fmha_api.cpp's kTmaKernels): default (per shape, fmha_api.cpp's
-# default_tma_path: tma-m192 / tma-m192-lpt / tma-dyn at hdim 64, tma-dyn-skew / tma-dyn-n176 at
+# default_tma_path: tma-m192 / tma-m192-lpt / tma-dyn-fe at hdim 64, tma-dyn-fe / tma-dyn-n176 at
 # hdim 128), tma-basic, tma-overlap,
 # tma (ping-pong), and the tuning variants tma-lpt (tma-overlap in longest-first
 # L2-section order), tma-pp-lpt (tma in that order), tma-stages (one more K/V stage),
