@@ -18,6 +18,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,8 +49,6 @@ def main(argv=None) -> int:
     dev = torch.cuda.get_device_name(0)
     print(f"{dev}; torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; bf16, hdim 128, "
           f"non-causal, 16 heads, 16384 tokens, path {args.path}")
-    import threading
-
     samples: list[tuple[float, float, float]] = []
     proc = sampler()
 
