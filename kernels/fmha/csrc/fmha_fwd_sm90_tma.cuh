@@ -65,6 +65,7 @@
 //     out without a per-row bound check, so its 8 loads from the staging buffer are issued
 //     together. (An approximate 1 / sum was tried too: it made the output differ in bits from
 //     the static kernel that a graph capture falls back to.)
+//   (12: the split tail of tuning runs 13-14, measured slower and removed.)
 // The producer's load order is a run-time flag (TmaMaps::kv_skew): K(i), V(i) or K(i), V(i - 1).
 #pragma once
 
@@ -803,8 +804,9 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       inv[r] = finish_row(p, row_sum[r], row_max[r], scale_log2,
                           lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
     }
-    // Column groups 2 jp and 2 jp + 1 of a 64-column half, rows 0-7 and 8-15 of this warp's 16:
-    // matrix m = 2 (j - 2 jp) + r, whose row lane % 8 lane 8 m + (lane % 8) addresses.
+    // One stmatrix per pair of 8-column groups (j = 2 jp, 2 jp + 1) of a 64-column half: its
+    // matrix i = 2 (j - 2 jp) + r holds rows 8 r .. 8 r + 7 of this warp's 16 and the 8 columns
+    // of group j; lane l gives the address of row l % 8 of matrix m = l / 8.
     const int m = lane / 8;
     const int lrow = cw * 64 + warp * 16 + 8 * (m % 2) + lane % 8;
     const uint32_t row_addr = sQ + qb * C::kQBytes + lrow * 128;
