@@ -854,21 +854,35 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   } else {
     __syncwarp();
     constexpr int kChunks = HDIM / 8;  // 16-byte chunks per row
-    auto store_chunk = [&](int i) {
-      const int idx = i * 32 + lane;
-      const int lrow = cw * 64 + warp * 16 + idx / kChunks;
-      const int c = idx % kChunks;
-      *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
-          *reinterpret_cast<const uint4*>(qbase + (c >> 3) * C::kQHalfBytes + lrow * 128 +
-                                          (((c & 7) ^ (lrow & 7)) << 4));
-    };
-    if (kFastEpilogue && row0 + C::kBlockM <= sq) {  // a full tile: no row past the end
+    if constexpr (kFastEpilogue) {
+      auto store_chunk = [&](int i) {
+        const int idx = i * 32 + lane;
+        const int lrow = cw * 64 + warp * 16 + idx / kChunks;
+        const int c = idx % kChunks;
+        *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
+            *reinterpret_cast<const uint4*>(qbase + (c >> 3) * C::kQHalfBytes + lrow * 128 +
+                                            (((c & 7) ^ (lrow & 7)) << 4));
+      };
+      if (row0 + C::kBlockM <= sq) {  // a full tile: no row past the end, no check
 #pragma unroll
-      for (int i = 0; i < 16 * kChunks / 32; ++i) store_chunk(i);
+        for (int i = 0; i < 16 * kChunks / 32; ++i) store_chunk(i);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16 * kChunks / 32; ++i) {
+          if (row0 + cw * 64 + warp * 16 + (i * 32 + lane) / kChunks < sq) store_chunk(i);
+        }
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < 16 * kChunks / 32; ++i) {
-        if (row0 + cw * 64 + warp * 16 + (i * 32 + lane) / kChunks < sq) store_chunk(i);
+        const int idx = i * 32 + lane;
+        const int lrow = cw * 64 + warp * 16 + idx / kChunks;
+        const int c = idx % kChunks;
+        if (row0 + lrow < sq) {
+          *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(lrow) * p.o_row_stride + c * 8) =
+              *reinterpret_cast<const uint4*>(qbase + (c >> 3) * C::kQHalfBytes + lrow * 128 +
+                                              (((c & 7) ^ (lrow & 7)) << 4));
+        }
       }
     }
     if constexpr (kPersist) {
