@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,8 +30,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def sampler():
-    """nvidia-smi printing 'epoch_ms, sm MHz, watts' lines every 100 ms (timestamps from the
-    host clock at read time)."""
+    """nvidia-smi printing 'SM MHz, watts' lines every 100 ms (the reader stamps each with the
+    host clock)."""
     return subprocess.Popen(
         ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
          "-lms", "100", "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
@@ -50,6 +51,10 @@ def main(argv=None) -> int:
     print(f"{dev}; torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; bf16, hdim 128, "
           f"non-causal, 16 heads, 16384 tokens, path {args.path}")
     samples: list[tuple[float, float, float]] = []
+    if shutil.which("nvidia-smi") is None:
+        print("fmha_clocks.py: nvidia-smi is not on PATH; it samples the SM clock and power, so run "
+              "this on a machine with the NVIDIA driver's tools", file=sys.stderr)
+        return 2
     proc = sampler()
 
     def reader():
