@@ -209,7 +209,10 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // hdim 64 they run tma-dyn and tma-pp-dyn; with no counter they run tma-n176 and tma-pp-n176,
 // the same tiles in a static order), and "tma-dyn-skew", "tma-dyn-n176-skew" and
 // "tma-pp-dyn-skew" (the kernels of tma-dyn, tma-dyn-n176 and tma-pp-dyn, whose producer loads
-// K of key tile i + 1 before V of key tile i). A TMA path runs head dims 64 and 128
+// K of key tile i + 1 before V of key tile i), "tma-dyn-fe" (tma-dyn-skew with a shorter
+// epilogue: stmatrix staging, unchecked full-tile stores) and "tma-dyn-ts" (tma-dyn-fe with a TMA
+// store of O and the tile's coordinates from the producer); both fall back like tma-dyn. A TMA
+// path runs head dims 64 and 128
 // with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
@@ -242,6 +245,7 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-dyn-n176-skew", 1, 7, 9, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn_n176", 1},
     {"tma-pp-dyn-skew", 2, 7, 7, "sm90_tma_dyn", "sm90_tma_dyn", 1},
     {"tma-dyn-fe", 1, 13, 13, "sm90_tma_overlap_dyn_fe", "sm90_tma_overlap_dyn_fe", 1},
+    {"tma-dyn-ts", 1, 14, 14, "sm90_tma_overlap_dyn_ts", "sm90_tma_overlap_dyn_ts", 1},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
@@ -354,6 +358,7 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
     case 107:
     case 108:
     case 113:
+    case 114:
     case 207: {
       // The dynamic scheduler needs its counter (none during stream capture): else the same
       // mode in the static lpt order.
@@ -361,6 +366,7 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
       if (pp ? try_tma<T, HDIM, 2, 7>(p, causal, stream, name, err)
              : var == 8  ? try_tma<T, HDIM, 1, 8>(p, causal, stream, name, err)
              : var == 13 ? try_tma<T, HDIM, 1, 13>(p, causal, stream, name, err)
+             : var == 14 ? try_tma<T, HDIM, 1, 14>(p, causal, stream, name, err)
                          : try_tma<T, HDIM, 1, 7>(p, causal, stream, name, err)) {
         return true;
       }
@@ -438,7 +444,7 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
                 "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, "
                 "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, "
-                "tma-pp-dyn-skew or tma-dyn-fe, or unset it",
+                "tma-pp-dyn-skew, tma-dyn-fe or tma-dyn-ts, or unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning

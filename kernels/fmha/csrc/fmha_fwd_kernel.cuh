@@ -259,13 +259,14 @@ struct TileSetup {
 };
 
 // Fills `t` and returns true, or returns false when the block starts past the last query row
-// (the CTA has nothing to do).
-template <typename T, bool CAUSAL>
+// (the CTA has nothing to do). VARLEN false: the caller runs fixed-length batches only (the
+// cu_seqlens pointers are not read).
+template <typename T, bool CAUSAL, bool VARLEN = true>
 __device__ __forceinline__ bool setup_tile(const FwdParams& p, int m_block, int head, int b,
                                            int block_m, int block_n, TileSetup<T>& t) {
   int sq = p.seqlen_q, sk = p.seqlen_k;
   int64_t q_off, o_off, lse_off, k_off, v_off;
-  if (p.cu_seqlens_q != nullptr) {
+  if (VARLEN && p.cu_seqlens_q != nullptr) {
     const int start = p.cu_seqlens_q[b];
     sq = p.cu_seqlens_q[b + 1] - start;
     q_off = start * p.q_row_stride;
@@ -276,7 +277,7 @@ __device__ __forceinline__ bool setup_tile(const FwdParams& p, int m_block, int 
     o_off = b * p.o_batch_stride;
     lse_off = b * p.lse_batch_stride;
   }
-  if (p.cu_seqlens_k != nullptr) {
+  if (VARLEN && p.cu_seqlens_k != nullptr) {
     const int start = p.cu_seqlens_k[b];
     sk = p.cu_seqlens_k[b + 1] - start;
     k_off = start * p.k_row_stride;
@@ -310,17 +311,22 @@ __device__ __forceinline__ bool setup_tile(const FwdParams& p, int m_block, int 
 // End of the online softmax for one query row whose partial sums sit in 4 adjacent lanes (the
 // mma/wgmma accumulator layout): reduce the sum, write the row's LSE (natural log) from lane
 // 4k when `row` < sq, and return the factor that normalises O (0 for a row with no visible key).
-__device__ __forceinline__ float finish_row(const FwdParams& p, float partial_sum, float row_max,
-                                            float scale_log2, int64_t lse_index, bool write_lse) {
-  constexpr float kLn2 = 0.6931471805599453f;
+__device__ __forceinline__ float quad_sum(float partial_sum) {
   float sum = partial_sum;
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  const bool empty = !(sum > 0.f);
-  if (p.lse != nullptr && write_lse) {
-    p.lse[lse_index] = empty ? -__builtin_huge_valf() : (row_max * scale_log2 + __log2f(sum)) * kLn2;
-  }
-  return empty ? 0.f : 1.f / sum;
+  return sum;
+}
+// The LSE (natural log) of a row from its whole sum: -inf for a row with no visible key.
+__device__ __forceinline__ float row_lse(float sum, float row_max, float scale_log2) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  return !(sum > 0.f) ? -__builtin_huge_valf() : (row_max * scale_log2 + __log2f(sum)) * kLn2;
+}
+__device__ __forceinline__ float finish_row(const FwdParams& p, float partial_sum, float row_max,
+                                            float scale_log2, int64_t lse_index, bool write_lse) {
+  const float sum = quad_sum(partial_sum);
+  if (p.lse != nullptr && write_lse) p.lse[lse_index] = row_lse(sum, row_max, scale_log2);
+  return !(sum > 0.f) ? 0.f : 1.f / sum;
 }
 
 }  // namespace detail

@@ -65,6 +65,12 @@
 //     out without a per-row bound check, so its 8 loads from the staging buffer are issued
 //     together. (An approximate 1 / sum was tried too: it made the output differ in bits from
 //     the static kernel that a graph capture falls back to.)
+//   14 "dyn-ts": 13 with a TMA store of O and a tile start without divisions. Each consumer warp
+//     stages its 16 rows with stmatrix as in 13, then one lane issues a TMA store of them (rows
+//     past the end are clipped by the tensor map) and the warp goes on to its next tile: the
+//     Q buffer is handed back after that tile's first Q K^T, once the store has read it. The
+//     producer writes the tile's (m block, head, batch) next to its index, so the consumers do
+//     not divide by the m-block and head counts at every tile.
 //   (12: the split tail of tuning runs 13-14, measured slower and removed.)
 // The producer's load order is a run-time flag (TmaMaps::kv_skew): K(i), V(i) or K(i), V(i - 1).
 #pragma once
@@ -89,6 +95,8 @@ struct TmaMaps {
   int lpt_section;  // (batch, head) pairs per L2 section of the "lpt" order
   int* sched;       // the "dyn" variant: {next tile - gridDim.x, producers done}, 0 between launches
   int kv_skew;      // the producer's load order (FwdParams::kv_skew)
+  CUtensorMap o;    // VAR 14: O, {64, 16} boxes (one consumer warp's rows); last, so that the
+                    // other fields keep their offsets
 };
 
 namespace sm90tma {
@@ -96,9 +104,12 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 13 && VAR != 12, "variant 0..11, 13");
+  static_assert(VAR >= 0 && VAR <= 14 && VAR != 12, "variant 0..11, 13, 14");
   static constexpr bool kCrossTile = VAR == 8;
-  static constexpr bool kFastEpilogue = VAR == 13;  // stmatrix staging, unchecked full-tile stores
+  // stmatrix staging; 13: unchecked full-tile stores, 14: a TMA store
+  static constexpr bool kFastEpilogue = VAR == 13 || VAR == 14;
+  static constexpr bool kTmaStore = VAR == 14;
+  static constexpr bool kProducerCoords = VAR == 14;  // the slot holds the tile's coordinates too
   static constexpr bool kDynamic = VAR == 7 || kCrossTile || VAR >= 9;
   static constexpr bool kPersist = VAR == 5 || kDynamic;
   static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
@@ -133,7 +144,9 @@ struct Cfg {
   static constexpr int kBarOffset = kQBufs * kQBytes + 2 * kStages * kTileBytes;
   static constexpr int kNumBars = 2 * kQBufs + 4 * kStages;
   static constexpr int kSlotOffset = kBarOffset + 8 * kNumBars;  // dynamic: tile index per Q buffer
-  static constexpr int kSmemBytes = kSlotOffset + 4 * kQBufs + 1024;  // + alignment slack
+  // Ints per slot: the tile index, then (VAR 14) its m block, head and batch.
+  static constexpr int kSlotInts = Var<VAR>::kProducerCoords ? 4 : 1;
+  static constexpr int kSmemBytes = kSlotOffset + 4 * kSlotInts * kQBufs + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 232448, "more shared memory than an sm_90 CTA can have");
   static_assert(kQHalfBytes % 1024 == 0, "Q halves must stay 1024-byte aligned (128B swizzle)");
   static constexpr int kProducerRegs = 24;
@@ -190,6 +203,27 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
+}
+// One 4-D TMA tile store from shared memory (the box of the map at {c0, c1, c2, c3}; rows past the
+// tensor's end are not written), in this thread's current bulk group.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                             int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk groups have read their shared memory (it may be overwritten).
+__device__ __forceinline__ void bulk_wait_read0() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// This thread's bulk groups are complete (their writes done).
+__device__ __forceinline__ void bulk_wait0() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
@@ -335,6 +369,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       prefetch_map(&maps.q);
       prefetch_map(&maps.k);
       prefetch_map(&maps.v);
+      if constexpr (Var<VAR>::kTmaStore) prefetch_map(&maps.o);
       int it = 0;  // K/V tiles loaded so far (the ring runs on across tiles)
       int qi = 0;  // tiles so far (the Q buffer ring)
       // The next tile: a static stride, or (dynamic) the global counter's next index.
@@ -349,12 +384,20 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
         int m_block, head, b;
         coords(tile_lin(ti), m_block, head, b);
         TileSetup<T> tile;
-        if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) continue;
+        if (!setup_tile<T, CAUSAL, !Var<VAR>::kProducerCoords>(p, m_block, head, b, C::kBlockM,
+                                                               C::kBlockN, tile)) {
+          continue;
+        }
         const int row0 = tile.row0, n_blocks = tile.n_blocks;
         const int kv_head = head / p.head_ratio;
         const int qb = qi % kQBufs;
         if (qi >= kQBufs) mbar_wait(q_empty(qb), ((qi / kQBufs) + 1) & 1);
-        if constexpr (kDynamic) slots[qb] = ti;
+        if constexpr (kDynamic) slots[qb * C::kSlotInts] = ti;
+        if constexpr (Var<VAR>::kProducerCoords) {
+          slots[qb * C::kSlotInts + 1] = m_block;
+          slots[qb * C::kSlotInts + 2] = head;
+          slots[qb * C::kSlotInts + 3] = b;
+        }
         mbar_expect_tx(q_full(qb), C::kQBytes);
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) {
@@ -395,7 +438,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
         // No tiles left: hand the consumers -1 through the next Q buffer's slot.
         const int qb = qi % kQBufs;
         if (qi >= kQBufs) mbar_wait(q_empty(qb), ((qi / kQBufs) + 1) & 1);
-        slots[qb] = -1;
+        slots[qb * C::kSlotInts] = -1;
         mbar_arrive(q_full(qb));
         // The last producer to get here resets the counter for the next launch: every other
         // producer has made its last atomicAdd on it (ordered before its "done" by the fence).
@@ -437,17 +480,44 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   float s[kBlockN / 2];
   uint32_t pa[kKP][4];
   bool carried = false;
+  // VAR 14: the Q buffer whose O a TMA store of this warp may still be reading (-1: none). It is
+  // handed back to the producer early in the next tile (flush_o), once the store has read it.
+  constexpr bool kTmaStore = Var<VAR>::kTmaStore;
+  static_assert(!kTmaStore || (MODE == 1 && kDynamic), "the TMA store of O: dynamic, mode 1");
+  int pending_q = -1;
+  auto flush_o = [&]() {
+    if constexpr (kTmaStore) {
+      if (pending_q >= 0) {
+        if (lane == 0) {
+          bulk_wait_read0();
+          mbar_arrive(q_empty(pending_q));
+        }
+        pending_q = -1;
+      }
+    }
+  };
   for (int ti = first_tile; kDynamic || ti < total_tiles; ti += tile_stride) {
   int lin = tile_lin(ti);
   if constexpr (kDynamic) {  // the tile the producer loaded into the next Q buffer, or -1
     mbar_wait(q_full(qi % kQBufs), (qi / kQBufs) & 1);
-    lin = slots[qi % kQBufs];
+    lin = slots[(qi % kQBufs) * C::kSlotInts];
     if (lin < 0) break;
   }
   int m_block, head, b;
-  coords(lin, m_block, head, b);
+  if constexpr (Var<VAR>::kProducerCoords) {
+    const int sl = (qi % kQBufs) * C::kSlotInts;
+    m_block = slots[sl + 1];
+    head = slots[sl + 2];
+    b = slots[sl + 3];
+  } else {
+    coords(lin, m_block, head, b);
+  }
   TileSetup<T> tile;
-  if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) continue;
+  // (VAR 14 leaves out setup_tile's varlen branches: the launcher takes fixed-length calls only.)
+  if (!setup_tile<T, CAUSAL, !Var<VAR>::kProducerCoords>(p, m_block, head, b, C::kBlockM,
+                                                         C::kBlockN, tile)) {
+    continue;
+  }
   const int sq = tile.sq, sk = tile.sk, row0 = tile.row0, n_blocks = tile.n_blocks;
   const int it0 = kPersist ? it : 0;  // a constant 0 unless persistent
   const int qb = kPersist ? qi % kQBufs : 0;
@@ -684,6 +754,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
         for (int d = 0; d < kHalves; ++d) keep(o[d]);
       }
       release(k_empty(it0 % kStages));
+      flush_o();  // the previous tile's O store has long read its Q buffer
       release_q_after(n_blocks == 1);
       if (needs_mask(n)) mask(n);
       float alpha[2];
@@ -758,7 +829,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
         const int nq = qi + 1;
         const int nqb = nq % kQBufs;
         mbar_wait(q_full(nqb), (nq / kQBufs) & 1);
-        const int nlin = slots[nqb];
+        const int nlin = slots[nqb * C::kSlotInts];
         const uint32_t nq_base = sQ + nqb * C::kQBytes;
         uint64_t kd = v_desc + st * kTileUnits;
         if (nlin >= 0) {
@@ -786,6 +857,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     }
   } else {
     carried = false;
+    flush_o();
   }
 
   // Epilogue: normalise, write the LSE, stage O through this warp's own 16 rows of sQ (every
@@ -796,13 +868,20 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   const int64_t lse_off = tile.lse_off;
   constexpr bool kFastEpilogue = Var<VAR>::kFastEpilogue;
   static_assert(!kFastEpilogue || !kSingleQ, "the fast epilogue stages O in the Q buffer");
+  float lse_val[2];  // VAR 14: the rows' LSE, written after O's store has gone out
   if constexpr (kFastEpilogue) {
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + wrow + 8 * r;
-      inv[r] = finish_row(p, row_sum[r], row_max[r], scale_log2,
-                          lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
+      if constexpr (kTmaStore) {
+        const float sum = quad_sum(row_sum[r]);
+        lse_val[r] = row_lse(sum, row_max[r], scale_log2);
+        inv[r] = !(sum > 0.f) ? 0.f : 1.f / sum;
+      } else {
+        inv[r] = finish_row(p, row_sum[r], row_max[r], scale_log2,
+                            lse_off + head * p.lse_head_stride + row, t == 0 && row < sq);
+      }
     }
     // One stmatrix per pair of 8-column groups (j = 2 jp, 2 jp + 1) of a 64-column half: its
     // matrix i = 2 (j - 2 jp) + r holds rows 8 r .. 8 r + 7 of this warp's 16 and the 8 columns
@@ -851,6 +930,30 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   }
   if constexpr (kSingleQ) {
     if (!q_released) release(q_empty(qb));  // a tile without key tiles never read Q
+  } else if constexpr (kTmaStore) {
+    // This warp's 16 rows, staged: one lane stores them with TMA (each thread's stmatrix writes
+    // made visible to the async proxy first). The store runs on while the warp starts its next
+    // tile; flush_o hands the buffer back.
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) {
+      const int wrow0 = cw * 64 + warp * 16;
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        tma_store_4d(&maps.o, sQ + qb * C::kQBytes + h * C::kQHalfBytes + wrow0 * 128, 64 * h,
+                     row0 + wrow0, head, b);
+      }
+      bulk_commit();
+    }
+    pending_q = qb;
+    // The LSE stores come after the fence above, which would otherwise wait for them.
+    if (p.lse != nullptr && t == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + wrow + 8 * r;
+        if (row < sq) p.lse[lse_off + head * p.lse_head_stride + row] = lse_val[r];
+      }
+    }
   } else {
     __syncwarp();
     constexpr int kChunks = HDIM / 8;  // 16-byte chunks per row
@@ -902,6 +1005,10 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   it += n_blocks;
   ++qi;
   }  // tiles
+  if constexpr (kTmaStore) {
+    flush_o();
+    if (lane == 0) bulk_wait0();  // the last O stores are done before the CTA's memory goes
+  }
   if constexpr (kContinuousTurns) {
     if (cw == 0) named_sync(4, 256);  // warpgroup 1's arrive after its last turn
   }
@@ -1052,6 +1159,12 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
                                  params.v_batch_stride, C::kBlockN)) {
     return cudaErrorNotSupported;
   }
+  if (sm90tma::Var<VAR>::kTmaStore &&
+      !tma_host::encode<T, HDIM>(&maps.o, params.o, params.seqlen_q, params.num_heads,
+                                 params.batch, params.o_row_stride, params.o_head_stride,
+                                 params.o_batch_stride, 16)) {
+    return cudaErrorNotSupported;
+  }
   const int m_blocks = (params.seqlen_q + C::kBlockM - 1) / C::kBlockM;
   maps.m_blocks = m_blocks;
   maps.lpt_section = std::min(params.lpt_section > 0
@@ -1122,7 +1235,8 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 7) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 8) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 13)
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 13) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 14)
 // Head dim 128 only: the 176-key tiles (static and dynamic).
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM128(T)   \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 128)            \

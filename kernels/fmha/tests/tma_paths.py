@@ -6,7 +6,7 @@ from __future__ import annotations
 ALL_PATHS = ["default", "wgmma", "tma-basic", "tma-overlap", "tma", "tma-lpt", "tma-pp-lpt",
              "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist", "tma-pp-stages", "tma-n176",
              "tma-pp-n176", "tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176", "tma-pp-dyn-n176", "tma-dyn-skew",
-             "tma-dyn-n176-skew", "tma-pp-dyn-skew", "tma-dyn-fe"]
+             "tma-dyn-n176-skew", "tma-pp-dyn-skew", "tma-dyn-fe", "tma-dyn-ts"]
 # The kernel each TMA path runs (kforge_fmha.last_kernel), by head dim (fmha_api.cpp's
 # kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only, the 176-key tiles at
 # hdim 128 only.
@@ -32,6 +32,7 @@ TMA_KERNEL = {
     "tma-dyn-n176-skew": {64: "sm90_tma_overlap_dyn", 128: "sm90_tma_overlap_dyn_n176"},
     "tma-pp-dyn-skew": {64: "sm90_tma_dyn", 128: "sm90_tma_dyn"},
     "tma-dyn-fe": {64: "sm90_tma_overlap_dyn_fe", 128: "sm90_tma_overlap_dyn_fe"},
+    "tma-dyn-ts": {64: "sm90_tma_overlap_dyn_ts", 128: "sm90_tma_overlap_dyn_ts"},
 }
 
 
