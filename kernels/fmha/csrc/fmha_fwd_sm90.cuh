@@ -107,7 +107,8 @@ __device__ __forceinline__ void wgmma_ss_bf16(float (&d)[64], uint64_t da, uint6
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
-__device__ __forceinline__ void wgmma_rs_bf16(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+__device__ __forceinline__ void wgmma_rs_bf16(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                              int accumulate = 1) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -117,7 +118,7 @@ __device__ __forceinline__ void wgmma_rs_bf16(float (&d)[32], const uint32_t (&a
       "%24,%25,%26,%27,%28,%29,%30,%31}, "
       "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
 __device__ __forceinline__ void wgmma_ss_f16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
@@ -137,7 +138,8 @@ __device__ __forceinline__ void wgmma_ss_f16(float (&d)[64], uint64_t da, uint64
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
-__device__ __forceinline__ void wgmma_rs_f16(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+__device__ __forceinline__ void wgmma_rs_f16(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                              int accumulate = 1) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
@@ -147,7 +149,7 @@ __device__ __forceinline__ void wgmma_rs_f16(float (&d)[32], const uint32_t (&a)
       "%24,%25,%26,%27,%28,%29,%30,%31}, "
       "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
 
@@ -253,8 +255,10 @@ struct Wgmma<__nv_bfloat16> {
     wgmma_ss176_bf16(d, da, db, acc);
   }
   KFORGE_FMHA_SS_FIRST(bf16)
-  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-    wgmma_rs_bf16(d, a, db);
+  // accumulate 0: D = A B (D's old values are not read)
+  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                            int accumulate = 1) {
+    wgmma_rs_bf16(d, a, db, accumulate);
   }
   static __device__ __forceinline__ void rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
     wgmma_rs128_bf16(d, a, db);
@@ -269,8 +273,10 @@ struct Wgmma<__half> {
     wgmma_ss176_f16(d, da, db, acc);
   }
   KFORGE_FMHA_SS_FIRST(f16)
-  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-    wgmma_rs_f16(d, a, db);
+  // accumulate 0: D = A B (D's old values are not read)
+  static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                            int accumulate = 1) {
+    wgmma_rs_f16(d, a, db, accumulate);
   }
   static __device__ __forceinline__ void rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
     wgmma_rs128_f16(d, a, db);

@@ -71,6 +71,9 @@
 //     Q buffer is handed back after that tile's first Q K^T, once the store has read it. The
 //     producer writes the tile's (m block, head, batch) next to its index, so the consumers do
 //     not divide by the m-block and head counts at every tile.
+//   15 "dyn-fs": 14 with a lighter first key tile: its softmax starts from an empty row (no
+//     rescale test, no alpha, no O rescale), and its P V overwrites O (wgmma with D not read)
+//     instead of adding to an O zeroed beforehand.
 //   (12: the split tail of tuning runs 13-14, measured slower and removed.)
 // The producer's load order is a run-time flag (TmaMaps::kv_skew): K(i), V(i) or K(i), V(i - 1).
 #pragma once
@@ -104,12 +107,13 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 14 && VAR != 12, "variant 0..11, 13, 14");
+  static_assert(VAR >= 0 && VAR <= 15 && VAR != 12, "variant 0..11, 13..15");
   static constexpr bool kCrossTile = VAR == 8;
   // stmatrix staging; 13: unchecked full-tile stores, 14: a TMA store
-  static constexpr bool kFastEpilogue = VAR == 13 || VAR == 14;
-  static constexpr bool kTmaStore = VAR == 14;
-  static constexpr bool kProducerCoords = VAR == 14;  // the slot holds the tile's coordinates too
+  static constexpr bool kFastEpilogue = VAR >= 13;
+  static constexpr bool kTmaStore = VAR >= 14;
+  static constexpr bool kProducerCoords = VAR >= 14;  // the slot holds the tile's coordinates too
+  static constexpr bool kLeanFirst = VAR == 15;       // the first key tile's softmax and P V
   static constexpr bool kDynamic = VAR == 7 || kCrossTile || VAR >= 9;
   static constexpr bool kPersist = VAR == 5 || kDynamic;
   static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
@@ -591,18 +595,22 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     qk_issue_w(q_desc, k_desc + stage * kTileUnits, std::bool_constant<(kW0 < kBlockN)>());
   };
   // O += P V over the first KS k-steps (16 keys each) of a V tile.
-  auto pv_issue_k = [&](int stage, auto ks) {
+  // overwrite (VAR 15, the tile's first P V): the first k-step writes O instead of adding to it.
+  auto pv_issue_k = [&](int stage, auto ks, bool overwrite = false) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < decltype(ks)::value; ++kk) {
 #pragma unroll
       for (int d = 0; d < kHalves; ++d) {
-        Wgmma<T>::rs(o[d], pa[kk], v_desc + stage * kTileUnits + d * kHalfUnits + kk * (16 * 128 >> 4));
+        Wgmma<T>::rs(o[d], pa[kk], v_desc + stage * kTileUnits + d * kHalfUnits + kk * (16 * 128 >> 4),
+                     kk > 0 || !overwrite);
       }
     }
     wgmma_commit();
   };
-  auto pv_issue = [&](int stage) { pv_issue_k(stage, std::integral_constant<int, kKP>()); };
+  auto pv_issue = [&](int stage, bool overwrite = false) {
+    pv_issue_k(stage, std::integral_constant<int, kKP>(), overwrite);
+  };
   // P V of the tile's first key tile (kW0 keys wide; P is 0 past them).
   auto pv_issue_first = [&](int stage) {
     pv_issue_k(stage, std::integral_constant<int, kW0 / 16>());
@@ -663,6 +671,31 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       row_sum[r] += sum;
     }
     return rescale;
+  };
+  // VAR 15: the softmax of a tile's first key tile, whose rows have no max and no sum yet (what
+  // softmax() computes from row_max -inf and row_sum 0, without its rescale of sum and O).
+  auto softmax_first = [&]() {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = kNegInf;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      row_max[r] = m;
+      const float m_scaled = (m == kNegInf) ? 0.f : m * scale_log2;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = fast_exp2(fmaf(s[4 * j + 2 * r + e], scale_log2, -m_scaled));
+          s[4 * j + 2 * r + e] = x;
+          sum += x;
+        }
+      }
+      row_sum[r] = sum;
+    }
   };
   auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
@@ -746,7 +779,8 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
 #pragma unroll
         for (int j = kW0 / 2; j < kBlockN / 2; ++j) s[j] = kNegInf;
       }
-      zero_o();
+      // VAR 15: O is not zeroed: the tile's first P V overwrites it.
+      if constexpr (!Var<VAR>::kLeanFirst) zero_o();
       if constexpr (kW0 < kBlockN) {
         // O opaque: its own P V path (n_blocks 1) would otherwise see O as constant zeros and
         // feed one register to several accumulators (ptxas then serialises every wgmma).
@@ -757,8 +791,12 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       flush_o();  // the previous tile's O store has long read its Q buffer
       release_q_after(n_blocks == 1);
       if (needs_mask(n)) mask(n);
-      float alpha[2];
-      if (softmax(alpha)) rescale_o(alpha);  // O is still 0: harmless
+      if constexpr (Var<VAR>::kLeanFirst) {
+        softmax_first();
+      } else {
+        float alpha[2];
+        if (softmax(alpha)) rescale_o(alpha);  // O is still 0: harmless
+      }
       pack_p();
     }
     // Tile i: Q K^T(i) and P V(i - 1) in flight together; softmax(i) under P V(i - 1). With a
@@ -777,7 +815,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       if constexpr (decltype(first_pv)::value) {
         pv_issue_first(pst);
       } else {
-        pv_issue(pst);
+        pv_issue(pst, Var<VAR>::kLeanFirst && i == 1);
       }
       turn_end();
       wgmma_wait1();  // Q K^T(i) done, P V(i - 1) may still run
@@ -814,7 +852,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       if (kW0 < kBlockN && n_blocks == 1) {
         pv_issue_first(st);
       } else {
-        pv_issue(st);
+        pv_issue(st, Var<VAR>::kLeanFirst && n_blocks == 1);
       }
       turn_end();
       bool issued_next = false;
@@ -1236,7 +1274,8 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 8) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 13) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 14)
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 14) \
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 15)
 // Head dim 128 only: the 176-key tiles (static and dynamic).
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM128(T)   \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 128)            \
