@@ -211,9 +211,9 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // "tma-pp-dyn-skew" (the kernels of tma-dyn, tma-dyn-n176 and tma-pp-dyn, whose producer loads
 // K of key tile i + 1 before V of key tile i), "tma-dyn-fe" (tma-dyn-skew with a shorter
 // epilogue: stmatrix staging, unchecked full-tile stores), "tma-dyn-ts" (tma-dyn-fe with a TMA
-// store of O and the tile's coordinates from the producer) and "tma-dyn-fs" (tma-dyn-ts with a
-// lighter first key tile per tile); all three fall back like tma-dyn. A TMA path runs head dims
-// 64 and 128
+// store of O and the tile's coordinates from the producer), "tma-dyn-fs" (tma-dyn-ts with a
+// lighter first key tile per tile) and "tma-dyn-tm" (tma-dyn-fs with each row's max as a tree);
+// all four fall back like tma-dyn. A TMA path runs head dims 64 and 128
 // with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
@@ -248,6 +248,7 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-dyn-fe", 1, 13, 13, "sm90_tma_overlap_dyn_fe", "sm90_tma_overlap_dyn_fe", 1},
     {"tma-dyn-ts", 1, 14, 14, "sm90_tma_overlap_dyn_ts", "sm90_tma_overlap_dyn_ts", 1},
     {"tma-dyn-fs", 1, 15, 15, "sm90_tma_overlap_dyn_fs", "sm90_tma_overlap_dyn_fs", 1},
+    {"tma-dyn-tm", 1, 16, 16, "sm90_tma_overlap_dyn_tm", "sm90_tma_overlap_dyn_tm", 1},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
@@ -286,23 +287,25 @@ constexpr int tma_index(const char* name) {
 // and 21 of docs/benchmarks.md, 2026-11-23 18:23 and 18:28 UTC), bf16 / fp16: hdim 64 causal 2k
 // 1.03 / 1.03 and 1.02 / 1.01 x tma-dyn-skew; hdim 128 at the points it takes 0.998-1.006 and
 // 0.998-1.013 (within the readings' spread).
-// Since run 22 (H200, 30 rounds, 2026-11-23 21:24 UTC) those points run tma-dyn-ts instead: the
-// kernel of tma-dyn-fe with a TMA store of O. In the same rounds it read 1.00-1.02x tma-dyn-fe
-// at hdim 128 (2k non-causal 1.008 / 1.010; causal 1.006-1.022) and 1.02 / 1.04 at hdim 64
-// causal 2k.
+// Since run 23 those points run tma-dyn-fs instead: tma-dyn-fe's kernel with a TMA store of O,
+// the tile's coordinates from the producer (tma-dyn-ts) and a lighter first key tile. H200, 30
+// rounds each, bf16 / fp16: in run 22 (2026-11-23 21:24 UTC) tma-dyn-ts read 1.008 / 1.010 x
+// tma-dyn-fe at hdim 128 non-causal 2k, 1.009-1.023 causal, 1.04 / 1.04 at hdim 64 causal 2k;
+// in run 23 (21:33 UTC) tma-dyn-fs read 1.008 / 1.008 x tma-dyn-ts at hdim 128 non-causal 2k,
+// 1.005 / 1.005 at 4k, 0.996-1.003 causal to 8k, 1.010 / 1.008 at hdim 64 causal 2k.
 // The benchmark ties seqlen to batch (16384 tokens), so shorter or longer batches were not
 // measured; seqlen_k < 2k takes the <= 2048 / <= 4096 / <= 8192 branches unmeasured.
 int default_tma_path(int head_dim, bool causal, int seqlen_k) {
   constexpr int kM192 = tma_index("tma-m192"), kM192Lpt = tma_index("tma-m192-lpt");
-  constexpr int kDynN176 = tma_index("tma-dyn-n176"), kDynTs = tma_index("tma-dyn-ts");
-  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kDynN176 >= 0 && kDynTs >= 0,
+  constexpr int kDynN176 = tma_index("tma-dyn-n176"), kDynFs = tma_index("tma-dyn-fs");
+  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kDynN176 >= 0 && kDynFs >= 0,
                 "default_tma_path names a path that kTmaKernels lacks");
   if (head_dim == 64) {
     if (!causal) return kM192;
-    return seqlen_k <= 2048 ? kDynTs : kM192Lpt;
+    return seqlen_k <= 2048 ? kDynFs : kM192Lpt;
   }
-  if (causal) return seqlen_k <= 8192 ? kDynTs : kDynN176;
-  return seqlen_k <= 4096 ? kDynTs : kDynN176;
+  if (causal) return seqlen_k <= 8192 ? kDynFs : kDynN176;
+  return seqlen_k <= 4096 ? kDynFs : kDynN176;
 }
 
 // The kTmaKernels index the call asks for, kPathWgmma or kPathInvalid.
@@ -366,6 +369,7 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
     case 113:
     case 114:
     case 115:
+    case 116:
     case 207: {
       // The dynamic scheduler needs its counter (none during stream capture): else the same
       // mode in the static lpt order.
@@ -375,6 +379,7 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
              : var == 13 ? try_tma<T, HDIM, 1, 13>(p, causal, stream, name, err)
              : var == 14 ? try_tma<T, HDIM, 1, 14>(p, causal, stream, name, err)
              : var == 15 ? try_tma<T, HDIM, 1, 15>(p, causal, stream, name, err)
+             : var == 16 ? try_tma<T, HDIM, 1, 16>(p, causal, stream, name, err)
                          : try_tma<T, HDIM, 1, 7>(p, causal, stream, name, err)) {
         return true;
       }
@@ -452,7 +457,7 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
                 "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, "
                 "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, "
-                "tma-pp-dyn-skew, tma-dyn-fe, tma-dyn-ts or tma-dyn-fs, or unset it",
+                "tma-pp-dyn-skew, tma-dyn-fe, tma-dyn-ts, tma-dyn-fs or tma-dyn-tm, or unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning

@@ -7,7 +7,7 @@ ALL_PATHS = ["default", "wgmma", "tma-basic", "tma-overlap", "tma", "tma-lpt", "
              "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist", "tma-pp-stages", "tma-n176",
              "tma-pp-n176", "tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176", "tma-pp-dyn-n176", "tma-dyn-skew",
              "tma-dyn-n176-skew", "tma-pp-dyn-skew", "tma-dyn-fe", "tma-dyn-ts",
-             "tma-dyn-fs"]
+             "tma-dyn-fs", "tma-dyn-tm"]
 # The kernel each TMA path runs (kforge_fmha.last_kernel), by head dim (fmha_api.cpp's
 # kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only, the 176-key tiles at
 # hdim 128 only.
@@ -35,6 +35,7 @@ TMA_KERNEL = {
     "tma-dyn-fe": {64: "sm90_tma_overlap_dyn_fe", 128: "sm90_tma_overlap_dyn_fe"},
     "tma-dyn-ts": {64: "sm90_tma_overlap_dyn_ts", 128: "sm90_tma_overlap_dyn_ts"},
     "tma-dyn-fs": {64: "sm90_tma_overlap_dyn_fs", 128: "sm90_tma_overlap_dyn_fs"},
+    "tma-dyn-tm": {64: "sm90_tma_overlap_dyn_tm", 128: "sm90_tma_overlap_dyn_tm"},
 }
 
 
@@ -44,7 +45,7 @@ def default_path(head_dim: int, causal: bool, seqlen_k: int) -> str:
     if head_dim == 64:
         if not causal:
             return "tma-m192"
-        return "tma-dyn-ts" if seqlen_k <= 2048 else "tma-m192-lpt"
+        return "tma-dyn-fs" if seqlen_k <= 2048 else "tma-m192-lpt"
     if causal:
-        return "tma-dyn-ts" if seqlen_k <= 8192 else "tma-dyn-n176"
-    return "tma-dyn-ts" if seqlen_k <= 4096 else "tma-dyn-n176"
+        return "tma-dyn-fs" if seqlen_k <= 8192 else "tma-dyn-n176"
+    return "tma-dyn-fs" if seqlen_k <= 4096 else "tma-dyn-n176"
