@@ -42,8 +42,7 @@
 # tma-dyn-n176-skew / tma-pp-dyn-skew (their producer loads K of key tile i + 1 before V of key
 # tile i), tma-dyn-fe (tma-dyn-skew with a shorter epilogue: stmatrix staging, unchecked
 # full-tile stores), tma-dyn-ts (tma-dyn-fe with a TMA store of O and the tile's coordinates
-# from the producer), tma-dyn-fs (tma-dyn-ts with a lighter first key tile per tile), tma-dyn-tm
-# (tma-dyn-fs with each row's max as a tree).
+# from the producer), tma-dyn-fs (tma-dyn-ts with a lighter first key tile per tile).
 # The library is used straight from the build folder (KFORGE_FMHA_LIBRARY, PYTHONPATH), so
 # nothing is pip-installed and nothing is built twice (the build is a clean one, so ptxas.txt
 # always has every kernel). $OUT/summary.txt lists each step's status.
@@ -57,7 +56,7 @@ PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 QUICK=${FMHA_QUICK:-0}
 if [ "$QUICK" = 1 ]; then TMA_PATHS=${TMA_PATHS:-default}; fi
-TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist tma-pp-stages tma-n176 tma-pp-n176 tma-dyn tma-pp-dyn tma-dyn-xt tma-dyn-n176 tma-pp-dyn-n176 tma-dyn-skew tma-dyn-n176-skew tma-pp-dyn-skew tma-dyn-fe tma-dyn-ts tma-dyn-fs tma-dyn-tm}
+TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist tma-pp-stages tma-n176 tma-pp-n176 tma-dyn tma-pp-dyn tma-dyn-xt tma-dyn-n176 tma-pp-dyn-n176 tma-dyn-skew tma-dyn-n176-skew tma-pp-dyn-skew tma-dyn-fe tma-dyn-ts tma-dyn-fs}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 status=0

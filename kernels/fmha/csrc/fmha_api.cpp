@@ -211,9 +211,9 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // "tma-pp-dyn-skew" (the kernels of tma-dyn, tma-dyn-n176 and tma-pp-dyn, whose producer loads
 // K of key tile i + 1 before V of key tile i), "tma-dyn-fe" (tma-dyn-skew with a shorter
 // epilogue: stmatrix staging, unchecked full-tile stores), "tma-dyn-ts" (tma-dyn-fe with a TMA
-// store of O and the tile's coordinates from the producer), "tma-dyn-fs" (tma-dyn-ts with a
-// lighter first key tile per tile) and "tma-dyn-tm" (tma-dyn-fs with each row's max as a tree);
-// all four fall back like tma-dyn. A TMA path runs head dims 64 and 128
+// store of O and the tile's coordinates from the producer) and "tma-dyn-fs" (tma-dyn-ts with a
+// lighter first key tile per tile); all three fall back like tma-dyn. A TMA path runs head dims
+// 64 and 128
 // with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
@@ -248,7 +248,6 @@ constexpr TmaKernel kTmaKernels[] = {
     {"tma-dyn-fe", 1, 13, 13, "sm90_tma_overlap_dyn_fe", "sm90_tma_overlap_dyn_fe", 1},
     {"tma-dyn-ts", 1, 14, 14, "sm90_tma_overlap_dyn_ts", "sm90_tma_overlap_dyn_ts", 1},
     {"tma-dyn-fs", 1, 15, 15, "sm90_tma_overlap_dyn_fs", "sm90_tma_overlap_dyn_fs", 1},
-    {"tma-dyn-tm", 1, 16, 16, "sm90_tma_overlap_dyn_tm", "sm90_tma_overlap_dyn_tm", 1},
 };
 constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
 constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
@@ -369,7 +368,6 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
     case 113:
     case 114:
     case 115:
-    case 116:
     case 207: {
       // The dynamic scheduler needs its counter (none during stream capture): else the same
       // mode in the static lpt order.
@@ -379,7 +377,6 @@ bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaS
              : var == 13 ? try_tma<T, HDIM, 1, 13>(p, causal, stream, name, err)
              : var == 14 ? try_tma<T, HDIM, 1, 14>(p, causal, stream, name, err)
              : var == 15 ? try_tma<T, HDIM, 1, 15>(p, causal, stream, name, err)
-             : var == 16 ? try_tma<T, HDIM, 1, 16>(p, causal, stream, name, err)
                          : try_tma<T, HDIM, 1, 7>(p, causal, stream, name, err)) {
         return true;
       }
@@ -457,7 +454,7 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                 "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
                 "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, "
                 "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, "
-                "tma-pp-dyn-skew, tma-dyn-fe, tma-dyn-ts, tma-dyn-fs or tma-dyn-tm, or unset it",
+                "tma-pp-dyn-skew, tma-dyn-fe, tma-dyn-ts or tma-dyn-fs, or unset it",
                 path_raw);
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning

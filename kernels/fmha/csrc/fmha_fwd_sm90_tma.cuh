@@ -74,9 +74,7 @@
 //   15 "dyn-fs": 14 with a lighter first key tile: its softmax starts from an empty row (no
 //     rescale test, no alpha, no O rescale), and its P V overwrites O (wgmma with D not read)
 //     instead of adding to an O zeroed beforehand.
-//   16 "dyn-tm": 15 with each row's max over a key tile taken as a tree (4 levels over the 16
-//     column-pair maxima) instead of a chain of 16 dependent max operations: the same result (max
-//     does not round), a shorter wait before the exponentials.
+//   (16 "dyn-tm": 15 with each row's max as a tree instead of a chain; run 24: no faster, removed.)
 //   (12: the split tail of tuning runs 13-14, measured slower and removed.)
 // The producer's load order is a run-time flag (TmaMaps::kv_skew): K(i), V(i) or K(i), V(i - 1).
 #pragma once
@@ -110,14 +108,13 @@ namespace sm90tma {
 // The tuning variants (VAR): what each one changes.
 template <int VAR>
 struct Var {
-  static_assert(VAR >= 0 && VAR <= 16 && VAR != 12, "variant 0..11, 13..16");
+  static_assert(VAR >= 0 && VAR <= 15 && VAR != 12, "variant 0..11, 13..15");
   static constexpr bool kCrossTile = VAR == 8;
   // stmatrix staging; 13: unchecked full-tile stores, 14: a TMA store
   static constexpr bool kFastEpilogue = VAR >= 13;
   static constexpr bool kTmaStore = VAR >= 14;
   static constexpr bool kProducerCoords = VAR >= 14;  // the slot holds the tile's coordinates too
-  static constexpr bool kLeanFirst = VAR >= 15;       // the first key tile's softmax and P V
-  static constexpr bool kTreeMax = VAR == 16;         // the row max of a key tile as a tree
+  static constexpr bool kLeanFirst = VAR == 15;       // the first key tile's softmax and P V
   static constexpr bool kDynamic = VAR == 7 || kCrossTile || VAR >= 9;
   static constexpr bool kPersist = VAR == 5 || kDynamic;
   static constexpr bool kLpt = VAR == 1 || VAR == 4 || VAR == 5;  // VAR 7: lpt when causal
@@ -634,29 +631,6 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       }
     }
   };
-  // The max of `start` and this thread's entries of s in row half r: a chain, or (VAR 16) a tree.
-  auto tile_max = [&](int r, float start) {
-    if constexpr (Var<VAR>::kTreeMax) {
-      static_assert(kNT == 16, "the tree max is written for 128-key tiles (16 column groups)");
-      float v[kNT];
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) v[j] = fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
-      // (Each level a loop of its own: a loop over the levels kept an inner loop rolled, with v
-      // in local memory.)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = fmaxf(v[j], v[j + 8]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = fmaxf(v[j], v[j + 4]);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) v[j] = fmaxf(v[j], v[j + 2]);
-      return fmaxf(start, fmaxf(v[0], v[1]));
-    } else {
-      float m = start;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      return m;
-    }
-  };
   // Online softmax of s (stale max, exp2 domain): s becomes P (unnormalised). Returns whether O
   // must be rescaled by alpha[] (done by the caller, after any P V in flight has finished).
   auto softmax = [&](float (&alpha)[2]) -> bool {
@@ -664,7 +638,9 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     bool grow = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float m = tile_max(r, row_max[r]);
+      float m = row_max[r];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       mx[r] = m;
@@ -702,7 +678,9 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   auto softmax_first = [&]() {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float m = tile_max(r, kNegInf);
+      float m = kNegInf;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       row_max[r] = m;
@@ -1298,8 +1276,7 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 13) \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 14) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 15) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 16)
+  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 15)
 // Head dim 128 only: the 176-key tiles (static and dynamic).
 #define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM128(T)   \
   KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 128)            \

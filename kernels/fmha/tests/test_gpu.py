@@ -7,7 +7,7 @@ Kernel paths: on an H100/H200 with a 90a build, the accuracy tests run once per 
 default_tma_path, mirrored by default_path below), wgmma, tma-basic, tma-overlap,
 tma and the tuning variants tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt,
 tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, tma-dyn-xt, tma-dyn-n176,
-tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, tma-pp-dyn-skew, tma-dyn-fe, tma-dyn-ts, tma-dyn-fs, tma-dyn-tm; see
+tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, tma-pp-dyn-skew, tma-dyn-fe, tma-dyn-ts, tma-dyn-fs; see
 kforge_fmha.last_kernel) and check that the kernel that ran is the one the path asks for (or,
 for calls a TMA path cannot take, the documented fallback). Elsewhere only the default path
 runs; the other paths are skipped with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma (a comma
@@ -424,7 +424,7 @@ def test_one_process_switches_paths_between_calls(monkeypatch, head_dim) -> None
 @pytest.mark.parametrize("path", ["tma-lpt", "tma-pp-lpt", "tma-m192-lpt", "tma-persist", "tma-dyn",
                                   "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176", "tma-pp-dyn-n176",
                                   "tma-dyn-skew", "tma-dyn-fe", "tma-dyn-ts",
-                                  "tma-dyn-fs", "tma-dyn-tm"])
+                                  "tma-dyn-fs"])
 def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, section) -> None:
     """The 1-D longest-first grid of the lpt paths, with sections of 1 pair, of 3 pairs (the
     last one partial: 15 pairs) and of more pairs than there are (KFORGE_FMHA_LPT_SECTION):
@@ -447,7 +447,7 @@ def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, sectio
 @pytest.mark.parametrize("path", ["tma-persist", "tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
                                   "tma-pp-dyn-n176", "tma-dyn-skew", "tma-dyn-n176-skew",
                                   "tma-pp-dyn-skew", "tma-dyn-fe", "tma-dyn-ts",
-                                  "tma-dyn-fs", "tma-dyn-tm"])
+                                  "tma-dyn-fs"])
 @pytest.mark.parametrize("seqlens", [(2100, 2100), (1000, 2100)], ids=["square", "q-shorter"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -503,7 +503,7 @@ def test_176_key_tiles_with_partial_last_key_tile(monkeypatch, path, rem) -> Non
                                    (8, 700, 300, 8, True), (4, 300, 700, 8, True)],
                          ids=["1-key-tile", "1-key-tile-causal", "rows-without-keys", "q-shorter"])
 @pytest.mark.parametrize("path", ["tma-dyn", "tma-dyn-xt", "tma-dyn-skew", "tma-dyn-fe", "tma-dyn-ts",
-                                  "tma-dyn-fs", "tma-dyn-tm"])
+                                  "tma-dyn-fs"])
 def test_dynamic_tile_boundaries(monkeypatch, path, shape) -> None:
     """Many tiles per CTA whose key ranges differ at the tile boundary (which tma-dyn-xt carries a
     product across): tiles of one key tile (1024 tiles, so every boundary goes from a tile's last
@@ -537,7 +537,7 @@ def test_dynamic_tile_boundaries(monkeypatch, path, shape) -> None:
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("path", ["tma-dyn-fe", "tma-dyn-ts",
-                                  "tma-dyn-fs", "tma-dyn-tm"])
+                                  "tma-dyn-fs"])
 def test_out_views_leave_the_memory_around_them(monkeypatch, path, head_dim, causal, layout) -> None:
     """out= as a view into a larger buffer filled with a sentinel: rows past seqlen_q in the same
     buffer ("padded-rows"), a (batch, heads, seqlen) buffer seen through a transpose with padded
@@ -579,7 +579,7 @@ def test_out_views_leave_the_memory_around_them(monkeypatch, path, head_dim, cau
 @pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
                                   "tma-pp-dyn-n176", "tma-dyn-skew", "tma-dyn-n176-skew",
                                   "tma-pp-dyn-skew", "tma-dyn-fe", "tma-dyn-ts",
-                                  "tma-dyn-fs", "tma-dyn-tm"])
+                                  "tma-dyn-fs"])
 def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
     """Launches of a dynamic path on two streams may run at the same time: each stream has its own
     tile counter, so both outputs are whole and right (a shared counter would split the tiles
@@ -610,7 +610,7 @@ def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
 @pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
                                   "tma-pp-dyn-n176", "tma-dyn-skew", "tma-dyn-n176-skew",
                                   "tma-pp-dyn-skew", "tma-dyn-fe", "tma-dyn-ts",
-                                  "tma-dyn-fs", "tma-dyn-tm"])
+                                  "tma-dyn-fs"])
 def test_dynamic_paths_fall_back_in_graph_capture(monkeypatch, path) -> None:
     """In a CUDA graph the dynamic paths take the static kernel of their mode (lpt order; the
     176-key ones the static 176-key kernel): a graph can be replayed on any stream, so no stream's
@@ -634,7 +634,7 @@ def test_dynamic_paths_fall_back_in_graph_capture(monkeypatch, path) -> None:
            "tma-pp-dyn-n176": "sm90_tma_n176", "tma-dyn-skew": "sm90_tma_overlap_lpt",
            "tma-dyn-n176-skew": "sm90_tma_overlap_n176", "tma-pp-dyn-skew": "sm90_tma_lpt",
            "tma-dyn-fe": "sm90_tma_overlap_lpt", "tma-dyn-ts": "sm90_tma_overlap_lpt",
-           "tma-dyn-fs": "sm90_tma_overlap_lpt", "tma-dyn-tm": "sm90_tma_overlap_lpt"}[path]
+           "tma-dyn-fs": "sm90_tma_overlap_lpt"}[path]
     assert kforge_fmha.last_kernel() == lpt
     ref, _, lowp = reference(q, k, v, True, 128 ** -0.5, torch.bfloat16)
     for _ in range(2):

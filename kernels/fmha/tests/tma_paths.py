@@ -7,7 +7,7 @@ ALL_PATHS = ["default", "wgmma", "tma-basic", "tma-overlap", "tma", "tma-lpt", "
              "tma-stages", "tma-m192", "tma-m192-lpt", "tma-persist", "tma-pp-stages", "tma-n176",
              "tma-pp-n176", "tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176", "tma-pp-dyn-n176", "tma-dyn-skew",
              "tma-dyn-n176-skew", "tma-pp-dyn-skew", "tma-dyn-fe", "tma-dyn-ts",
-             "tma-dyn-fs", "tma-dyn-tm"]
+             "tma-dyn-fs"]
 # The kernel each TMA path runs (kforge_fmha.last_kernel), by head dim (fmha_api.cpp's
 # kTmaKernels): the three-consumer-warpgroup variants exist at hdim 64 only, the 176-key tiles at
 # hdim 128 only.
@@ -35,7 +35,6 @@ TMA_KERNEL = {
     "tma-dyn-fe": {64: "sm90_tma_overlap_dyn_fe", 128: "sm90_tma_overlap_dyn_fe"},
     "tma-dyn-ts": {64: "sm90_tma_overlap_dyn_ts", 128: "sm90_tma_overlap_dyn_ts"},
     "tma-dyn-fs": {64: "sm90_tma_overlap_dyn_fs", 128: "sm90_tma_overlap_dyn_fs"},
-    "tma-dyn-tm": {64: "sm90_tma_overlap_dyn_tm", 128: "sm90_tma_overlap_dyn_tm"},
 }
 
 
