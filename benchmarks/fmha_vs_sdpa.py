@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import sys
@@ -64,12 +65,19 @@ def time_ms(fn, warmup: int, runs: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
-def time_interleaved(fns: dict, warmup: int, runs: int) -> dict:
+def time_interleaved(fns: dict, warmup: int, runs: int, order: str = "shuffle",
+                     seed: int = 0) -> dict:
     """Median device time of one call of each function, timed in rounds: every round calls each
-    function once, starting one further along the list each round, with CUDA events around each
-    call and no sync inside a round. GPU clocks move with power draw during a run (the H200 ran
-    from 1560 to 1980 MHz inside one benchmark, nvidia-smi at 250 ms), so timing one backend's
-    calls after another's lets a clock drift decide a ratio; rounds spread it over all of them.
+    function once, with CUDA events around each call and no sync inside a round. GPU clocks move
+    with power draw during a run (the H200 ran from 1560 to 1980 MHz inside one benchmark,
+    nvidia-smi at 250 ms), so timing one backend's calls after another's lets a clock drift
+    decide a ratio; rounds spread it over all of them.
+    order "rotate": each round starts one further along the list, so a column always follows the
+    same column (except when it is first). A kernel's time depends on the one before it: in runs
+    22-26 (docs/benchmarks.md) kforge's "default" column, which followed the "wgmma" column, read
+    0.1-3.3% below a column running the same kernel elsewhere in the list, in 59 of 60 pairs.
+    order "shuffle" (the default): each round's order is a permutation drawn with random.Random(seed),
+    so over the rounds each column follows each other one about equally often.
     A function that raises RuntimeError in its warm-up gets its error string instead."""
     out, ok = {}, {}
     for name, fn in fns.items():
@@ -83,9 +91,15 @@ def time_interleaved(fns: dict, warmup: int, runs: int) -> dict:
         ok[name] = fn
     names = list(ok)
     events = {n: [] for n in names}
+    if order not in ("rotate", "shuffle"):
+        raise ValueError(f"order is {order!r}; use 'rotate' or 'shuffle'")
+    rng = random.Random(seed)
     for r in range(runs):
-        for i in range(len(names)):
-            n = names[(r + i) % len(names)]
+        if order == "rotate":
+            round_names = [names[(r + i) % len(names)] for i in range(len(names))]
+        else:
+            round_names = rng.sample(names, len(names))
+        for n in round_names:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             ok[n]()
@@ -117,7 +131,7 @@ def flops(batch: int, heads: int, seqlen: int, head_dim: int, causal: bool) -> f
 
 
 def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, runs,
-                interleave=False):
+                interleave=False, order="shuffle"):
     batch = max(1, tokens // seqlen)
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, dtype=dtype, device="cuda")
                for _ in range(3))
@@ -144,7 +158,7 @@ def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, r
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)  # noqa: F821  (bound before the del below)
         fns[impl] = fn
     if interleave:
-        timed = time_interleaved(fns, warmup, runs)
+        timed = time_interleaved(fns, warmup, runs, order)
     else:  # one column's runs after another's
         timed = {}
         for impl, fn in fns.items():
@@ -193,8 +207,10 @@ def render(meta, rows, mem) -> str:
                  f"CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; kforge_fmha {meta['kforge']} "
                  f"built for {meta['archs']}; {meta['date']}.")
     lines.append("")
-    timing = ("in rounds: each round times every column's kernel once, in an order that rotates "
-              "by one each round, so a GPU clock drift is spread over all columns"
+    how = ("that rotates by one each round" if meta.get("order") == "rotate" else
+           "drawn at random each round (so each column follows each other one about equally often)")
+    timing = ("in rounds: each round times every column's kernel once, in an order " + how +
+              ", so a GPU clock drift is spread over all columns"
               if meta.get("interleave") else
               "calls queued back to back with no sync between them, one column after another")
     lines.append(f"Forward pass, TFLOP/s (median of {meta['runs']} runs after {meta['warmup']} "
@@ -328,8 +344,11 @@ def main(argv=None) -> int:
                          "tma-pp-dyn-skew); "
                          "default: the library's default only")
     ap.add_argument("--interleave", action="store_true",
-                    help="time all columns of a shape in rotating rounds (one call each per round) "
+                    help="time all columns of a shape in rounds (one call each per round) "
                          "instead of one column's runs after another's")
+    ap.add_argument("--order", choices=("shuffle", "rotate"), default="shuffle",
+                    help="with --interleave: each round's column order, a random permutation "
+                         "(default) or the list rotated by one per round (runs up to 26)")
     ap.add_argument("--fa3", action="store_true",
                     help="add FlashAttention-3 (flash_attn_interface, the flash-attn3 wheel) as a column")
     ap.add_argument("--head-dims", default="128,64", help="comma list (default 128,64)")
@@ -359,6 +378,7 @@ def main(argv=None) -> int:
             "archs": " ".join(kforge_fmha.built_archs()), "tokens": args.tokens,
             "heads": args.heads, "runs": args.runs, "warmup": args.warmup,
             "interleave": args.interleave,
+            "order": args.order,
             "python": platform.python_version(), "paths": args.paths,
             "date": __import__("datetime").datetime.now(__import__("datetime").timezone.utc)
             .strftime("%Y-%m-%d %H:%M UTC")}
@@ -376,7 +396,8 @@ def main(argv=None) -> int:
             for causal in (False, True):
                 for seqlen in seqlens:
                     r = bench_shape(dtype, head_dim, causal, seqlen, args.tokens, args.heads, impls,
-                                    args.warmup, args.runs, interleave=args.interleave)
+                                    args.warmup, args.runs, interleave=args.interleave,
+                                    order=args.order)
                     rows.append(r)
                     t = {k: fmt(v.get("tflops")) for k, v in r["results"].items()}
                     print(f"{r['dtype']:9s} d={head_dim:3d} causal={int(causal)} L={seqlen:5d} "

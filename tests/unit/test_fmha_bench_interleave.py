@@ -1,6 +1,7 @@
 """benchmarks/fmha_vs_sdpa.py's interleaved timing, with fake CUDA events: every column is called
-warm-up + runs times, each round starts one column further along, the medians are each column's
-own times, and a column whose warm-up raises gets its error instead of a time."""
+warm-up + runs times, each round calls every column once (in a random order drawn from the seed,
+or rotated by one per round), the medians are each column's own times, and a column whose
+warm-up raises gets its error instead of a time."""
 
 from __future__ import annotations
 
@@ -48,12 +49,49 @@ def test_rounds_rotate_and_medians_are_each_columns_own(bench) -> None:
             clock["t"] += cost[name]
         return fn
 
-    out = mod.time_interleaved({n: make(n) for n in cost}, warmup=2, runs=4)
+    out = mod.time_interleaved({n: make(n) for n in cost}, warmup=2, runs=4, order="rotate")
     assert out == pytest.approx(cost)
     assert {n: calls.count(n) for n in cost} == {"a": 6, "b": 6, "c": 6}
     timed = calls[6:]  # after the warm-ups (2 per column, column by column)
     rounds = [timed[i:i + 3] for i in range(0, 12, 3)]
     assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+def _timed_rounds(mod, clock, names, runs, seed):
+    calls: list[str] = []
+    cost = {n: float(i + 1) for i, n in enumerate(names)}
+
+    def make(name):
+        def fn():
+            calls.append(name)
+            clock["t"] += cost[name]
+        return fn
+
+    out = mod.time_interleaved({n: make(n) for n in names}, warmup=1, runs=runs, seed=seed)
+    assert out == pytest.approx(cost)
+    timed = calls[len(names):]
+    return [timed[i:i + len(names)] for i in range(0, len(timed), len(names))]
+
+
+def test_shuffled_rounds_are_permutations_that_vary_each_columns_predecessor(bench) -> None:
+    mod, clock = bench
+    names = ["wgmma", "default", "fs", "flash", "cudnn"]
+    rounds = _timed_rounds(mod, clock, names, runs=40, seed=0)
+    assert len(rounds) == 40
+    assert all(sorted(r) == sorted(names) for r in rounds)
+    # the same seed gives the same rounds; another seed other ones
+    assert _timed_rounds(mod, clock, names, runs=40, seed=0) == rounds
+    assert _timed_rounds(mod, clock, names, runs=40, seed=1) != rounds
+    # unlike rotation, a column does not always follow the same one
+    for n in names:
+        before = {r[r.index(n) - 1] for r in rounds if r.index(n) > 0}
+        assert len(before) >= 3, (n, before)
+
+
+def test_unknown_order_is_refused(bench) -> None:
+    mod, _ = bench
+    with pytest.raises(ValueError, match="rotate"):
+        mod.time_interleaved({"a": lambda: None}, warmup=0, runs=1, order="sorted")
 
 
 def test_a_column_that_refuses_the_shape_gets_its_error(bench) -> None:
