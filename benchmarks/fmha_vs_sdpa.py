@@ -33,6 +33,7 @@ import random
 import re
 import statistics
 import sys
+import zlib
 from pathlib import Path
 
 import kforge_fmha
@@ -65,6 +66,12 @@ def time_ms(fn, warmup: int, runs: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
+def gpu_lead(cycles: int = 1_000_000) -> None:
+    """Keeps the GPU busy for about half a millisecond (torch.cuda._sleep: a spin kernel), so that
+    the calls queued right after it are timed on the GPU alone, without their launch cost."""
+    torch.cuda._sleep(cycles)
+
+
 def time_interleaved(fns: dict, warmup: int, runs: int, order: str = "shuffle",
                      seed: int = 0) -> dict:
     """Median device time of one call of each function, timed in rounds: every round calls each
@@ -76,8 +83,12 @@ def time_interleaved(fns: dict, warmup: int, runs: int, order: str = "shuffle",
     same column (except when it is first). A kernel's time depends on the one before it: in runs
     22-26 (docs/benchmarks.md) kforge's "default" column, which followed the "wgmma" column, read
     0.1-3.3% below a column running the same kernel elsewhere in the list, in 59 of 60 pairs.
-    order "shuffle" (the default): each round's order is a permutation drawn with random.Random(seed),
-    so over the rounds each column follows each other one about equally often.
+    order "shuffle" (the default): blocks of len(fns) rounds; each block draws a random order
+    (random.Random(seed)) and rotates it by one per round, so inside a block every column takes
+    every place once, and the column before it changes from block to block.
+    Each round starts behind a short GPU sleep (gpu_lead), so that its first call's start event
+    is recorded while the GPU is busy: else the first call of a round, on an idle GPU, is timed
+    with its host-side launch cost (about 80 us for kforge_fmha, 16 us for SDPA).
     A function that raises RuntimeError in its warm-up gets its error string instead."""
     out, ok = {}, {}
     for name, fn in fns.items():
@@ -94,11 +105,12 @@ def time_interleaved(fns: dict, warmup: int, runs: int, order: str = "shuffle",
     if order not in ("rotate", "shuffle"):
         raise ValueError(f"order is {order!r}; use 'rotate' or 'shuffle'")
     rng = random.Random(seed)
+    base = list(names)
     for r in range(runs):
-        if order == "rotate":
-            round_names = [names[(r + i) % len(names)] for i in range(len(names))]
-        else:
-            round_names = rng.sample(names, len(names))
+        if order == "shuffle" and r % len(names) == 0:
+            base = rng.sample(names, len(names))
+        round_names = [base[(r + i) % len(base)] for i in range(len(base))]
+        gpu_lead()
         for n in round_names:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
@@ -158,7 +170,8 @@ def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, r
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)  # noqa: F821  (bound before the del below)
         fns[impl] = fn
     if interleave:
-        timed = time_interleaved(fns, warmup, runs, order)
+        seed = zlib.crc32(f"{dtype} {head_dim} {causal} {seqlen}".encode())  # a shape's own orders
+        timed = time_interleaved(fns, warmup, runs, order, seed)
     else:  # one column's runs after another's
         timed = {}
         for impl, fn in fns.items():
@@ -208,7 +221,9 @@ def render(meta, rows, mem) -> str:
                  f"built for {meta['archs']}; {meta['date']}.")
     lines.append("")
     how = ("that rotates by one each round" if meta.get("order") == "rotate" else
-           "drawn at random each round (so each column follows each other one about equally often)")
+           "drawn at random for each block of as many rounds as columns and rotated by one per round "
+           "inside it (every column takes every place once per block; the column before it varies), "
+           "each round queued behind a short GPU sleep so that no call is timed with its launch cost")
     timing = ("in rounds: each round times every column's kernel once, in an order " + how +
               ", so a GPU clock drift is spread over all columns"
               if meta.get("interleave") else
@@ -347,7 +362,7 @@ def main(argv=None) -> int:
                     help="time all columns of a shape in rounds (one call each per round) "
                          "instead of one column's runs after another's")
     ap.add_argument("--order", choices=("shuffle", "rotate"), default="shuffle",
-                    help="with --interleave: each round's column order, a random permutation "
+                    help="with --interleave: each round's column order, random per block of rounds "
                          "(default) or the list rotated by one per round (runs up to 26)")
     ap.add_argument("--fa3", action="store_true",
                     help="add FlashAttention-3 (flash_attn_interface, the flash-attn3 wheel) as a column")

@@ -1,7 +1,8 @@
 """benchmarks/fmha_vs_sdpa.py's interleaved timing, with fake CUDA events: every column is called
-warm-up + runs times, each round calls every column once (in a random order drawn from the seed,
-or rotated by one per round), the medians are each column's own times, and a column whose
-warm-up raises gets its error instead of a time."""
+warm-up + runs times, each round starts behind a GPU lead and calls every column once (in blocks
+of rounds that give every column every place once, in an order drawn from the seed, or rotated by
+one per round), the medians are each column's own times, and a column whose warm-up raises gets
+its error instead of a time."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def bench(monkeypatch):
 
     monkeypatch.setattr(mod.torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(mod.torch.cuda, "synchronize", lambda: None)
+    leads: list[float] = []
+    monkeypatch.setattr(mod, "gpu_lead", lambda: leads.append(clock["t"]))
+    clock["leads"] = leads
     return mod, clock
 
 
@@ -73,12 +77,17 @@ def _timed_rounds(mod, clock, names, runs, seed):
     return [timed[i:i + len(names)] for i in range(0, len(timed), len(names))]
 
 
-def test_shuffled_rounds_are_permutations_that_vary_each_columns_predecessor(bench) -> None:
+def test_shuffled_rounds_are_balanced_blocks_that_vary_each_columns_predecessor(bench) -> None:
     mod, clock = bench
     names = ["wgmma", "default", "fs", "flash", "cudnn"]
     rounds = _timed_rounds(mod, clock, names, runs=40, seed=0)
     assert len(rounds) == 40
+    assert len(clock["leads"]) == 40  # every round behind its own GPU lead
     assert all(sorted(r) == sorted(names) for r in rounds)
+    for b in range(0, 40, len(names)):  # each block: every column at every place once
+        block = rounds[b:b + len(names)]
+        for place in range(len(names)):
+            assert sorted(r[place] for r in block) == sorted(names)
     # the same seed gives the same rounds; another seed other ones
     assert _timed_rounds(mod, clock, names, runs=40, seed=0) == rounds
     assert _timed_rounds(mod, clock, names, runs=40, seed=1) != rounds
