@@ -4,7 +4,7 @@ of 128-row tiles is closest to 15.0, 15.5 and 16.0 waves of the GPU's SMs (31, 3
 on a 132-SM H100/H200 at 2k: 1984, 2048 and 2112 tiles).
 
 If the tail costs a whole tile, 15.0 and 15.5 waves take as long as 16.0; if it costs nothing,
-the time grows with the tile count. Columns (timed in rotating rounds,
+the time grows with the tile count. Columns (timed in interleaved rounds,
 fmha_vs_sdpa.time_interleaved): the kforge paths of --paths and SDPA cuDNN on the same tensors.
 
     python benchmarks/fmha_tail.py [--paths tma-dyn-skew,tma-dyn] [--runs 20] [--json out.json]
