@@ -99,8 +99,8 @@ struct TmaMaps {
   int lpt_section;  // (batch, head) pairs per L2 section of the "lpt" order
   int* sched;       // the "dyn" variant: {next tile - gridDim.x, producers done}, 0 between launches
   int kv_skew;      // the producer's load order (FwdParams::kv_skew)
-  CUtensorMap o;    // VAR 14: O, {64, 16} boxes (one consumer warp's rows); last, so that the
-                    // other fields keep their offsets
+  CUtensorMap o;    // VAR 14, 15: O, {64, 16} boxes (one consumer warp's rows); last, so that
+                    // the other fields keep their offsets
 };
 
 namespace sm90tma {
@@ -149,7 +149,7 @@ struct Cfg {
   static constexpr int kBarOffset = kQBufs * kQBytes + 2 * kStages * kTileBytes;
   static constexpr int kNumBars = 2 * kQBufs + 4 * kStages;
   static constexpr int kSlotOffset = kBarOffset + 8 * kNumBars;  // dynamic: tile index per Q buffer
-  // Ints per slot: the tile index, then (VAR 14) its m block, head and batch.
+  // Ints per slot: the tile index, then (VAR 14, 15) its m block, head and batch.
   static constexpr int kSlotInts = Var<VAR>::kProducerCoords ? 4 : 1;
   static constexpr int kSmemBytes = kSlotOffset + 4 * kSlotInts * kQBufs + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 232448, "more shared memory than an sm_90 CTA can have");
@@ -485,7 +485,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   float s[kBlockN / 2];
   uint32_t pa[kKP][4];
   bool carried = false;
-  // VAR 14: the Q buffer whose O a TMA store of this warp may still be reading (-1: none). It is
+  // VAR 14, 15: the Q buffer whose O a TMA store of this warp may still be reading (-1: none). It is
   // handed back to the producer early in the next tile (flush_o), once the store has read it.
   constexpr bool kTmaStore = Var<VAR>::kTmaStore;
   static_assert(!kTmaStore || (MODE == 1 && kDynamic), "the TMA store of O: dynamic, mode 1");
@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     coords(lin, m_block, head, b);
   }
   TileSetup<T> tile;
-  // (VAR 14 leaves out setup_tile's varlen branches: the launcher takes fixed-length calls only.)
+  // (VAR 14, 15 leave out setup_tile's varlen branches: the launcher takes fixed-length calls only.)
   if (!setup_tile<T, CAUSAL, !Var<VAR>::kProducerCoords>(p, m_block, head, b, C::kBlockM,
                                                          C::kBlockN, tile)) {
     continue;
@@ -907,7 +907,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   const int64_t lse_off = tile.lse_off;
   constexpr bool kFastEpilogue = Var<VAR>::kFastEpilogue;
   static_assert(!kFastEpilogue || !kSingleQ, "the fast epilogue stages O in the Q buffer");
-  float lse_val[2];  // VAR 14: the rows' LSE, written after O's store has gone out
+  float lse_val[2];  // VAR 14, 15: the rows' LSE, written after O's store has gone out
   if constexpr (kFastEpilogue) {
     float inv[2];
 #pragma unroll
