@@ -213,8 +213,7 @@ bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr;
 // epilogue: stmatrix staging, unchecked full-tile stores), "tma-dyn-ts" (tma-dyn-fe with a TMA
 // store of O and the tile's coordinates from the producer) and "tma-dyn-fs" (tma-dyn-ts with a
 // lighter first key tile per tile); all three fall back like tma-dyn. A TMA path runs head dims
-// 64 and 128
-// with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
+// 64 and 128 with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
 // describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
 // kforge_fmha_last_kernel() says which ran.
 struct TmaKernel {

@@ -308,9 +308,8 @@ __device__ __forceinline__ bool setup_tile(const FwdParams& p, int m_block, int 
   return true;
 }
 
-// End of the online softmax for one query row whose partial sums sit in 4 adjacent lanes (the
-// mma/wgmma accumulator layout): reduce the sum, write the row's LSE (natural log) from lane
-// 4k when `row` < sq, and return the factor that normalises O (0 for a row with no visible key).
+// The sum of one query row whose partial sums sit in 4 adjacent lanes (the mma/wgmma accumulator
+// layout).
 __device__ __forceinline__ float quad_sum(float partial_sum) {
   float sum = partial_sum;
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -322,6 +321,9 @@ __device__ __forceinline__ float row_lse(float sum, float row_max, float scale_l
   constexpr float kLn2 = 0.6931471805599453f;
   return !(sum > 0.f) ? -__builtin_huge_valf() : (row_max * scale_log2 + __log2f(sum)) * kLn2;
 }
+// End of the online softmax for one query row whose partial sums sit in 4 adjacent lanes:
+// reduce the sum, write the row's LSE (natural log) from lane 4k when `row` < sq, and return the
+// factor that normalises O (0 for a row with no visible key).
 __device__ __forceinline__ float finish_row(const FwdParams& p, float partial_sum, float row_max,
                                             float scale_log2, int64_t lse_index, bool write_lse) {
   const float sum = quad_sum(partial_sum);
