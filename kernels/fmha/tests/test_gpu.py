@@ -536,14 +536,13 @@ def test_dynamic_tile_boundaries(monkeypatch, path, shape) -> None:
 @pytest.mark.parametrize("layout", ["padded-rows", "heads-major", "wide-rows"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("path", ["tma-dyn-fe", "tma-dyn-ts",
-                                  "tma-dyn-fs"])
+@pytest.mark.parametrize("path", ["tma-dyn-fe", "tma-dyn-ts", "tma-dyn-fs"])
 def test_out_views_leave_the_memory_around_them(monkeypatch, path, head_dim, causal, layout) -> None:
     """out= as a view into a larger buffer filled with a sentinel: rows past seqlen_q in the same
     buffer ("padded-rows"), a (batch, heads, seqlen) buffer seen through a transpose with padded
     rows ("heads-major"), and rows twice as wide as head_dim ("wide-rows"). 1000 query rows leave
-    the last tile 104 rows (the store of a partial tile: tma-dyn-ts's TMA store clips it by its
-    tensor map, tma-dyn-fe checks each row). Every element of out matches the reference, and
+    the last tile 104 rows (the store of a partial tile: the TMA store of tma-dyn-ts and
+    tma-dyn-fs clips it by its tensor map, tma-dyn-fe checks each row). Every element of out matches the reference, and
     every element of the buffer outside out keeps the sentinel."""
     if path not in _chosen_paths():
         pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
