@@ -631,6 +631,27 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       }
     }
   };
+  // The max of `start` and this thread's entries of s in row half r.
+  auto tile_max = [&](int r, float start) {
+    float m = start;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    return m;
+  };
+  // This thread's entries of s in row half r become exp2(s scale - m_scaled); returns their sum.
+  auto exp_row = [&](int r, float m_scaled) {
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float x = fast_exp2(fmaf(s[4 * j + 2 * r + e], scale_log2, -m_scaled));
+        s[4 * j + 2 * r + e] = x;
+        sum += x;
+      }
+    }
+    return sum;
+  };
   // Online softmax of s (stale max, exp2 domain): s becomes P (unnormalised). Returns whether O
   // must be rescaled by alpha[] (done by the caller, after any P V in flight has finished).
   auto softmax = [&](float (&alpha)[2]) -> bool {
@@ -638,9 +659,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     bool grow = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float m = row_max[r];
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      float m = tile_max(r, row_max[r]);
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       mx[r] = m;
@@ -659,17 +678,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float m_scaled = (row_max[r] == kNegInf) ? 0.f : row_max[r] * scale_log2;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float x = fast_exp2(fmaf(s[4 * j + 2 * r + e], scale_log2, -m_scaled));
-          s[4 * j + 2 * r + e] = x;
-          sum += x;
-        }
-      }
-      row_sum[r] += sum;
+      row_sum[r] += exp_row(r, m_scaled);
     }
     return rescale;
   };
@@ -678,24 +687,11 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   auto softmax_first = [&]() {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float m = kNegInf;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      float m = tile_max(r, kNegInf);
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       row_max[r] = m;
-      const float m_scaled = (m == kNegInf) ? 0.f : m * scale_log2;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float x = fast_exp2(fmaf(s[4 * j + 2 * r + e], scale_log2, -m_scaled));
-          s[4 * j + 2 * r + e] = x;
-          sum += x;
-        }
-      }
-      row_sum[r] = sum;
+      row_sum[r] = exp_row(r, (m == kNegInf) ? 0.f : m * scale_log2);
     }
   };
   auto rescale_o = [&](const float (&alpha)[2]) {
