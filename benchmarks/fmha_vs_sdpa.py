@@ -19,8 +19,10 @@ every call) and the table has one row per shape and path; the SDPA columns of a 
 same measurement on each of its rows. The kernel column is what kforge_fmha.last_kernel()
 reported, so a path that fell back to another kernel shows it.
 
-With --write, the section under '## fmha vs torch SDPA' in that file is replaced (created if
-missing); the rest of the file is kept.
+With --write, the generated part of the section '## fmha vs torch SDPA' in that file (between
+the two marker lines BEGIN and END below) is replaced; the rest of the file is kept, the text
+written under the table by hand included. A file without the section gets it appended; a section
+without the markers is refused (exit 2, nothing written), since replacing it would lose text.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HEADING = "## fmha vs torch SDPA"
+# --write replaces only what lies between these two lines: the section's hand-written record
+# (the tuning runs below the table) stays.
+BEGIN = "<!-- fmha_vs_sdpa.py --write: generated from here -->"
+END = "<!-- fmha_vs_sdpa.py --write: generated up to here -->"
 BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -215,7 +221,7 @@ def fmt(x, nd=0):
 
 
 def render(meta, rows, mem) -> str:
-    lines = [HEADING, ""]
+    lines = [HEADING, "", BEGIN, ""]
     lines.append(f"Device: **{meta['device']}** ({meta['sms']} SMs); torch {meta['torch']}, "
                  f"CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; kforge_fmha {meta['kforge']} "
                  f"built for {meta['archs']}; {meta['date']}.")
@@ -290,7 +296,7 @@ def render(meta, rows, mem) -> str:
                          f"| {m['out_plus_lse_bytes'] / 2**20:.1f} MiB "
                          f"| {m['peak_extra_bytes'] / m['seqlen']:.0f} "
                          f"| {m['scores_matrix_bytes_if_materialised'] / 2**20:.0f} MiB |")
-    lines.append("")
+    lines += ["", END, ""]
     return "\n".join(lines)
 
 
@@ -327,11 +333,26 @@ def best_path_summary(rows, ours_impls) -> list[str]:
     return lines
 
 
+class WriteRefused(Exception):
+    """--write found a section it cannot update without losing text."""
+
+
 def write_section(path: Path, section: str) -> None:
+    """Puts the generated part of `section` (from BEGIN to END) in place of the one in `path`,
+    keeping everything else; a file without the heading gets the whole section appended. A
+    heading without both markers is refused: replacing its section would drop whatever was
+    written under it by hand."""
     text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
+    generated = section[section.index(BEGIN):section.index(END) + len(END)]
+    has_heading = re.search(rf"^{re.escape(HEADING)}$", text, re.M) is not None
+    if BEGIN in text and END in text and text.index(BEGIN) < text.index(END):
+        text = text[:text.index(BEGIN)] + generated + text[text.index(END) + len(END):]
+    elif has_heading:
+        raise WriteRefused(
+            f"{path} has a '{HEADING}' section without the lines {BEGIN!r} and {END!r} around "
+            "its generated table, so --write cannot tell the table from the text written under "
+            "it by hand and would lose that text. Nothing was written. Put those two lines "
+            "around the table (or remove the section) and run again, or write to another file.")
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -424,7 +445,11 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "rows": rows, "memory": mem}, indent=1))
     if args.write:
-        write_section(args.write, section)
+        try:
+            write_section(args.write, section)
+        except WriteRefused as exc:
+            print(f"fmha_vs_sdpa.py: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 
