@@ -86,7 +86,7 @@ def time_interleaved(fns: dict, warmup: int, runs: int, order: str = "shuffle",
     nvidia-smi at 250 ms), so timing one backend's calls after another's lets a clock drift
     decide a ratio; rounds spread it over all of them.
     order "rotate": each round starts one further along the list, so a column always follows the
-    same column (except when it is first). A kernel's time depends on the one before it: in runs
+    same column (except when it is first), and its place in the order moves its reading: in runs
     22-26 (docs/benchmarks.md) kforge's "default" column, which followed the "wgmma" column, read
     0.1-3.3% below a column running the same kernel elsewhere in the list, in 59 of 60 pairs.
     order "shuffle" (the default): blocks of len(fns) rounds; each block draws a random order
