@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fmha_vs_sdpa import flops, time_interleaved  # noqa: E402
+from fmha_vs_sdpa import flops, shape_seed, time_interleaved  # noqa: E402
 
 
 def columns(q, k, v, paths: list[str]):
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
                 if name != "cudnn":
                     fn()
                     kernel[name] = kforge_fmha.last_kernel()
-            timed = time_interleaved(fns, args.warmup, args.runs)
+            timed = time_interleaved(fns, args.warmup, args.runs, seed=shape_seed(seqlen, heads))
             fl = flops(args.batch, heads, seqlen, hdim, False)
             row = {"seqlen": seqlen, "heads": heads, "tiles": tiles, "waves": tiles / sms,
                    "us": {n: t * 1e3 for n, t in timed.items()},

@@ -73,9 +73,16 @@ def time_ms(fn, warmup: int, runs: int) -> float:
 
 
 def gpu_lead(cycles: int = 1_000_000) -> None:
-    """Keeps the GPU busy for about half a millisecond (torch.cuda._sleep: a spin kernel), so that
-    the calls queued right after it are timed on the GPU alone, without their launch cost."""
+    """Keeps the GPU busy for `cycles` clock cycles (torch.cuda._sleep: a spin kernel; 1e6 cycles
+    is 0.5-0.6 ms at 1.7-2 GHz), so that the calls queued right after it are timed on the GPU
+    alone, without their launch cost."""
     torch.cuda._sleep(cycles)
+
+
+def shape_seed(*shape) -> int:
+    """A seed of its own for each shape's round orders (one seed for all shapes gives every shape
+    the same orders, and their bias with them: run 28)."""
+    return zlib.crc32(" ".join(str(x) for x in shape).encode())
 
 
 def time_interleaved(fns: dict, warmup: int, runs: int, order: str = "shuffle",
@@ -94,8 +101,10 @@ def time_interleaved(fns: dict, warmup: int, runs: int, order: str = "shuffle",
     every place once, and the column before it changes from block to block.
     Each round starts behind a short GPU sleep (gpu_lead), so that its first call's start event
     is recorded while the GPU is busy: else the first call of a round, on an idle GPU, is timed
-    with its host-side launch cost (about 80 us for kforge_fmha, 16 us for SDPA).
+    with its host-side launch cost (68-140 us for kforge_fmha, 14-28 us for SDPA in runs 22-30).
     A function that raises RuntimeError in its warm-up gets its error string instead."""
+    if order not in ("rotate", "shuffle"):
+        raise ValueError(f"order is {order!r}; use 'rotate' or 'shuffle'")
     out, ok = {}, {}
     for name, fn in fns.items():
         try:
@@ -108,8 +117,6 @@ def time_interleaved(fns: dict, warmup: int, runs: int, order: str = "shuffle",
         ok[name] = fn
     names = list(ok)
     events = {n: [] for n in names}
-    if order not in ("rotate", "shuffle"):
-        raise ValueError(f"order is {order!r}; use 'rotate' or 'shuffle'")
     rng = random.Random(seed)
     base = list(names)
     for r in range(runs):
@@ -176,8 +183,7 @@ def bench_shape(dtype, head_dim, causal, seqlen, tokens, heads, impls, warmup, r
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)  # noqa: F821  (bound before the del below)
         fns[impl] = fn
     if interleave:
-        seed = zlib.crc32(f"{dtype} {head_dim} {causal} {seqlen}".encode())  # a shape's own orders
-        timed = time_interleaved(fns, warmup, runs, order, seed)
+        timed = time_interleaved(fns, warmup, runs, order, shape_seed(dtype, head_dim, causal, seqlen))
     else:  # one column's runs after another's
         timed = {}
         for impl, fn in fns.items():
