@@ -48,6 +48,27 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     pytest.skip("no NVIDIA GPU on this machine (nvidia-smi found none); KFORGE_REQUIRE_GPU=1 makes this a failure")
 
 
+# Every cache a test can fill or read: kforge's own, uv's, pip's, sccache's and ccache's. XDG_CACHE_HOME covers
+# the ones that fall back to it; UV_NO_CONFIG keeps a machine's uv.toml (an index, offline mode) out of the tests.
+CACHE_VARIABLES = {"XDG_CACHE_HOME": "xdg", "KFORGE_CACHE": "kforge", "UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip",
+                   "SCCACHE_DIR": "sccache", "CCACHE_DIR": "ccache"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_caches(tmp_path_factory: pytest.TempPathFactory):
+    """The session's caches, empty at its start: a used developer machine and a fresh CI machine run the same suite.
+
+    Set in os.environ, so the tools and the kforge processes the tests start inherit them; a test that wants a
+    cache of its own still passes its own folder.
+    """
+    base = tmp_path_factory.mktemp("caches")
+    with pytest.MonkeyPatch.context() as mp:
+        for name, sub in CACHE_VARIABLES.items():
+            mp.setenv(name, str(base / sub))
+        mp.setenv("UV_NO_CONFIG", "1")
+        yield base
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT

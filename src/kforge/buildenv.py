@@ -120,7 +120,8 @@ def _make(uv: str, dest: Path, variant: Variant, reqs: tuple[str, ...], index_ur
                              why=_tail(out), fix=f"install a full Python {variant.python} (Debian: python{variant.python}-venv)")
     if not reqs:
         return
-    where = ["--find-links", str(find_links)] if find_links else (["--index-url", index_url] if index_url else [])
+    # --no-index with a folder: uv must not prefer a registry wheel its cache already knows (which fails offline)
+    where = ["--no-index", "--find-links", str(find_links)] if find_links else (["--index-url", index_url] if index_url else [])
     source = f"the folder {find_links} (offline)" if find_links else (index_url or "uv's default index (PyPI)")
     say(f"provisioning {variant.id}: uv pip install {' '.join(reqs)} from {source}")
     out = runner([uv, "pip", "install", "--quiet", *offline, "--python", str(python), *where, *reqs], env=env)

@@ -7,8 +7,13 @@ probe, without downloading torch.
 
 from __future__ import annotations
 
+import functools
+import http.server
+import os
 import shutil
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -69,3 +74,48 @@ def test_an_interrupted_environment_is_made_again(tmp_path, links):
     (env.path / MARKER).unlink()  # as if killed before the marker
     again = provision_env(prov, tmp_path / "cache", find_links=str(links))
     assert not again.reused and (again.path / MARKER).is_file()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture()
+def uv_cache_knows_the_registry(tmp_path, links):
+    """A uv cache that already holds a registry's index page for torch 2.9.1, as after an online provisioning.
+
+    The registry is a local PEP 503 index served over HTTP, whose torch 2.9.1 wheel (a build tag, other bytes) uv
+    has resolved but never downloaded; the server is gone afterwards, so only the cache remembers it.
+    """
+    registry = tmp_path / "registry"
+    files = registry / "files"
+    wheel = fake_wheel(files, "torch", "2.9.1", {"torch/__init__.py": "raise ImportError('the registry wheel')\n"})
+    tagged = wheel.rename(wheel.with_name("torch-2.9.1-1-py3-none-any.whl"))
+    (registry / "simple" / "torch").mkdir(parents=True)
+    (registry / "simple" / "torch" / "index.html").write_text(f'<a href="../../files/{tagged.name}">{tagged.name}</a>')
+    handler = functools.partial(_QuietHandler, directory=str(registry))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    environ = dict(os.environ, UV_CACHE_DIR=str(tmp_path / "uv-cache"),
+                   UV_DEFAULT_INDEX=f"http://127.0.0.1:{server.server_port}/simple")
+    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    try:
+        out = subprocess.run([uv, "pip", "compile", "-", "--no-header", "--python-version", HOST_PY],
+                             input="torch==2.9.1\n", env=environ, capture_output=True, text=True, timeout=120)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 0 and "torch==2.9.1" in out.stdout, out.stderr
+    return environ
+
+
+def test_a_folder_wins_over_a_registry_uvs_cache_knows(tmp_path, links, uv_cache_knows_the_registry):
+    """Offline from a folder means the folder only: the cached index page of a registry must not be consulted
+    (without --no-index uv picks the registry's wheel and fails offline: "wasn't found in the cache")."""
+    variant = Variant(cuda=Version("13.0"), python=HOST_PY, torch=Version("2.9.1"))
+    prov = provisioning(variant, torch_abi=True, build_isolation=False, host_python=HOST_PY, host_torch=None,
+                        cuda_how="installed", cuda_present=True)
+    env = provision_env(prov, tmp_path / "cache", find_links=str(links), environ=uv_cache_knows_the_registry)
+    torch = detect_torch(str(env.python))
+    assert torch is not None and torch.version == Version("2.9.1")  # the folder's wheel: the registry's one raises

@@ -43,6 +43,7 @@ def test_offline_commands_and_reuse(tmp_path):
     assert venv[:3] == ["uv", "venv", "--quiet"] and "--offline" in venv and venv[venv.index("--python") + 1] == "3.10"
     assert ensurepip[1:] == ["-m", "ensurepip", "--default-pip"]
     assert "--offline" in install and install[install.index("--find-links") + 1] == str(tmp_path / "links")
+    assert "--no-index" in install  # the folder only: never a registry page that uv's cache remembers
     assert install[-2:] == ["torch==2.9.1", "ninja"]
     assert (env.path / MARKER).is_file() and not env.reused
     again = provision_env(_prov(), tmp_path, find_links=str(tmp_path / "links"), runner=FakeUv(), uv="uv")
