@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 def report_error(exc: KforgeError, *, verbose: bool) -> None:
     if verbose:
         traceback.print_exception(exc)
-    print(f"kforge: {exc.kind} error: {exc.render()}", file=sys.stderr)
+    label = "error" if exc.kind == KforgeError.kind else f"{exc.kind} error"  # never "error error"
+    print(f"kforge: {label}: {exc.render()}", file=sys.stderr)
     # nox reports every failure as exit 1: keep the kind for CI's job summary ($KFORGE_STATUS_FILE, if set)
     runstatus.record(os.environ, runstatus.RunStatus(" ".join(sys.argv[1:]), exc.exit_code, exc.kind, exc.render()))
 

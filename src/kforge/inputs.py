@@ -87,9 +87,17 @@ def check_path(text: str, what: str) -> str:
                       "use a folder whose path is plain ASCII (nvcc, CMake and MSVC mangle other characters)")
 
 
+#: What a user may write for a CUDA version: 12.8, 12.8.1 or cu128 (nvcc's own "V13.0.88" is parsed elsewhere).
+CUDA_VERSION_FORM = re.compile(r"\d+\.\d+(\.\d+)?|cu\d{2,3}")
+
+
 def check_cuda(text: str, *, allow_unknown: bool = False, source: str = "--cuda") -> Version:
     """A CUDA version as ``major.minor``; unknown releases only with ``allow_unknown``."""
     ascii_only(text, f"{source}", ToolchainError, "write the CUDA version like 12.8 or 13.0")
+    if not CUDA_VERSION_FORM.fullmatch(text.strip()):
+        raise ToolchainError(f"{source}={text!r} is not a CUDA version",
+                             why="a CUDA version is MAJOR.MINOR or MAJOR.MINOR.PATCH (12.8, 12.8.1), or a tag like cu128",
+                             fix="write it like 12.8, 12.8.1 or cu128")
     try:
         version = as_cuda_version(text)
     except ToolchainError as exc:

@@ -157,3 +157,23 @@ variants = [{ cuda = "13.0" }]
     rows = {t["id"]: t["variants"] for t in json.loads(out.stdout)}
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
     assert rows["demo-release"] == rows["demo-sm80"] == [f"cu130-{py}"] and rows["demo-sm90"] == []
+
+
+def test_an_unexpected_os_error_is_one_paragraph_that_says_error_once(monkeypatch, capsys) -> None:
+    from kforge import cli, inputs
+
+    def refuse(*_a, **_k):
+        raise PermissionError(13, "Permission denied", "/srv/wheelhouse/fmha")
+
+    monkeypatch.setattr(inputs, "check_args", refuse)
+    code = cli.main(["plan", "fmha-sm90"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    assert err.startswith("kforge: error: Permission denied (/srv/wheelhouse/fmha)") and "error error" not in err
+    assert "make the folder writable" in err  # what to do
+
+
+def test_a_cuda_version_of_four_parts_is_refused() -> None:
+    out = kforge("plan", "flashinfer-sm120", "--cuda", "12.8.1.2")
+    assert out.returncode == ToolchainError.exit_code and "Traceback" not in out.stderr
+    assert "'12.8.1.2' is not a CUDA version" in out.stderr and "MAJOR.MINOR" in out.stderr

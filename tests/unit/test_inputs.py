@@ -49,6 +49,14 @@ def test_arch_versions_paths() -> None:
 def test_cuda_must_be_a_known_release_unless_allowed() -> None:
     assert inputs.check_cuda("12.8") == Version("12.8")
     assert inputs.check_cuda("cu130") == Version("13.0")
+    assert inputs.check_cuda("12.8.1") == Version("12.8")
+
+
+@pytest.mark.parametrize("text", ["12.8.1.2", "12", "12.8a", "v12.8", "12.8.", "cu1280", "12.8.1.2.3"])
+def test_a_cuda_version_has_two_or_three_parts(text: str) -> None:
+    with pytest.raises(ToolchainError) as err:
+        inputs.check_cuda(text, allow_unknown=True)
+    assert "is not a CUDA version" in err.value.what and "12.8.1" in err.value.fix
     with pytest.raises(ToolchainError, match=r"CUDA 12\.7 is not a CUDA release kforge knows") as info:
         inputs.check_cuda("12.7")
     assert "12.6, 12.8" in (info.value.why or "") and "--allow-unknown-cuda" in (info.value.fix or "")
