@@ -170,7 +170,7 @@ def test_an_unexpected_os_error_is_one_paragraph_that_says_error_once(monkeypatc
     err = capsys.readouterr().err
     assert code != 0 and "Traceback" not in err
     assert err.startswith("kforge: error: Permission denied (/srv/wheelhouse/fmha)") and "error error" not in err
-    assert "make the folder writable" in err  # what to do
+    assert "Make the folder writable" in err  # what to do
 
 
 def test_a_cuda_version_of_four_parts_is_refused() -> None:
