@@ -10,7 +10,7 @@ host: run each way on its own machine of the same kind) and writes under ``--out
     the exit code, the host (cpus, memory, CPU model, nvcc), and for kforge its plan's choice and
     predicted makespan and what the ninja shim did;
 ``<way>-<n>/report.json``, ``timeline.svg``, ``timeline.html``
-    the schedule from ninja's ``.ninja_log`` (:mod:`kforge.report`: units as bars over time, per job slot);
+    the schedule from ninja's ``.ninja_log`` (:mod:`kforge.build.report`: units as bars over time, per job slot);
 ``<way>-<n>/build.log``
     the build's whole output;
 ``summary.json``
@@ -53,7 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kforge import report  # noqa: E402
+from kforge.build import report  # noqa: E402
 from kforge.fsutil import atomic_write_text, sha256_file  # noqa: E402
 
 SDIST_SHA256 = "d0f9f0b08a986cdeadbffcf5ec8b3a8f514366c68ad1853d3ab061bc83cc340b"  # flash-attn 2.8.3.post2

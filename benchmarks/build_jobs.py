@@ -15,7 +15,7 @@ What it does, in order:
    (a) upstream's default: MAX_JOBS = max(1, min(cpu // 2, int(available_GiB / 9))), NVCC_THREADS=4;
    (b) kforge: ``choose_jobs(detect_resources(), load_profile(..., "flash-attn", 1))``, with the
    compiler cache from ``compiler_cache()`` (so (b) pays ccache's cold-miss overhead).
-   Every compile runs under ``python -m kforge.measure measure`` (time and peak RSS per unit);
+   Every compile runs under ``python -m kforge.build.measure measure`` (time and peak RSS per unit);
    the system's used memory is sampled every 0.5 s.
 4. Rebuilds (b) from an empty object dir with the warm compiler cache.
 5. Writes results.json, the two timelines, and prints a summary.
@@ -45,8 +45,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kforge import buildrun, jobs, measure, report, toolchain
-from kforge.host import detect_resources
+from kforge.build import jobs, measure, report, toolchain
+from kforge.build import run as buildrun
+from kforge.build.host import detect_resources
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -145,7 +146,7 @@ def make_variant(text: str, vdir: Path, units: list[str], threads: int, nvcc: st
     objdir = objdir[: objdir.index("/csrc")] if "/csrc" in objdir else objdir
     text = text.replace(objdir, str(vdir / "obj"))
     text = re.sub(r"--threads\s+\d+", f"--threads {threads}", text)
-    measure = f"{sys.executable} -m kforge.measure measure --log {vdir / 'units.jsonl'} --threads {threads} --output $out --"
+    measure = f"{sys.executable} -m kforge.build.measure measure --log {vdir / 'units.jsonl'} --threads {threads} --output $out --"
     text = re.sub(r"^(\s+command = )\$nvcc ", rf"\1{measure} $nvcc ", text, flags=re.MULTILINE)
     if nvcc:
         text = re.sub(r"^nvcc = .*$", f"nvcc = {nvcc}", text, flags=re.MULTILINE)

@@ -19,12 +19,12 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))  # kforge_testkit, kforge_gitfixtures, kforge_doctor_builders
 
-from kforge.arch import parse_arch  # noqa: E402
-from kforge.config import load_forge  # noqa: E402
-from kforge.host import HostFacts, Resources, detect_host  # noqa: E402
-from kforge.jobs import load_profile  # noqa: E402
+from kforge.build.host import HostFacts, Resources, detect_host  # noqa: E402
+from kforge.build.jobs import load_profile  # noqa: E402
+from kforge.config.forge import load_forge  # noqa: E402
+from kforge.config.targets import parse_target  # noqa: E402
+from kforge.cuda.arch import parse_arch  # noqa: E402
 from kforge.plan import PlanOptions, make_plan  # noqa: E402
-from kforge.targets import parse_target  # noqa: E402
 
 
 @functools.cache

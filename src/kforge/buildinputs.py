@@ -5,7 +5,7 @@ or the content hash of a local tree), the selected patches, the archs, the varia
 the build environment less the job counts and machine paths, the nvcc flags, backend, repair policy,
 platform tag, image, arch enforcement and kforge's version. It leaves out what only changes how fast a build runs
 (MAX_JOBS, nvcc threads) and where (the work dir, the nvcc path), since builds are reproducible
-(kforge.reproducible): same inputs, same wheel.
+(kforge.build.reproducible): same inputs, same wheel.
 """
 
 from __future__ import annotations

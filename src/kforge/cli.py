@@ -15,7 +15,8 @@ import sys
 import traceback
 from collections.abc import Mapping, Sequence
 
-from kforge import __version__, inputs, runstatus
+from kforge import __version__, runstatus
+from kforge.config import inputs
 from kforge.errors import KforgeError, as_error
 
 #: Subcommand modules under kforge.commands, in the order ``kforge --help`` lists them.

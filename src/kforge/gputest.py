@@ -18,12 +18,15 @@ from xml.etree import ElementTree
 
 from packaging.utils import parse_wheel_filename
 
-from kforge import doctor, patches, sources, wheelhouse
+from kforge import doctor
+from kforge.build.host import HostFacts
 from kforge.errors import ConfigError, GPUError, GpuTestError, PublishError
 from kforge.fsutil import cache_dir, work_root
-from kforge.host import HostFacts
 from kforge.log import StepLog
 from kforge.plan import Plan
+from kforge.sources import patches
+from kforge.sources import upstream as sources
+from kforge.wheels import wheelhouse
 
 
 @dataclass(frozen=True)

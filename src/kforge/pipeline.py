@@ -25,30 +25,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
 
-from kforge import (
-    archenforce,
-    buildenv,
-    buildinputs,
-    buildorder,
-    doctor,
-    jobs,
-    locking,
-    patches,
-    preflight,
-    repair,
-    report,
-    reproducible,
-    sources,
-    toolchain,
-    wheelhouse,
-)
+from kforge import buildinputs, doctor, locking, preflight
 from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
+from kforge.build import jobs, report, reproducible, toolchain
+from kforge.build import order as buildorder
+from kforge.build import venv as buildenv
+from kforge.build.host import HostFacts
+from kforge.cuda import enforce as archenforce
 from kforge.doctor.judgement import Judgement
 from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import BuildError, DoctorError, ToolchainError
-from kforge.host import HostFacts
 from kforge.log import StepLog
 from kforge.plan import PROVISIONABLE_FROM, Plan
+from kforge.sources import patches
+from kforge.sources import upstream as sources
+from kforge.wheels import repair, wheelhouse
 
 # ---------------------------------------------------------------------------------------------- inputs
 
@@ -257,7 +248,7 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
 
 def install_enforcement(plan: Plan, env: dict[str, str], nvcc: toolchain.Nvcc, cache: toolchain.CacheSetup | None,
                         tree: Path | None, say: Callable[[str], None]) -> archenforce.WrapperSetup | None:
-    """Route every nvcc call of the build through kforge's wrapper (kforge.archenforce), unless the plan says off."""
+    """Route every nvcc call of the build through kforge's wrapper (kforge.cuda.enforce), unless the plan says off."""
     enforce = plan.enforce
     if enforce is None or enforce.mode == "off" or os.name != "posix" or plan.backend == "cibuildwheel":
         return None

@@ -5,7 +5,7 @@ takes the plan (and the earlier steps' frozen results) as its only input. :func:
 pure function that applies the configuration cascade:
 
     defaults -> forge.toml (platform env, project env, profile env, rendered arch knobs)
-             -> KFORGE_* environment variables -> CLI flags (``--cuda``, ...; see kforge.options)
+             -> KFORGE_* environment variables -> CLI flags (``--cuda``, ...; see kforge.config.options)
              -> ``--env KEY=VALUE`` (MAX_JOBS / NVCC_THREADS / the project's threads_env read back into the jobs)
 """
 
@@ -21,25 +21,25 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from kforge.arch import Arch, as_cuda_version, require_supported
-from kforge.archenforce import ArchEnforcement, plan_enforcement
-from kforge.archrender import FLASHINFER_RULE_VALID_FOR, default_variant, render_gencode, render_knob
 from kforge.backends import BACKENDS
-from kforge.config import ArchKnob, Forge, GpuTests, Platform, Project, normalise_env_value
+from kforge.build.host import HostFacts
+from kforge.build.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
+from kforge.build.jobs import JobChoice, JobProfile, choose_jobs, for_arch_count, order_line
+from kforge.build.toolchain import host_include_env
+from kforge.config.forge import ArchKnob, Forge, GpuTests, Platform, Project, normalise_env_value
+from kforge.config.options import BY_NAME, PlanOptions, parse_value
+from kforge.config.repairpolicy import RepairPolicy, default_policy
+from kforge.config.targets import Target
+from kforge.config.variant import Provisioning, Variant, parse_python, parse_version, provisioning
+from kforge.config.wheelname import local_version_label
+from kforge.cuda.arch import Arch, as_cuda_version, require_supported
+from kforge.cuda.enforce import ArchEnforcement, plan_enforcement
+from kforge.cuda.render import FLASHINFER_RULE_VALID_FOR, default_variant, render_gencode, render_knob
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.fsutil import work_root
-from kforge.host import HostFacts
-from kforge.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
-from kforge.jobs import JobChoice, JobProfile, choose_jobs, for_arch_count, order_line
-from kforge.options import BY_NAME, PlanOptions, parse_value
-from kforge.platformtag import parse_tag
-from kforge.repairpolicy import RepairPolicy, default_policy
-from kforge.series import PatchContext, Series, load_series, series_hash
-from kforge.sources import GitSource, LocalSource, SdistSource, Source
-from kforge.targets import Target
-from kforge.toolchain import host_include_env
-from kforge.variant import Provisioning, Variant, parse_python, parse_version, provisioning
-from kforge.wheelname import local_version_label
+from kforge.sources.series import PatchContext, Series, load_series, series_hash
+from kforge.sources.upstream import GitSource, LocalSource, SdistSource, Source
+from kforge.wheels.platformtag import parse_tag
 
 __all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
 
@@ -94,8 +94,8 @@ class Plan:
     gpu_tests: GpuTests | None
     image: str | None = None  # the cibuildwheel backend's Linux image (None: not a cibuildwheel Linux build)
     platform_tag: str | None = None  # manylinux_2_28: the repair must reach it, or fail naming the symbols
-    enforce: ArchEnforcement | None = None  # kforge.archenforce: the archs (and threads) the nvcc wrapper enforces
-    variant: Variant | None = None  # (CUDA, torch, Python): what this build is for (kforge.variant)
+    enforce: ArchEnforcement | None = None  # kforge.cuda.enforce: the archs (and threads) the nvcc wrapper enforces
+    variant: Variant | None = None  # (CUDA, torch, Python): what this build is for (kforge.config.variant)
     provisioning: Provisioning | None = None  # per part: present, or how kforge provisions it
     index_url: str | None = None  # where a provisioned environment installs from (None: uv's default)
     find_links: str | None = None  # offline wheels for a provisioned environment
@@ -193,7 +193,7 @@ class Plan:
             f"  platform    {self.platform_tag or 'the best tag the binaries allow'}"
             + (f" (image {self.image})" if self.image else ""),
         ]
-        if self.enforce is not None:  # kforge.archenforce: what binaries hold, and how that is made true
+        if self.enforce is not None:  # kforge.cuda.enforce: what binaries hold, and how that is made true
             held = "every CUDA binary holds exactly" if self.enforce.exact else "every CUDA binary holds at least"
             lines += [f"  binaries    {held} {self.enforce.contents()} (the doctor checks it)",
                       f"  enforce     {self.enforce.describe()}"]
@@ -213,7 +213,7 @@ def require_current_knowledge(project: Project) -> None:
     """Refuse a plan whose upstream version is outside what kforge's knowledge of it was checked for.
 
     Two kinds: the project's knobs (``knobs_valid_for`` in forge.toml) and FlashInfer's arch-suffix
-    rule (:data:`kforge.archrender.FLASHINFER_RULE_VALID_FOR`). A pin bump that outdates either fails
+    rule (:data:`kforge.cuda.render.FLASHINFER_RULE_VALID_FOR`). A pin bump that outdates either fails
     here, loudly, instead of building with knobs upstream no longer reads.
     """
     version = Version(project.upstream_version) if project.upstream_version else None
@@ -232,7 +232,7 @@ def require_current_knowledge(project: Project) -> None:
                 f"and the pin is {project.upstream_version or 'of unknown version'}",
                 why="the rule (flashinfer/compilation_context.py) changed between releases before; a wrong suffix "
                 "builds the wrong cubins",
-                fix="re-read compilation_context.py at the new pin and update kforge.archrender.default_variant "
+                fix="re-read compilation_context.py at the new pin and update kforge.cuda.render.default_variant "
                 "and FLASHINFER_RULE_VALID_FOR" + ("" if version else f"; set projects.{project.name}.upstream_version"),
             )
 
@@ -254,7 +254,7 @@ def make_plan(
 ) -> Plan:
     """Resolve everything a build of ``target`` will do. Raises before anything runs.
 
-    ``job_profile`` is the project's measured compile-unit profile (``kforge.jobs.load_profile``).
+    ``job_profile`` is the project's measured compile-unit profile (``kforge.build.jobs.load_profile``).
     """
     options = options or PlanOptions()
     project = forge.project(target.project)
@@ -322,7 +322,7 @@ def _platform_tag(project: Project, platform_os: str, options: PlanOptions) -> s
 
 def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str, flags: tuple[str, ...],
                  threads: int) -> ArchEnforcement:
-    """Arch enforcement (kforge.archenforce), with the build scripts scanned where the source is on disk."""
+    """Arch enforcement (kforge.cuda.enforce), with the build scripts scanned where the source is on disk."""
     src = project.source
     tree, note = None, ""
     if isinstance(src, (GitSource, LocalSource)):

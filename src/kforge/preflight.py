@@ -28,10 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kforge import toolchain, wheelhouse
+from kforge.build import toolchain
+from kforge.build.host import HostFacts
 from kforge.errors import BuildError, KforgeError, PublishError, ToolchainError, os_fix
-from kforge.host import HostFacts
 from kforge.plan import PROVISIONABLE_FROM, Plan
+from kforge.wheels import wheelhouse
 
 #: The wheel size assumed when no earlier build of the project left a manifest.
 DEFAULT_WHEEL_BYTES = 64 << 20

@@ -23,18 +23,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kforge import buildinputs, jobs, sources, wheelhouse
-from kforge.config import Forge
+from kforge import buildinputs
+from kforge.build import jobs
+from kforge.build.host import HostFacts
+from kforge.config.forge import Forge
+from kforge.config.options import PlanOptions
+from kforge.config.releasematrix import expand, parse_selector, select
+from kforge.config.targets import make_target
 from kforge.errors import ConfigError, KforgeError, PublishError
 from kforge.fsutil import atomic_write_text, work_root
 from kforge.gputest import GpuTestOutcome
-from kforge.host import HostFacts
-from kforge.options import PlanOptions
 from kforge.pipeline import BuildOutcome, Run, run_build
 from kforge.plan import Plan, make_plan
-from kforge.releasematrix import expand, parse_selector, select
-from kforge.sources import GitSource, SdistSource
-from kforge.targets import make_target
+from kforge.sources import upstream as sources
+from kforge.sources.upstream import GitSource, SdistSource
+from kforge.wheels import wheelhouse
 
 RELEASES_DIR = "releases"
 
@@ -149,7 +152,7 @@ def source_identity(plan: Plan, cache_dir: Path) -> str:
 
 
 def estimate(plan: Plan, cache_dir: Path) -> tuple[float | None, str]:
-    """Compile seconds from the project's measured unit times (kforge.jobs), or None where nothing was measured."""
+    """Compile seconds from the project's measured unit times (kforge.build.jobs), or None where nothing was measured."""
     profile = jobs.load_profile(cache_dir, plan.project.name, len(plan.archs))
     if profile.source.startswith("seed"):
         return None, f"nothing measured here; the {profile.source.split(':', 1)[1].strip()} seed is another machine's"

@@ -84,9 +84,9 @@ def register(nox: Any, root: Path) -> None:
 
 def _register_matrix(nox: Any, root: Path, venv_params: list[str]) -> None:
     """The sessions forge.toml's matrix defines: build-/test-<target>, build-<project>, patch-<project>."""
-    from kforge.config import load_forge
-    from kforge.host import platform_name
-    from kforge.targets import expand_matrix
+    from kforge.build.host import platform_name
+    from kforge.config.forge import load_forge
+    from kforge.config.targets import expand_matrix
 
     forge = load_forge(root)
     host = platform_name()

@@ -25,8 +25,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 sys.path.insert(0, str(HERE.parent / "fixtures"))
 
-from kforge import wheelhouse  # noqa: E402
 from kforge.errors import KforgeError, as_error  # noqa: E402
+from kforge.wheels import wheelhouse  # noqa: E402
 
 
 def _inject(spec: str) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from kforge_wheelfixtures import make_wheel, manifest, snapshot
 
-from kforge import wheelhouse
+from kforge.wheels import wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().parent / "_driver.py"

@@ -13,7 +13,7 @@ import pytest
 from faultkit import ROOT, assert_index_consistent, assert_kept, fake_root, publish_a, run_driver
 from kforge_wheelfixtures import make_wheel, manifest, snapshot
 
-from kforge import wheelhouse
+from kforge.wheels import wheelhouse
 
 
 def _two(tmp_path: Path) -> tuple[Path, wheelhouse.PublishedWheel, wheelhouse.PublishedWheel]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from faultkit import Disk, assert_index_consistent, assert_kept, fake_root, publish_a, run_driver
 from kforge_wheelfixtures import make_wheel, snapshot
 
-from kforge import wheelhouse
+from kforge.wheels import wheelhouse
 
 CUDA_ENV = {"CUDA_HOME": os.environ.get("CUDA_HOME", "/usr/local/cuda-13.0")}
 

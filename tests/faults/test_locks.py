@@ -13,8 +13,9 @@ from pathlib import Path
 from faultkit import DRIVER, ROOT, fake_root, publish_a, run_driver
 from kforge_wheelfixtures import snapshot
 
-from kforge import locking, wheelhouse
+from kforge import locking
 from kforge.errors import BuildError, PublishError
+from kforge.wheels import wheelhouse
 
 CUDA_ENV = {"CUDA_HOME": os.environ.get("CUDA_HOME", "/usr/local/cuda-13.0")}
 

@@ -27,8 +27,9 @@ from faultkit import (
 )
 from kforge_wheelfixtures import make_wheel, manifest, snapshot
 
-from kforge import locking, wheelhouse
+from kforge import locking
 from kforge.errors import PublishError
+from kforge.wheels import wheelhouse
 
 B_NAME = "kforge_tiny-0.2.0-py3-none-any.whl"
 #: where the wheel of the interrupted publish is complete (and listed after recovery)

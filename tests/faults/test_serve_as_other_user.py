@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from kforge_wheelfixtures import make_wheel, manifest
 
-from kforge import wheelhouse
+from kforge.wheels import wheelhouse
 
 
 def _as_nobody() -> list[str]:

@@ -1,4 +1,4 @@
-"""kforge.arch on a real GPU: the flags it renders for the host's arch give a kernel that runs.
+"""kforge.cuda.arch on a real GPU: the flags it renders for the host's arch give a kernel that runs.
 
 And the failure users keep reporting ("no kernel image is available for execution on the
 device") shows up exactly when the rendered flags leave the GPU's arch out. Skips without a
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge.arch import Arch, host_arch, parse_arch, supported_archs
-from kforge.archrender import default_variant, render_gencode
+from kforge.cuda.arch import Arch, host_arch, parse_arch, supported_archs
+from kforge.cuda.render import default_variant, render_gencode
 
 pytestmark = pytest.mark.gpu
 

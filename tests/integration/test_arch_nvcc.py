@@ -1,4 +1,4 @@
-"""kforge.arch against the real nvcc: the table agrees with it, and rendered flags compile.
+"""kforge.cuda.arch against the real nvcc: the table agrees with it, and rendered flags compile.
 
 Uses ``$KFORGE_NVCC``, else ``$CUDA_HOME/bin/nvcc``, else ``/usr/local/cuda-13.0/bin/nvcc``, else
 ``nvcc`` on PATH. Every
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge.arch import (
+from kforge.build.toolchain import nvcc_info
+from kforge.cuda.arch import (
     KNOWN_ARCHS,
     VARIANTS,
     Arch,
@@ -26,9 +27,8 @@ from kforge.arch import (
     require_supported,
     supported_archs,
 )
-from kforge.archrender import render_gencode
+from kforge.cuda.render import render_gencode
 from kforge.errors import ToolchainError
-from kforge.toolchain import nvcc_info
 
 pytestmark = pytest.mark.integration
 

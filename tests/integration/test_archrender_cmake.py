@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge.arch import parse_arch_list
-from kforge.archrender import CMAKE_FAMILY_SUFFIX_MIN, render_cmake_architectures
+from kforge.cuda.arch import parse_arch_list
+from kforge.cuda.render import CMAKE_FAMILY_SUFFIX_MIN, render_cmake_architectures
 from kforge.errors import ToolchainError
 
 pytestmark = pytest.mark.integration

@@ -19,13 +19,13 @@ import pytest
 from kforge_testkit import forge_toml
 
 from kforge.backends import BuildRequest, BuildResult, get_backend
-from kforge.config import load_forge
+from kforge.build.jobs import load_profile
+from kforge.build.report import parse_ninja_log
+from kforge.config.forge import load_forge
+from kforge.config.targets import parse_target
 from kforge.doctor.elf import read_elf
 from kforge.errors import BuildError
-from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
-from kforge.report import parse_ninja_log
-from kforge.targets import parse_target
 
 pytestmark = pytest.mark.integration
 

@@ -20,10 +20,10 @@ import pytest
 from kforge_testkit import fake_torch, fake_wheel
 from packaging.version import Version
 
-from kforge.buildenv import MARKER, provision_env
+from kforge.build.toolchain import detect_torch
+from kforge.build.venv import MARKER, provision_env
+from kforge.config.variant import Variant, provisioning
 from kforge.errors import ToolchainError
-from kforge.toolchain import detect_torch
-from kforge.variant import Variant, provisioning
 
 pytestmark = pytest.mark.integration
 HOST_PY = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -15,7 +15,7 @@ import pytest
 
 from kforge.cli import main
 from kforge.doctor.judgement import Judgement
-from kforge.repair import default_policy
+from kforge.wheels.repair import default_policy
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from kforge.doctor import (
     verify,
 )
 from kforge.errors import DoctorError
-from kforge.repair import default_policy
+from kforge.wheels.repair import default_policy
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kforge import buildrun, jobs, measure
+from kforge.build import jobs, measure
+from kforge.build import run as buildrun
 from kforge.errors import BuildError
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kforge import buildorder, ninjaorder
+from kforge.build import ninjaorder
+from kforge.build import order as buildorder
 
 NINJA = shutil.which("ninja", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 pytestmark = pytest.mark.skipif(NINJA is None, reason="no ninja on PATH (pip install ninja)")

@@ -17,8 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import TINY_PATCHES, make_superproject, make_upstream, use_test_git_config  # noqa: E402
 
-from kforge import patches, sources  # noqa: E402
-from kforge.series import PatchContext, load_series  # noqa: E402
+from kforge.sources import patches  # noqa: E402
+from kforge.sources import upstream as sources
+from kforge.sources.series import PatchContext, load_series  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -23,10 +23,11 @@ from kforge_gitfixtures import (  # noqa: E402
     write_forge,
 )
 
-from kforge import patches, sources  # noqa: E402
 from kforge.errors import PatchError  # noqa: E402
-from kforge.patches import PatchState  # noqa: E402
-from kforge.series import PatchContext, load_series, series_hash  # noqa: E402
+from kforge.sources import patches  # noqa: E402
+from kforge.sources import upstream as sources
+from kforge.sources.patches import PatchState  # noqa: E402
+from kforge.sources.series import PatchContext, load_series, series_hash  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

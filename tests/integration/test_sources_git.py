@@ -11,9 +11,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import commit_change, git, make_superproject, make_upstream, use_test_git_config, write_forge  # noqa: E402
 from kforge_testkit import kforge  # noqa: E402
 
-from kforge import sources  # noqa: E402
 from kforge.errors import SourceError  # noqa: E402
-from kforge.sources import GitSource, SourceState  # noqa: E402
+from kforge.sources import upstream as sources  # noqa: E402
+from kforge.sources.upstream import GitSource, SourceState  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import TINY_PATCHES, UPSTREAM_TINY, use_test_git_config  # noqa: E402
 
-from kforge import patches, sdist, sources  # noqa: E402
 from kforge.errors import SourceError  # noqa: E402
-from kforge.series import PatchContext, load_series  # noqa: E402
-from kforge.sources import SdistSource, SourceState  # noqa: E402
+from kforge.sources import patches, sdist  # noqa: E402
+from kforge.sources import upstream as sources
+from kforge.sources.series import PatchContext, load_series  # noqa: E402
+from kforge.sources.upstream import SdistSource, SourceState  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge import toolchain
+from kforge.build import toolchain
 from kforge.errors import ToolchainError
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kforge import wheelhouse
-from kforge.wheelhouse import Manifest
+from kforge.wheels import wheelhouse
+from kforge.wheels.wheelhouse import Manifest
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +103,7 @@ _PUBLISHER = """
 import sys
 from pathlib import Path
 from kforge import wheelhouse
-from kforge.wheelhouse import Manifest
+from kforge.wheels.wheelhouse import Manifest
 root, wheel, version = sys.argv[1:4]
 t0 = __import__("time").time()
 wheelhouse.publish(Path(root), "probe", Path(wheel), Manifest(target="probe-sm90", source_pin=version))

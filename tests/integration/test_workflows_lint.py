@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kforge.config import load_forge
-from kforge.workflows import ACTIONLINT_CONFIG, RELEASE_WORKFLOW, WORKFLOW, write_workflow
+from kforge.ci.workflows import ACTIONLINT_CONFIG, RELEASE_WORKFLOW, WORKFLOW, write_workflow
+from kforge.config.forge import load_forge
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from kforge.config import load_forge
-from kforge.host import detect_gpu
-from kforge.workflows import workflow_data
+from kforge.build.host import detect_gpu
+from kforge.ci.workflows import workflow_data
+from kforge.config.forge import load_forge
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +183,7 @@ def test_fmha_build_job_then_its_gpu_test_job(runner: Runner) -> None:
     status, _summary = runner.run_job(workflow_data(forge, release=True)["jobs"]["publish"])
     print("\n".join(line.splitlines()[0] for line in runner.log))
     log = "\n".join(runner.log)
-    assert "invalid choice: 'merge'" not in log, "the publish job needs `kforge wheelhouse merge` (kforge.wheelmerge)"
+    assert "invalid choice: 'merge'" not in log, "the publish job needs `kforge wheelhouse merge` (kforge.wheels.merge)"
     assert status == "success", log[-12000:]
     site = runner.artifacts / "github-pages"
     assert [w.name for w in site.glob("fmha/*.whl")] == [wheels[0].name]

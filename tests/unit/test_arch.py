@@ -1,4 +1,4 @@
-"""kforge.arch: the table, parsing every spelling, and the toolchain support checks."""
+"""kforge.cuda.arch: the table, parsing every spelling, and the toolchain support checks."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 import pytest
 from packaging.version import Version
 
-from kforge import arch as arch_mod
-from kforge.arch import (
+from kforge.cuda import arch as arch_mod
+from kforge.cuda.arch import (
     KNOWN_ARCHS,
     Arch,
     Dropped,
@@ -388,7 +388,7 @@ def test_filter_supported_on_13_0_drops_sm101_with_the_rename():
 
 
 def test_real_13_0_list_agrees_with_the_table():
-    # kforge.toolchain.nvcc_info keeps the listing as whitespace-separated names
+    # kforge.build.toolchain.nvcc_info keeps the listing as whitespace-separated names
     listed = {int(name.split("_")[1]) for name in NVCC_13_0_LIST_GPU_ARCH.split()}
     assert listed == {a.number for a in supported_archs("13.0")}
 
@@ -411,7 +411,7 @@ def test_code_kind_and_one_parse(text, kind):
 
 
 def test_importing_arch_does_not_import_the_renderers():
-    code = "import sys, kforge.arch; print('kforge.archrender' in sys.modules)"
+    code = "import sys, kforge.cuda.arch; print('kforge.cuda.render' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -420,7 +420,7 @@ def test_module_has_no_second_copy_of_min_cuda_facts():
     # the renderers module must take every version fact from the table
     import inspect
 
-    from kforge import archrender
+    from kforge.cuda import render as archrender
 
     src = inspect.getsource(archrender)
     for fact in ('"12.8"', '"12.9"', '"11.8"', '"12.0"'):

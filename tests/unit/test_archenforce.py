@@ -1,4 +1,4 @@
-"""kforge.archenforce: the plan's promise, the build-script scan, the wrapper's install, the summary."""
+"""kforge.cuda.enforce: the plan's promise, the build-script scan, the wrapper's install, the summary."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_testkit import write_forge_toml  # noqa: E402
 
-from kforge.archenforce import install, plan_enforcement, scan_build_scripts, summarize
-from kforge.config import load_forge
+from kforge.build.host import HostFacts, Resources
+from kforge.build.jobs import JobProfile
+from kforge.config.forge import load_forge
+from kforge.config.targets import parse_target
+from kforge.cuda.enforce import install, plan_enforcement, scan_build_scripts, summarize
+from kforge.cuda.nvccwrap import Config
 from kforge.errors import ConfigError
-from kforge.host import HostFacts, Resources
-from kforge.jobs import JobProfile
-from kforge.nvccwrap import Config
 from kforge.plan import make_plan
-from kforge.targets import parse_target
 
 FLAGS = ("-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90")
 
@@ -101,12 +101,12 @@ def test_summary_of_no_rewrites(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.name != "posix", reason="the wrapper is a POSIX script")
 def test_wrapper_startup_is_small(tmp_path: Path) -> None:
-    """The wrapper runs once per compile unit: python -I plus kforge.nvccwrap (stdlib only)."""
+    """The wrapper runs once per compile unit: python -I plus kforge.cuda.nvccwrap (stdlib only)."""
     src = str(Path(__file__).resolve().parents[2] / "src")
     out = subprocess.run([sys.executable, "-I", "-X", "importtime", "-c", f"import sys; sys.path.insert(0, {src!r}); "
-                          "import kforge.nvccwrap"], capture_output=True, text=True, check=True)
-    assert "kforge.nvccwrap" in out.stderr
-    assert "kforge.arch\n" not in out.stderr and "packaging" not in out.stderr and "rich" not in out.stderr
+                          "import kforge.cuda.nvccwrap"], capture_output=True, text=True, check=True)
+    assert "kforge.cuda.nvccwrap" in out.stderr
+    assert "kforge.cuda.arch\n" not in out.stderr and "packaging" not in out.stderr and "rich" not in out.stderr
 
 
 PROJECT = """\

@@ -1,4 +1,4 @@
-"""kforge.archrender: every upstream knob format, with exact expected strings."""
+"""kforge.cuda.render: every upstream knob format, with exact expected strings."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import pytest
 from packaging.version import Version
 
-from kforge import arch as arch_api
-from kforge.arch import Arch, parse_arch, parse_arch_list
-from kforge.archrender import (
+from kforge.cuda import arch as arch_api
+from kforge.cuda.arch import Arch, parse_arch, parse_arch_list
+from kforge.cuda.render import (
     CMAKE_FAMILY_SUFFIX_MIN,
     RENDERERS,
     default_variant,

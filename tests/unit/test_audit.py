@@ -1,4 +1,4 @@
-"""kforge.audit: env reads found in a fixture upstream (the shapes the real ones use), and the CLI."""
+"""kforge.sources.audit: env reads found in a fixture upstream (the shapes the real ones use), and the CLI."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kforge import audit
 from kforge.cli import main
-from kforge.config import load_forge
+from kforge.config.forge import load_forge
+from kforge.sources import audit
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "audit"

@@ -28,12 +28,12 @@ from kforge.backends._runner import (
 )
 from kforge.backends.cmake import CmakeBackend, pack
 from kforge.backends.native import NativeBackend
-from kforge.config import load_forge
+from kforge.build.host import HostFacts, Resources
+from kforge.build.jobs import JobChoice, load_profile
+from kforge.config.forge import load_forge
+from kforge.config.targets import parse_target
 from kforge.errors import BuildError
-from kforge.host import HostFacts, Resources
-from kforge.jobs import JobChoice, load_profile
 from kforge.plan import PlanOptions, make_plan
-from kforge.targets import parse_target
 
 FORGE_TOML = forge_toml("""
 [projects.tiny]
@@ -147,7 +147,7 @@ def test_run_step_failure_shows_command_exit_code_tail_and_log(tmp_path):
                  work_dir=tmp_path)
     text = err.value.render()
     assert err.value.what.startswith("pip wheel of tiny-sm90 failed: ")
-    assert "kforge.measure" not in err.value.what  # the user's command, not our wrapper
+    assert "kforge.build.measure" not in err.value.what  # the user's command, not our wrapper
     assert "exit code 3" in text.lower() and "a.cu(3): error: boom" in text
     assert str(tmp_path / "build.log") in text
     assert "Traceback" not in text

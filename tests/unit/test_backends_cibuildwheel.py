@@ -22,12 +22,12 @@ from kforge.backends.cibuildwheel import (
     container_engine,
     quote,
 )
-from kforge.config import load_forge
+from kforge.build.host import HostFacts, Resources
+from kforge.build.jobs import load_profile
+from kforge.config.forge import load_forge
+from kforge.config.targets import parse_target
 from kforge.errors import BuildError, ConfigError
-from kforge.host import HostFacts, Resources
-from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
-from kforge.targets import parse_target
 
 cibw_environment = pytest.importorskip("cibuildwheel.environment", reason="cibuildwheel is a test dependency")
 

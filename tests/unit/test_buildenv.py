@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge.buildenv import MARKER, env_key, find_uv, provision_env, python_request
+from kforge.build.venv import MARKER, env_key, find_uv, provision_env, python_request
+from kforge.config.variant import Variant, provisioning
 from kforge.errors import ToolchainError
-from kforge.variant import Variant, provisioning
 
 V = Variant(cuda=Version("13.0"), python="3.10", torch=Version("2.9.1"))
 

@@ -1,11 +1,11 @@
-"""kforge.buildorder: when the ninja shim is installed, what it points at, and the summary of what it did."""
+"""kforge.build.order: when the ninja shim is installed, what it points at, and the summary of what it did."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from kforge import buildorder
+from kforge.build import order as buildorder
 
 
 def _fake_ninja(folder: Path) -> Path:
@@ -36,7 +36,7 @@ def test_shim_goes_first_and_skips_an_earlier_shim(tmp_path: Path) -> None:
     assert setup.env["PATH"].split(":")[0] == str(dest / "bin")
     config = json.loads((dest / "ninja-order.json").read_text())
     assert config["ninja"] == str(real) and config["seconds"] == {"a.o": 3.0, "b.o": 1.0}
-    assert "kforge/ninjaorder.py" in setup.shim.read_text()
+    assert "kforge/build/ninjaorder.py" in setup.shim.read_text()
 
 
 def test_summarize(tmp_path: Path) -> None:

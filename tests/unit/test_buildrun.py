@@ -1,4 +1,4 @@
-"""kforge.buildrun: OOM detection, and the one retry with half the jobs (in every thread variable)."""
+"""kforge.build.run: OOM detection, and the one retry with half the jobs (in every thread variable)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kforge import buildrun
+from kforge.build import run as buildrun
+from kforge.build.jobs import JobChoice
 from kforge.errors import BuildError
-from kforge.jobs import JobChoice
 
 
 @pytest.mark.parametrize("rc,out,oom", [

@@ -9,8 +9,8 @@ import pytest
 from packaging.version import Version
 
 from kforge import preflight
+from kforge.build.host import HostFacts
 from kforge.commands import _common
-from kforge.host import HostFacts
 
 ROOT = Path(__file__).resolve().parents[2]
 

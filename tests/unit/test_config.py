@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kforge import config, releasematrix
-from kforge.config import load_forge, normalise_env_value
+from kforge.config import forge as config
+from kforge.config import releasematrix
+from kforge.config.forge import load_forge, normalise_env_value
 from kforge.errors import ConfigError
-from kforge.sources import GitSource, SdistSource
+from kforge.sources.upstream import GitSource, SdistSource
 
 ROOT = Path(__file__).resolve().parents[2]
 

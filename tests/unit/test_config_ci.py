@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kforge import config
-from kforge.arch import parse_arch
-from kforge.config import DEFAULT_CI_RUNNERS, CiSettings, load_forge
+from kforge.config import forge as config
+from kforge.config.forge import DEFAULT_CI_RUNNERS, CiSettings, load_forge
+from kforge.cuda.arch import parse_arch
 from kforge.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from kforge.arch import Arch, code_kind, parse_arch
+from kforge.config.repairpolicy import default_policy
+from kforge.cuda.arch import Arch, code_kind, parse_arch
 from kforge.doctor import (
     BinaryReport,
     FatbinEntry,
@@ -18,7 +19,6 @@ from kforge.doctor import (
     verify,
 )
 from kforge.errors import ArchError, DoctorError
-from kforge.repairpolicy import default_policy
 
 
 def fb(name: str, *, relocatable: bool = False, compressed: bool = False) -> FatbinEntry:
@@ -177,7 +177,7 @@ def test_to_json_round_trips_the_facts() -> None:
 
 
 def test_arch_spelling_helpers() -> None:
-    # the doctor uses kforge.arch's one model: Arch, parse_arch, and code_kind for the prefix
+    # the doctor uses kforge.cuda.arch's one model: Arch, parse_arch, and code_kind for the prefix
     assert (code_kind("sm_90a"), parse_arch("sm_90a")) == ("sass", Arch(9, 0, "a"))
     assert (code_kind("compute_120f"), parse_arch("compute_120f")) == ("ptx", Arch(12, 0, "f"))
     assert (code_kind("10.3a"), parse_arch("10.3a")) == (None, Arch(10, 3, "a"))

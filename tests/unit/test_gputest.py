@@ -8,12 +8,12 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from kforge.config import load_forge
+from kforge.build.host import HostFacts, Resources
+from kforge.build.jobs import load_profile
+from kforge.config.forge import load_forge
+from kforge.config.targets import parse_target
 from kforge.gputest import GpuTestOutcome, PytestCounts, prepare_test_tree, pytest_environment, read_junit
-from kforge.host import HostFacts, Resources
-from kforge.jobs import load_profile
 from kforge.plan import PlanOptions, make_plan
-from kforge.targets import parse_target
 
 FORGE = """
 [platforms.linux-x86_64]

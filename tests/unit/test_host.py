@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from kforge.build.host import GiB, detect_gpu, detect_resources, platform_name
 from kforge.errors import KforgeError
-from kforge.host import GiB, detect_gpu, detect_resources, platform_name
 
 
 def fake_smi(tmp_path: Path, line: str):

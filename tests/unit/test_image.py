@@ -1,4 +1,4 @@
-"""kforge.image: the image spec (inputs -> key), the provisioning recipe, podman settings, reuse of a made image."""
+"""kforge.build.image: the image spec (inputs -> key), the provisioning recipe, podman settings, reuse of a made image."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge import image
+from kforge.build import image
 from kforge.errors import ToolchainError
 
 

@@ -1,4 +1,4 @@
-"""kforge.inputs: one rule per kind of input, applied at the edge (CLI arguments and KFORGE_* variables)."""
+"""kforge.config.inputs: one rule per kind of input, applied at the edge (CLI arguments and KFORGE_* variables)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge import inputs
-from kforge.config import load_forge
+from kforge.config import inputs
+from kforge.config.forge import load_forge
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError
 
 ROOT = Path(__file__).resolve().parents[2]

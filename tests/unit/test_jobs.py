@@ -1,4 +1,4 @@
-"""kforge.jobs: host facts, profiles, the job choice, OOM detection (the real OOM is in integration)."""
+"""kforge.build.jobs: host facts, profiles, the job choice, OOM detection (the real OOM is in integration)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kforge import jobs, makespan
+from kforge.build import jobs, makespan
+from kforge.build.host import Resources
+from kforge.build.jobs import GB, JobChoice, JobProfile
+from kforge.build.measure import UnitMeasure
 from kforge.errors import BuildError
-from kforge.host import Resources
-from kforge.jobs import GB, JobChoice, JobProfile
-from kforge.measure import UnitMeasure
 
 # ---------------------------------------------------------------------------- choose_jobs
 
@@ -165,7 +165,7 @@ def test_profile_dataclass_is_frozen() -> None:
 
 
 def test_damaged_profile_file_counts_as_not_measured(tmp_path) -> None:
-    from kforge.jobs import load_profile
+    from kforge.build.jobs import load_profile
 
     path = tmp_path / "jobs" / "fmha.json"
     path.parent.mkdir()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kforge.errors import SourceError
-from kforge.kit import MANIFEST, KitEntry, KitManifest, WheelTarget
+from kforge.sources.kit import MANIFEST, KitEntry, KitManifest, WheelTarget
 
 
 def test_manylinux_platforms_expand_to_older_glibc_and_legacy_aliases() -> None:

@@ -54,11 +54,11 @@ def test_no_kforge_import_inside_a_function() -> None:
 
 
 def test_jobs_and_buildrun_have_no_cycle_and_host_needs_no_jobs() -> None:
-    code = ("import sys, kforge.jobs, kforge.host, kforge.measure; "
-            "print(sorted(m for m in sys.modules if m in ('kforge.buildrun', 'kforge.jobs', 'kforge.commands')))")
+    code = ("import sys, kforge.build.jobs, kforge.build.host, kforge.build.measure; "
+            "print(sorted(m for m in sys.modules if m in ('kforge.build.run', 'kforge.build.jobs', 'kforge.commands')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(SRC.parent)}).stdout
-    assert out.strip() == "['kforge.jobs']"  # jobs needs no buildrun; host and measure need neither
+    assert out.strip() == "['kforge.build.jobs']"  # jobs needs no buildrun; host and measure need neither
 
 
 def test_nox_can_load_forge_toml_without_kforges_dependencies():
@@ -77,7 +77,7 @@ def test_nox_can_load_forge_toml_without_kforges_dependencies():
         "sys.meta_path.insert(0, Block())\n"
         f"sys.path.insert(0, {str(root / 'src')!r})\n"
         "import kforge.sessions\n"
-        "from kforge.config import load_forge\n"
+        "from kforge.config.forge import load_forge\n"
         f"print(len(load_forge(__import__('pathlib').Path({str(root)!r})).projects))\n"
     )
     out = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True)

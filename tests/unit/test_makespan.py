@@ -1,11 +1,11 @@
-"""kforge.makespan: the contention curve, longest-first list scheduling, learning the curve from builds."""
+"""kforge.build.makespan: the contention curve, longest-first list scheduling, learning the curve from builds."""
 
 from __future__ import annotations
 
 import pytest
 
-from kforge import makespan
-from kforge.makespan import Contention, default_curve, learn, simulate
+from kforge.build import makespan
+from kforge.build.makespan import Contention, default_curve, learn, simulate
 
 
 def test_default_curve_is_the_h200_measurement() -> None:

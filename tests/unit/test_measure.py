@@ -1,4 +1,4 @@
-"""kforge.measure: the one measuring wrapper (``run`` for a whole build command, ``unit`` as a compile
+"""kforge.build.measure: the one measuring wrapper (``run`` for a whole build command, ``unit`` as a compile
 launcher, ``measure`` for a named rule), on real processes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge import measure
+from kforge.build import measure
 
 
 def script(path: Path, body: str) -> Path:

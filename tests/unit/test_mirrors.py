@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.mirrors import ENV, Mirrors, git_config_args, url_owner_name
+from kforge.sources.mirrors import ENV, Mirrors, git_config_args, url_owner_name
 
 
 @pytest.mark.parametrize(("url", "expected"), [

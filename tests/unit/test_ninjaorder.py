@@ -1,11 +1,11 @@
-"""kforge.ninjaorder: parsing build.ninja into statements, longest-first reordering, the shim's argument reading."""
+"""kforge.build.ninjaorder: parsing build.ninja into statements, longest-first reordering, the shim's argument reading."""
 
 from __future__ import annotations
 
 import pytest
 
-from kforge import ninjaorder
-from kforge.ninjaorder import UnitTimes, parse, reorder
+from kforge.build import ninjaorder
+from kforge.build.ninjaorder import UnitTimes, parse, reorder
 
 TORCH_LIKE = """ninja_required_version = 1.3
 cxx = c++
@@ -112,7 +112,7 @@ def test_globs_order_unmeasured_units_by_kind() -> None:
 
 
 def test_a_missing_or_corrupt_config_is_a_clear_error_not_a_traceback(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from kforge import ninjaorder
+    from kforge.build import ninjaorder
 
     assert ninjaorder.main([str(tmp_path / "missing.json"), "-j2"]) == 2
     (tmp_path / "torn.json").write_text('{"ninja": ')

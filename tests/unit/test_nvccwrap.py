@@ -1,4 +1,4 @@
-"""kforge.nvccwrap: every spelling of nvcc's arch flags rewritten to the plan's; host-only steps untouched."""
+"""kforge.cuda.nvccwrap: every spelling of nvcc's arch flags rewritten to the plan's; host-only steps untouched."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.nvccwrap import (
+from kforge.cuda.nvccwrap import (
     Config,
     Policy,
     fold_env_flags,

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from kforge import options
 from kforge.backends import BACKENDS
+from kforge.config import options
+from kforge.config.options import OPTIONS, PlanOptions
 from kforge.errors import ConfigError
-from kforge.options import OPTIONS, PlanOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_docs_options_page_is_generated_from_the_table() -> None:
     assert (ROOT / "docs" / "options.md").read_text() == options.options_page(), \
-        "run: python -m kforge.options > docs/options.md"
+        "run: python -m kforge.config.options > docs/options.md"
 
 
 def test_every_option_is_a_flag_and_a_variable() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kforge.series import PatchContext, load_series, parse_patch
+from kforge.sources.series import PatchContext, load_series, parse_patch
 
 SERIES = Path(__file__).resolve().parents[2] / "patches" / "flashmla"
 PORT = "0011-sm120-dense-decode-port-with-mma.sync-ldmatrix-and-c.patch"

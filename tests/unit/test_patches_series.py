@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from kforge.arch import parse_arch
-from kforge.config import load_forge
+from kforge.config.forge import load_forge
+from kforge.cuda.arch import parse_arch
 from kforge.errors import PatchError
-from kforge.patches import analyse
-from kforge.series import Condition, PatchContext, load_series, parse_patch, series_hash
+from kforge.sources.patches import analyse
+from kforge.sources.series import Condition, PatchContext, load_series, parse_patch, series_hash
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,7 +142,7 @@ def test_series_hash_follows_bytes_order_and_selection(tmp_path: Path) -> None:
 
 
 def test_conditions_and_contexts_take_every_arch_spelling_and_arch_values() -> None:
-    # one arch model: the series reads archs through kforge.arch (strings or Arch values)
+    # one arch model: the series reads archs through kforge.cuda.arch (strings or Arch values)
     assert Condition("arch", "=", "12.0a").holds(PatchContext("linux", (parse_arch("sm_120a"),)))
     assert Condition("arch", ">=", "compute_100").holds(PatchContext("linux", ("10.3f",)))
     assert not Condition("arch", "=", "120f").holds(PatchContext("linux", (parse_arch("120a"),)))

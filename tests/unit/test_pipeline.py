@@ -16,17 +16,17 @@ import pytest
 from kforge_testkit import forge_toml
 
 from kforge import pipeline
-from kforge.arch import parse_arch
 from kforge.backends import BuildRequest, BuildResult
-from kforge.buildenv import BuildEnv
+from kforge.build.host import HostFacts
+from kforge.build.measure import UnitMeasure
+from kforge.build.toolchain import Nvcc
+from kforge.build.venv import BuildEnv
+from kforge.cuda.arch import parse_arch
 from kforge.doctor import BinaryReport, FatbinEntry, WheelReport
 from kforge.errors import BuildError, DoctorError, GPUError, GpuTestError
 from kforge.gputest import run_gpu_tests
-from kforge.host import HostFacts
 from kforge.log import StepLog
-from kforge.measure import UnitMeasure
-from kforge.repair import RepairResult
-from kforge.toolchain import Nvcc
+from kforge.wheels.repair import RepairResult
 
 PROJECTS = """
 [projects.tiny]
@@ -114,7 +114,7 @@ def make_run(tmp_path: Path, plan, host, *, inspect=None, environ=None) -> tuple
     backend = FakeBackend()
     services = pipeline.Services(backend=backend, repair_wheel=fake_repair, find_nvcc=fake_nvcc(tmp_path),
                                  detect_torch=lambda python: None,
-                                 # what kforge's nvcc wrapper makes a sm_90 build hold (kforge.archenforce)
+                                 # what kforge's nvcc wrapper makes a sm_90 build hold (kforge.cuda.enforce)
                                  inspect_wheel=inspect or inspect_as("sm_90", "compute_90"),
                                  inspect_binary=lambda path: binary_with("sm_90", "compute_90"))
     env = {"PATH": "/usr/bin:/bin", "KFORGE_COMPILER_CACHE": "none", **(environ or {})}
@@ -132,7 +132,7 @@ def test_the_whole_chain_with_fakes_publishes_a_verified_wheel_and_runs_gpu_test
     (request,) = backend.requests
     assert request.env["TINY_THREADS"] == request.env["NVCC_THREADS"] == "3"  # --env reached the project's variable
     assert request.tree == outcome.done.source.tree and request.forge_pythons == plan.pythons
-    # kforge's nvcc wrapper (a shadow CUDA home, kforge.archenforce) comes first, then the toolkit's bin
+    # kforge's nvcc wrapper (a shadow CUDA home, kforge.cuda.enforce) comes first, then the toolkit's bin
     assert request.env["PATH"].split(":")[:2] == [str(plan.work_dir / "nvcc-wrap" / "cuda" / "bin"), str(tmp_path / "cuda" / "bin")]
     assert request.env["PYTORCH_NVCC"] == request.env["CUDA_HOME"] + "/bin/nvcc"
     assert [s for s in run.log.timings] == ["preflight", "source", "patches", "toolchain", "build", "report", "repair", "doctor",
@@ -140,7 +140,7 @@ def test_the_whole_chain_with_fakes_publishes_a_verified_wheel_and_runs_gpu_test
     done = outcome.done
     assert done.source is not None and (done.source.tree / "tests" / "test_k.py").is_file()
     assert done.repair and done.repair[0].tag == "manylinux_2_28_x86_64"
-    # relabelled with its arch set (kforge.wheelname), so other builds of tiny never overwrite it
+    # relabelled with its arch set (kforge.config.wheelname), so other builds of tiny never overwrite it
     assert outcome.wheel == tmp_path / "wheelhouse" / "tiny" / "tiny-0.1.0+sm90-cp311-cp311-manylinux_2_28_x86_64.whl"
     manifest = json.loads(outcome.manifest.read_text())
     assert manifest["archs"] == ["sm_90"] and manifest["toolchain"]["nvcc_threads"] == 3

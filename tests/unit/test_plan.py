@@ -10,13 +10,13 @@ from types import MappingProxyType
 import pytest
 from packaging.version import Version
 
-from kforge.buildrun import run_with_oom_retry
-from kforge.config import load_forge
+from kforge.build.host import HostFacts, Resources
+from kforge.build.jobs import JobProfile, load_profile
+from kforge.build.run import run_with_oom_retry
+from kforge.config.forge import load_forge
+from kforge.config.targets import parse_target
 from kforge.errors import ConfigError, TargetError, ToolchainError
-from kforge.host import HostFacts, Resources
-from kforge.jobs import JobProfile, load_profile
 from kforge.plan import PlanOptions, make_plan
-from kforge.targets import parse_target
 
 ROOT = Path(__file__).resolve().parents[2]
 GiB = 2**30
@@ -130,7 +130,7 @@ def test_cccl_host_include_path_is_a_toolchain_fact(forge) -> None:
 def test_fa3_is_offline_and_has_no_sm100(forge) -> None:
     plan = plan_for(forge, "flash-attn3-sm90")
     assert plan.env["FLASH_ATTENTION_OFFLINE_BUILD"] == "TRUE"
-    assert plan.env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11.sm90a"  # not a release set: an arch label (kforge.wheelname)
+    assert plan.env["FLASH_ATTN_LOCAL_VERSION"] == "cu130torch2.11.sm90a"  # not a release set: an arch label (kforge.config.wheelname)
     assert all(a.major != 10 for a in forge.projects["flash-attn3"].archs)
 
 
@@ -276,7 +276,7 @@ def test_plan_names_the_variant_and_how_each_part_is_provisioned(forge):
     assert prov["torch"]["present"] is False and "uv pip install torch==2.9.1" in prov["torch"]["how"]
     assert prov["python"]["present"] is False and "uv venv --python 3.10" in prov["python"]["how"]
     assert prov["cuda"]["present"] is True
-    assert plan.local_version == "cu130torch2.9.sm90"  # kforge.wheelname: variant part, then arch
+    assert plan.local_version == "cu130torch2.9.sm90"  # kforge.config.wheelname: variant part, then arch
     assert "variant     cu130-torch2.9-cp310" in plan.render()
 
 

@@ -1,4 +1,4 @@
-"""kforge.platformtag: versioned symbols a binary needs, against auditwheel's manylinux policy."""
+"""kforge.wheels.platformtag: versioned symbols a binary needs, against auditwheel's manylinux policy."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from kforge import platformtag
 from kforge.errors import ConfigError
+from kforge.wheels import platformtag
 
 SOURCE = """
 #include <sys/random.h>

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from kforge import preflight, wheelhouse
+from kforge import preflight
+from kforge.build.host import detect_host
 from kforge.commands._common import plan_from_args
 from kforge.errors import BuildError, PublishError, ToolchainError
-from kforge.host import detect_host
+from kforge.wheels import wheelhouse
 
 
 def test_expected_wheel_size_comes_from_earlier_manifests(tmp_path: Path) -> None:

@@ -11,18 +11,19 @@ import pytest
 from kforge_testkit import forge_toml
 from packaging.version import Version
 
-from kforge import buildinputs, release, wheelhouse
-from kforge import jobs as kjobs
-from kforge.arch import parse_arch
-from kforge.config import load_forge
+from kforge import buildinputs, release
+from kforge.build import jobs as kjobs
+from kforge.build.host import HostFacts, Resources
+from kforge.build.measure import UnitMeasure
+from kforge.config.forge import load_forge
+from kforge.config.options import PlanOptions
+from kforge.cuda.arch import parse_arch
 from kforge.errors import BuildError, ConfigError, GPUError
 from kforge.gputest import GpuTestOutcome, PytestCounts
-from kforge.host import HostFacts, Resources
 from kforge.log import StepLog
-from kforge.measure import UnitMeasure
-from kforge.options import PlanOptions
 from kforge.pipeline import steps_for
-from kforge.wheelhouse import Manifest
+from kforge.wheels import wheelhouse
+from kforge.wheels.wheelhouse import Manifest
 
 PROJECTS = """
 [projects.tiny]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from kforge_testkit import write_forge_toml
 
-from kforge.config import load_forge
+from kforge.config.forge import load_forge
+from kforge.config.releasematrix import expand, parse_selector, select
 from kforge.errors import ConfigError
-from kforge.releasematrix import expand, parse_selector, select
 
 TORCH_PROJECT = """
 [projects.demo]

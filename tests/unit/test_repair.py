@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kforge.errors import RepairError
-from kforge.repair import (
+from kforge.wheels.repair import (
     apply_local_version,
     default_policy,
     platform_tag,

@@ -1,4 +1,4 @@
-"""kforge.report: .ninja_log parsing, the report, the timeline, and the [n/m] progress parser."""
+"""kforge.build.report: .ninja_log parsing, the report, the timeline, and the [n/m] progress parser."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from kforge import report
+from kforge.build import report
 from kforge.errors import BuildError
 
 

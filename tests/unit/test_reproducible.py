@@ -1,4 +1,4 @@
-"""kforge.reproducible: SOURCE_DATE_EPOCH from the source itself, nvcc's random seed fixed, the user's choice kept."""
+"""kforge.build.reproducible: SOURCE_DATE_EPOCH from the source itself, nvcc's random seed fixed, the user's choice kept."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from kforge.reproducible import Epoch, build_env, source_epoch
-from kforge.sources import GitSource, LocalSource, PreparedSource, SdistSource
+from kforge.build.reproducible import Epoch, build_env, source_epoch
+from kforge.sources.upstream import GitSource, LocalSource, PreparedSource, SdistSource
 
 
 def git(*args: str, cwd: Path) -> str:

@@ -1,4 +1,4 @@
-"""kforge.schema: a TOML table read into a dataclass by its fields (keys, types, key paths, did-you-mean)."""
+"""kforge.config.schema: a TOML table read into a dataclass by its fields (keys, types, key paths, did-you-mean)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from types import MappingProxyType
 
 import pytest
 
+from kforge.config.schema import ArchNumber, EnvValue, Reader
 from kforge.errors import ConfigError
-from kforge.schema import ArchNumber, EnvValue, Reader
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from kforge import simpleindex, wheelhouse
-from kforge.wheelhouse import Manifest
+from kforge.wheels import simpleindex, wheelhouse
+from kforge.wheels.wheelhouse import Manifest
 
 
 def _wheel(folder: Path, version: str) -> Path:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kforge.config import load_forge
-from kforge.sources import gitlink
+from kforge.config.forge import load_forge
+from kforge.sources.upstream import gitlink
 
 REPO = Path(__file__).resolve().parents[2]
 

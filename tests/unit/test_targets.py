@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kforge.arch import parse_arch
-from kforge.config import load_forge
+from kforge.config.forge import load_forge
+from kforge.config.targets import expand_matrix, parse_target
+from kforge.cuda.arch import parse_arch
 from kforge.errors import ArchError, TargetError
-from kforge.targets import expand_matrix, parse_target
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "linux-x86_64"

@@ -1,4 +1,4 @@
-"""kforge.toolchain with injected runners and PATH lookups (the real nvcc/ccache/pip are in integration)."""
+"""kforge.build.toolchain with injected runners and PATH lookups (the real nvcc/ccache/pip are in integration)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge import nvccwrap, toolchain
+from kforge.build import toolchain
+from kforge.cuda import nvccwrap
 from kforge.errors import ToolchainError
 
 

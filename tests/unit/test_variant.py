@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from packaging.version import Version
 
+from kforge.config.variant import Variant, parse_python, parse_variant_id, parse_version, provisioning, wheel_label
 from kforge.errors import ConfigError
-from kforge.variant import Variant, parse_python, parse_variant_id, parse_version, provisioning, wheel_label
 
 
 def test_id_rule_and_its_inverse():

@@ -1,4 +1,4 @@
-"""kforge.wheelhouse: publish, manifest, PEP 503 index, list, clean, CLI (pip and kill tests are in integration)."""
+"""kforge.wheels.wheelhouse: publish, manifest, PEP 503 index, list, clean, CLI (pip and kill tests are in integration)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kforge import wheelhouse
 from kforge.commands import wheelhouse as cmd
 from kforge.errors import PublishError
-from kforge.wheelhouse import Manifest
+from kforge.wheels import wheelhouse
+from kforge.wheels.wheelhouse import Manifest
 
 
 def make_wheel(folder: Path, name: str = "kforge_tiny", version: str = "0.1.0", body: str = "X = 1\n",

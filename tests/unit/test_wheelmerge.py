@@ -1,4 +1,4 @@
-"""kforge.wheelmerge: per-job wheelhouses merged into one index; conflicts change nothing."""
+"""kforge.wheels.merge: per-job wheelhouses merged into one index; conflicts change nothing."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from kforge_wheelfixtures import make_wheel, manifest, snapshot
 
-from kforge import wheelhouse, wheelmerge
 from kforge.commands import wheelhouse as cmd
 from kforge.errors import PublishError
+from kforge.wheels import merge as wheelmerge
+from kforge.wheels import wheelhouse
 
 
 def _job(tmp: Path, name: str, *wheels: tuple[str, str, str]) -> Path:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from kforge.arch import parse_arch_list
-from kforge.config import load_forge
-from kforge.wheelname import arch_label, is_release_set, local_version_label
+from kforge.config.forge import load_forge
+from kforge.config.wheelname import arch_label, is_release_set, local_version_label
+from kforge.cuda.arch import parse_arch_list
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = Version("13.0")

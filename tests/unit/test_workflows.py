@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kforge.config import CiSettings, load_forge
-from kforge.targets import expand_matrix
-from kforge.workflows import (
+from kforge.ci.workflows import (
     ACTIONLINT_CONFIG,
     ACTIONS,
     RELEASE_WORKFLOW,
@@ -22,6 +20,8 @@ from kforge.workflows import (
     workflow_data,
     write_workflow,
 )
+from kforge.config.forge import CiSettings, load_forge
+from kforge.config.targets import expand_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml reads the same data, faster

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from kforge.build.measure import UnitMeasure
 from kforge.errors import BuildError, did_you_mean
-from kforge.measure import UnitMeasure
 
 if TYPE_CHECKING:  # a type only: kforge.plan imports this registry
     from kforge.plan import Plan

@@ -1,9 +1,9 @@
 """Run one backend build command: OOM retry, peak-memory wrapper, build log, live progress, failure summary.
 
-:func:`run_step` runs one command through :func:`kforge.buildrun.run_with_oom_retry` (one retry
-with half the jobs after an out-of-memory kill), behind :mod:`kforge.measure`'s ``run`` wrapper
+:func:`run_step` runs one command through :func:`kforge.build.run.run_with_oom_retry` (one retry
+with half the jobs after an out-of-memory kill), behind :mod:`kforge.build.measure`'s ``run`` wrapper
 that measures the largest process. Every line goes to the build log; ninja's ``[n/m]`` lines drive a live
-progress display (:class:`kforge.report.NinjaProgress`: units done of total, elapsed, ETA).
+progress display (:class:`kforge.build.report.NinjaProgress`: units done of total, elapsed, ETA).
 A failure is a :class:`BuildError` with the command, exit code, output tail and log path.
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import kforge
-from kforge.buildrun import run_with_oom_retry
+from kforge.build.jobs import JobChoice
+from kforge.build.measure import UnitMeasure, read_measures
+from kforge.build.report import NinjaProgress, ProgressState
+from kforge.build.run import run_with_oom_retry
 from kforge.errors import BuildError
-from kforge.jobs import JobChoice
-from kforge.measure import UnitMeasure, read_measures
-from kforge.report import NinjaProgress, ProgressState
 
 #: How often (seconds) progress is printed as a plain line when the console is not a terminal (CI logs).
 PLAIN_INTERVAL = 30.0
@@ -300,10 +300,10 @@ def find_ninja_logs(roots: Iterable[Path], since: float) -> tuple[Path, ...]:
     return tuple(sorted(found))
 
 
-_BOOT = """# Written by kforge: run kforge.measure with the sys.path of the kforge that wrote it.
+_BOOT = """# Written by kforge: run kforge.build.measure with the sys.path of the kforge that wrote it.
 import sys
 sys.path[:0] = {paths!r}
-from kforge.measure import main
+from kforge.build.measure import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -312,7 +312,7 @@ def peak_command(directory: Path) -> list[str]:
     """``[python, -I, boot.py]``: the measuring wrapper, runnable from inside any build.
 
     A build under pip's isolation rewrites PYTHONPATH/site for its children, so a plain
-    ``python -m kforge.measure`` there cannot import kforge. The boot file carries this
+    ``python -m kforge.build.measure`` there cannot import kforge. The boot file carries this
     interpreter's own sys.path (editable installs, PYTHONPATH on offline hosts), and ``-I`` keeps
     the build's environment from changing it.
     """

@@ -35,9 +35,9 @@ from packaging.version import InvalidVersion, Version
 from kforge import __version__
 from kforge.backends import BuildRequest, BuildResult
 from kforge.backends._runner import BuildLog, LiveProgress, choice_from_env, place, run_step, which
+from kforge.build.image import OFFICIAL_IMAGE, ensure_image, image_pythons, is_kforge_image, podman_env
 from kforge.errors import BuildError, ToolchainError
-from kforge.image import OFFICIAL_IMAGE, ensure_image, image_pythons, is_kforge_image, podman_env
-from kforge.platformtag import wheel_tag
+from kforge.wheels.platformtag import wheel_tag
 
 #: NVIDIA's CUDA repository for RHEL 8 (manylinux_2_28 is AlmaLinux 8), per machine.
 CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/rhel8/{repo_arch}/cuda-rhel8.repo"

@@ -19,7 +19,6 @@ import tarfile
 import time
 from pathlib import Path
 
-from kforge.archrender import render_cmake_architectures
 from kforge.backends import BuildRequest, BuildResult
 from kforge.backends._runner import (
     LAUNCHER_LANGS,
@@ -33,9 +32,10 @@ from kforge.backends._runner import (
     run_step,
     which,
 )
-from kforge.buildrun import Command
+from kforge.build.jobs import JobChoice
+from kforge.build.run import Command
+from kforge.cuda.render import render_cmake_architectures
 from kforge.errors import BuildError, ToolchainError
-from kforge.jobs import JobChoice
 
 
 class CmakeBackend:

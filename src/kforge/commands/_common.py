@@ -11,13 +11,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kforge import options
-from kforge.config import Forge, find_root, load_forge
+from kforge.build.host import HostFacts, detect_host, with_torch
+from kforge.build.jobs import load_profile
+from kforge.config import options
+from kforge.config.forge import Forge, find_root, load_forge
+from kforge.config.targets import parse_target
 from kforge.fsutil import cache_dir
-from kforge.host import HostFacts, detect_host, with_torch
-from kforge.jobs import load_profile
 from kforge.plan import Plan, PlanOptions, make_plan
-from kforge.targets import parse_target
 
 __all__ = ["add_plan_options", "cache_dir", "console", "forge_from_args", "plan_and_host", "plan_from_args", "wheelhouse_root"]
 
@@ -44,7 +44,7 @@ def forge_from_args(args: argparse.Namespace) -> Forge:
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
-    """The flags of kforge.options' table (--cuda, --profile, --backend, --max-jobs, ...) and --env."""
+    """The flags of kforge.config.options' table (--cuda, --profile, --backend, --max-jobs, ...) and --env."""
     options.add_arguments(parser)
 
 

@@ -6,12 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from kforge import audit, sources
-from kforge import sdist as _sdist
 from kforge.commands._common import cache_dir, forge_from_args
-from kforge.config import Forge, Project
+from kforge.config.forge import Forge, Project
 from kforge.errors import SourceError
-from kforge.series import load_series
+from kforge.sources import audit
+from kforge.sources import sdist as _sdist
+from kforge.sources import upstream as sources
+from kforge.sources.series import load_series
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,9 +6,9 @@ import argparse
 import os
 from pathlib import Path
 
+from kforge.build.host import detect_host
 from kforge.commands._common import add_plan_options, plan_and_host, wheelhouse_root
 from kforge.fsutil import cache_dir
-from kforge.host import detect_host
 from kforge.log import StepLog
 from kforge.pipeline import Run, Services, run_build, steps_for
 

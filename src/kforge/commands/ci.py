@@ -8,14 +8,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from kforge import runstatus, toolchain
+from kforge import runstatus
+from kforge.build import toolchain
+from kforge.build.host import detect_host
+from kforge.ci.workflows import CI_DIR, write_workflow
 from kforge.commands._common import add_plan_options, forge_from_args, plan_and_host
-from kforge.config import find_root
+from kforge.config.forge import find_root
 from kforge.errors import ConfigError, ToolchainError
 from kforge.fsutil import cache_dir
-from kforge.host import detect_host
 from kforge.plan import PROVISIONABLE_FROM
-from kforge.workflows import CI_DIR, write_workflow
 
 
 def register(sub: argparse._SubParsersAction) -> None:

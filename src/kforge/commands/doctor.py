@@ -11,13 +11,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from kforge.config import load_forge
+from kforge.config.forge import load_forge
+from kforge.config.repairpolicy import default_policy
 from kforge.doctor import BinaryReport, WheelReport, check, inspect_binary, inspect_wheels, render_text, to_json
 from kforge.doctor.checks import expected
 from kforge.doctor.judgement import Judgement, from_manifest_file, manifest_for, with_overrides
 from kforge.doctor.wheel import BINARY_NAME
 from kforge.errors import DoctorError
-from kforge.repairpolicy import default_policy
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

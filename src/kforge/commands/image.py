@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from kforge import image
+from kforge.build import image
 from kforge.commands._common import cache_dir
 
 

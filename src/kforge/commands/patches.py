@@ -8,13 +8,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kforge import patches, sources
-from kforge.arch import parse_arch
+from kforge.build.host import platform_name
 from kforge.commands._common import cache_dir, console, forge_from_args
-from kforge.config import Forge, Project
+from kforge.config.forge import Forge, Project
+from kforge.cuda.arch import parse_arch
 from kforge.errors import PatchError, SourceError
-from kforge.host import platform_name
-from kforge.series import PatchContext, Series, load_series
+from kforge.sources import patches
+from kforge.sources import upstream as sources
+from kforge.sources.series import PatchContext, Series, load_series
 
 _STYLE = {"applies": "green", "applied": "cyan", "skipped": "dim", "fails": "red", "ambiguous": "yellow"}
 

@@ -8,17 +8,17 @@ import os
 import sys
 from pathlib import Path
 
-from kforge import options
+from kforge.build.host import detect_host, with_torch
 from kforge.commands._common import add_plan_options, forge_from_args, wheelhouse_root
+from kforge.config import options
 from kforge.errors import ConfigError, GpuTestError
 from kforge.fsutil import cache_dir
 from kforge.gputest import GpuTestOutcome, run_gpu_tests
-from kforge.host import detect_host, with_torch
 from kforge.log import StepLog
 from kforge.pipeline import Run, Services, steps_for
 from kforge.plan import Plan, PlanOptions
 from kforge.release import ReleaseItem, plan_release, run_release, variant_problem
-from kforge.wheelhouse import PublishedWheel
+from kforge.wheels.wheelhouse import PublishedWheel
 
 
 def register(sub: argparse._SubParsersAction) -> None:

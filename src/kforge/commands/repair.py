@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kforge import repair
 from kforge.errors import RepairError
+from kforge.wheels import repair
 
 
 def register(sub: argparse._SubParsersAction) -> None:

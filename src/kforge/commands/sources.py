@@ -11,13 +11,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kforge import kit, pinrefs, sources
-from kforge import sdist as _sdist
 from kforge.commands._common import cache_dir, console, forge_from_args
-from kforge.config import Forge, Project
+from kforge.config.forge import Forge, Project
 from kforge.errors import SourceError
-from kforge.mirrors import ENV as MIRROR_ENV
-from kforge.mirrors import Mirrors
+from kforge.sources import kit, pinrefs
+from kforge.sources import sdist as _sdist
+from kforge.sources import upstream as sources
+from kforge.sources.mirrors import ENV as MIRROR_ENV
+from kforge.sources.mirrors import Mirrors
 
 _STYLE = {
     "pinned": "green", "cached": "green", "present": "green", "not-fetched": "yellow",

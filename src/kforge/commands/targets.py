@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 
+from kforge.build.host import platform_name
 from kforge.commands._common import forge_from_args
-from kforge.host import platform_name
-from kforge.releasematrix import expand
-from kforge.targets import expand_matrix
+from kforge.config.releasematrix import expand
+from kforge.config.targets import expand_matrix
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from kforge.build.host import detect_host
 from kforge.commands._common import add_plan_options, plan_and_host, wheelhouse_root
 from kforge.gputest import run_gpu_tests
-from kforge.host import detect_host
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,9 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from kforge import wheelhouse, wheelmerge
 from kforge.commands._common import forge_from_args, wheelhouse_root
 from kforge.errors import PublishError
+from kforge.wheels import merge as wheelmerge
+from kforge.wheels import wheelhouse
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -33,11 +33,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from kforge.arch import PTX, Arch, code_kind, parse_arch
+from kforge.config.repairpolicy import RepairPolicy, unmangle
+from kforge.cuda.arch import PTX, Arch, code_kind, parse_arch
 from kforge.doctor.model import BinaryReport, Finding, WheelReport
 from kforge.doctor.resources import resource_findings
 from kforge.errors import DoctorError
-from kforge.repairpolicy import RepairPolicy, unmangle
 
 NO_KERNEL_IMAGE = "'no kernel image is available for execution on the device'"
 
@@ -103,9 +103,9 @@ def check(
 
 def expected(expect_archs: Sequence[str | Arch]) -> list[tuple[str, str | None, Arch]]:
     """``(label, kind, arch)`` for each expected arch: kind is PTX for ``compute_XY`` (PTX required),
-    None for SASS. ``sm_90+PTX`` (or an :class:`~kforge.arch.Arch` with ``ptx``) asks for both.
+    None for SASS. ``sm_90+PTX`` (or an :class:`~kforge.cuda.arch.Arch` with ``ptx``) asks for both.
 
-    Spellings go through :func:`kforge.arch.parse_arch`, the one table of known archs and suffixes,
+    Spellings go through :func:`kforge.cuda.arch.parse_arch`, the one table of known archs and suffixes,
     so a misspelt or unknown arch is an :class:`~kforge.errors.ArchError` with a suggestion.
     """
     out: list[tuple[str, str | None, Arch]] = []

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kforge.errors import DoctorError
-from kforge.repair import RepairPolicy, default_policy
+from kforge.wheels.repair import RepairPolicy, default_policy
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Judgement:
     policy: RepairPolicy  # what may stay out of the wheel (torch's libraries, the driver, a shared cudart)
     expect: tuple[str, ...] = ()  # sm_90, compute_90, ...
     exact: bool = False
-    exact_ptx: bool = True  # with exact: PTX judged too (kforge.archenforce: only where the wrapper rewrote)
+    exact_ptx: bool = True  # with exact: PTX judged too (kforge.cuda.enforce: only where the wrapper rewrote)
     source: str = ""  # where it came from, for the report ("manifest <name>", "forge.toml project")
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Result types of the wheel doctor (its arch type is :class:`kforge.arch.Arch`).
+"""Result types of the wheel doctor (its arch type is :class:`kforge.cuda.arch.Arch`).
 
 Everything here is a frozen dataclass, so a report can be compared, hashed, stored in a
 manifest (:func:`kforge.doctor.render.to_json`) and handed from step to step unchanged.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kforge.arch import LTO, PTX, SASS, Arch
+from kforge.cuda.arch import LTO, PTX, SASS, Arch
 
 # Kinds of payload in a fatbin (device code in a cubin ELF, PTX text, LTO IR) and the arch type:
-# kforge.arch's, the one model of an arch. An entry's arch may be outside kforge's table (an old
+# kforge.cuda.arch's, the one model of an arch. An entry's arch may be outside kforge's table (an old
 # wheel's sm_70), so it is built with Arch.observed.
 __all__ = ["LTO", "PTX", "SASS", "Arch", "BinaryReport", "FatbinEntry", "Finding", "SectionSize", "WheelReport"]
 

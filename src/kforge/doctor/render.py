@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kforge.arch import PTX, SASS, Arch
+from kforge.cuda.arch import PTX, SASS, Arch
 from kforge.doctor.model import BinaryReport, Finding, WheelReport
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

@@ -1,0 +1,1 @@
+"""Continuous integration: the generated GitHub workflows."""

@@ -1,0 +1,636 @@
+"""Load and validate ``forge.toml`` into frozen dataclasses (the file's schema is the ``*Table`` dataclasses).
+
+Every mistake is a :class:`~kforge.errors.ConfigError` that names the key path
+(``projects.flashmla.archs[2]``), what was wrong, and a "did you mean" where one fits.
+Keys and types are checked by :mod:`kforge.config.schema` from the ``*Table`` dataclasses' fields; only the
+domain checks (commit hashes, arch names, cross-references) are written here.
+Nothing here touches the environment: :func:`load_forge` reads one file.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from kforge.backends import BACKENDS
+from kforge.config.releasematrix import Release, ReleaseTable, read_release
+from kforge.config.schema import ArchNumber, EnvValue, Reader, normalise_env_value
+from kforge.cuda.arch import Arch, parse_arch
+from kforge.cuda.render import RENDERERS
+from kforge.errors import ArchError, ConfigError, decode_utf8, did_you_mean
+from kforge.sources.upstream import GitSource, LocalSource, SdistSource, Source
+
+__all__ = ["FORGE_FILE", "ArchKnob", "CiRunners", "CiSettings", "Forge", "GpuTests", "MatrixRule", "Platform", "Profile",
+           "Project", "Toolchains", "find_root", "load_forge", "normalise_env_value", "parse_forge"]
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+FORGE_FILE = "forge.toml"
+_MANYLINUX_TAG = re.compile(r"^manylinux_[0-9]+_[0-9]+$")
+VARIANT_RULES = ("declared", "flashinfer")
+RELEASE_SET = "release"  # the arch set whose wheels carry no arch label (docs/forge-toml.md, "Targets and wheel names")
+ARCH_ENFORCE_MODES = ("on", "check", "off")  # kforge.cuda.nvccwrap.MODES
+
+
+@dataclass(frozen=True)
+class Toolchains:
+    cuda: tuple[Version, ...]
+    torch: tuple[Version, ...]
+    python: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Platform:
+    """``[platforms.NAME]``: its keys are the fields after ``name``."""
+
+    name: str  # linux-x86_64 (the table's name)
+    os: str  # linux | windows
+    alias: str = ""  # linux
+    machine: str = ""
+    env: Mapping[str, EnvValue] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def suffix_names(self) -> tuple[str, ...]:
+        return (self.name, self.alias) if self.alias else (self.name,)
+
+
+@dataclass(frozen=True)
+class ArchKnob:
+    """How a project reads its arch list: one environment variable (or a family of flags)."""
+
+    format: str  # a key of kforge.cuda.render.RENDERERS
+    env: str | None = None  # the variable that receives the rendered list
+    prefix: str | None = None  # disable-flags: FLASH_MLA_DISABLE_
+    value: EnvValue = EnvValue("1")  # disable-flags: the value written for a disabled family
+    families: Mapping[str, tuple[ArchNumber, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    only: tuple[ArchNumber, ...] | None = None  # render only archs whose number (major*10+minor) is listed
+
+
+@dataclass(frozen=True)
+class Profile:
+    """``[projects.NAME.profiles.PROFILE]``: its keys are the fields after ``name``."""
+
+    name: str
+    description: str = ""
+    env: Mapping[str, EnvValue] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class GpuTests:
+    paths: tuple[str, ...]  # relative to the project's source tree
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CiRunners:
+    """Where CI builds one platform's targets (``[ci.runners.<platform>]``)."""
+
+    hosted: str  # a GitHub-hosted runner label: builds that need no torch (fmha)
+    self_hosted: tuple[str, ...]  # labels of self-hosted build runners: torch-ABI builds
+    hosted_cuda: str  # how CUDA reaches a hosted runner: "pypi" (kforge provisions nvcc) | "action" (a pinned toolkit action)
+
+
+DEFAULT_CI_RUNNERS = {
+    "linux-x86_64": CiRunners("ubuntu-24.04", ("self-hosted", "linux", "x64", "build"), "pypi"),
+    "linux-aarch64": CiRunners("ubuntu-24.04-arm", ("self-hosted", "linux", "arm64", "build"), "pypi"),
+    "windows-amd64": CiRunners("windows-2022", ("self-hosted", "windows", "x64", "build"), "action"),
+}
+CI_PUBLISH = ("pages", "release")
+CI_CUDA = ("pypi", "action")
+
+
+@dataclass(frozen=True)
+class CiSettings:
+    """``[ci]``: what ``kforge ci generate`` writes into the GitHub Actions workflows."""
+
+    python: str = "3.12"  # the interpreter build jobs set up
+    publish: str = "pages"  # "pages" (a GitHub Pages site) | "release" (assets of the tag's release)
+    gpu_labels: tuple[str, ...] = ("self-hosted", "linux", "x64", "gpu")  # + "sm<NN>" of the target's arch
+    gpu_python: str = "python3"  # the GPU runner's interpreter (it has the torch the tests use)
+    build_timeout: int = 360  # minutes
+    test_timeout: int = 60
+    torch_index: str = "https://download.pytorch.org/whl/cu{cuda_nodot}"  # where torch of a CUDA variant comes from
+    runners: Mapping[str, CiRunners] = field(default_factory=lambda: MappingProxyType(dict(DEFAULT_CI_RUNNERS)))
+
+
+@dataclass(frozen=True)
+class Project:
+    name: str
+    description: str
+    source: Source  # the one builds use
+    git: GitSource | None
+    sdist: SdistSource | None
+    local: LocalSource | None
+    upstream_version: str | None
+    build_dir: str  # inside the source tree
+    archs: tuple[Arch, ...]
+    default_arch: Arch
+    platforms: tuple[str, ...]
+    backend: str
+    torch_abi: bool
+    build_isolation: bool
+    min_cuda: Version | None
+    variant_rule: str
+    arch_knobs: tuple[ArchKnob, ...]
+    env: Mapping[str, str]
+    local_version_env: str | None
+    threads_env: str  # the project's name for nvcc --threads (NVCC_THREADS, FLASHINFER_NVCC_THREADS)
+    patches: Path | None  # absolute directory holding `series`
+    gpu_tests: GpuTests | None
+    compile_units: int | None
+    profiles: Mapping[str, Profile]
+    repair_exclude: tuple[str, ...]
+    # PEP 440 specifier: the upstream versions the knobs above (env, arch_knobs, threads_env,
+    # local_version_env, variant_rule) were checked against (`kforge audit`); plan refuses others.
+    knobs_valid_for: str | None = None
+    platform_tag: str | None = None  # the oldest manylinux tag its Linux wheels must reach (repair enforces it)
+    build_requires: tuple[str, ...] = ()  # what a provisioned variant environment gets besides torch
+    release: Release | None = None  # the release matrix (kforge release): archs x variants, less excludes
+    #: archs (base spelling, ``sm_120``) that plan but cannot build yet, with the reason: CI leaves them out
+    unbuildable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    arch_enforce: str = "on"  # on | check | off: kforge's nvcc wrapper enforces the plan's archs (kforge.cuda.enforce)
+
+    def unbuildable_reason(self, arch: Arch) -> str | None:
+        return self.unbuildable.get(arch.base.sm)
+    arch_sets: Mapping[str, tuple[Arch, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """Named sets of declared archs, usable as a target (``flash-attn-release``); ``release`` is the default set."""
+
+    @property
+    def release_set(self) -> tuple[Arch, ...] | None:
+        """The project's default release set (``arch_sets.release``): its wheels carry no arch label."""
+        return self.arch_sets.get(RELEASE_SET)
+
+
+@dataclass(frozen=True)
+class MatrixRule:
+    project: tuple[str, ...] | None = None
+    arch: tuple[Arch, ...] | None = None
+    platform: tuple[str, ...] | None = None
+
+    def matches(self, project: str, arch: Arch, platform: str) -> bool:
+        if self.project is not None and project not in self.project:
+            return False
+        if self.arch is not None and not any(a.base == arch.base for a in self.arch):
+            return False
+        return self.platform is None or platform in self.platform
+
+
+@dataclass(frozen=True)
+class Forge:
+    root: Path
+    path: Path
+    toolchains: Toolchains
+    platforms: Mapping[str, Platform]
+    projects: Mapping[str, Project]
+    exclude: tuple[MatrixRule, ...]
+    include: tuple[MatrixRule, ...]
+    ci: CiSettings = CiSettings()
+
+    def project(self, name: str) -> Project:
+        try:
+            return self.projects[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown project '{name}'{did_you_mean(name, self.projects)}",
+                why=f"{self.path.name} declares: {', '.join(self.projects)}",
+                fix="check the spelling, or add a [projects.NAME] table to forge.toml",
+            ) from None
+
+    def platform(self, name: str) -> Platform:
+        for plat in self.platforms.values():
+            if name in plat.suffix_names:
+                return plat
+        names = [n for p in self.platforms.values() for n in p.suffix_names]
+        raise ConfigError(
+            f"unknown platform '{name}'{did_you_mean(name, names)}",
+            why=f"forge.toml declares: {', '.join(names)}",
+            fix="use one of those, or add a [platforms.NAME] table",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The nearest directory at or above ``start`` (default: cwd) that holds forge.toml."""
+    here = (start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / FORGE_FILE).is_file():
+            return candidate
+    raise ConfigError(
+        f"no {FORGE_FILE} found in {here} or any parent directory",
+        why="kforge reads the monorepo's forge.toml to know what it can build",
+        fix="run kforge inside the kforge checkout, or pass -C/--root PATH",
+    )
+
+
+def load_forge(root: Path | str | None = None, *, path: Path | None = None) -> Forge:
+    """Read ``forge.toml`` under ``root`` (or the file at ``path``) into a validated :class:`Forge`."""
+    if path is None:
+        root_path = Path(root).resolve() if root is not None else find_root()
+        path = root_path / FORGE_FILE
+        if not path.is_file():
+            raise ConfigError(
+                f"{path} does not exist", fix="run kforge inside the kforge checkout, or pass -C/--root PATH"
+            )
+    else:
+        path = Path(path).resolve()
+        root_path = Path(root).resolve() if root is not None else path.parent
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}", fix="check the path and its permissions") from None
+    text = decode_utf8(raw, path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"{path.name} is not valid TOML: {exc}",
+            fix=f"fix the syntax at that line of {path}",
+        ) from None
+    return parse_forge(data, root=root_path, path=path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The file's shape: one dataclass per kind of table, key for key (kforge.config.schema checks keys and types).
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class ToolchainsTable:
+    cuda: tuple[str, ...] = ("13.0",)
+    torch: tuple[str, ...] = ()
+    python: tuple[str, ...] = ("3.11",)
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    use: str | None = None  # git | sdist | local (default: the first declared)
+    git: GitSource | None = None
+    sdist: SdistSource | None = None
+    local: str | None = None
+
+
+@dataclass(frozen=True)
+class ProjectTable:
+    source: SourceTable
+    archs: tuple[str, ...]
+    description: str = ""
+    upstream_version: str | None = None
+    build_dir: str = "."
+    default_arch: str | None = None
+    platforms: tuple[str, ...] | None = None  # default: every declared platform
+    backend: str = "native"
+    torch_abi: bool = False
+    build_isolation: bool = True
+    min_cuda: str | None = None
+    variant_rule: str = "declared"
+    arch_knobs: tuple[ArchKnob, ...] = ()
+    env: Mapping[str, EnvValue] = field(default_factory=_empty)
+    local_version_env: str | None = None
+    threads_env: str = "NVCC_THREADS"
+    patches: str | None = None
+    gpu_tests: GpuTests | None = None
+    compile_units: int | None = None
+    profiles: Mapping[str, dict] = field(default_factory=_empty)  # each read as a Profile
+    repair_exclude: tuple[str, ...] = ()
+    knobs_valid_for: str | None = None
+    platform_tag: str | None = None  # the oldest manylinux tag the project's Linux wheels must reach
+    build_requires: tuple[str, ...] = ()  # packages a provisioned variant environment gets besides torch
+    release: ReleaseTable | None = None  # the release matrix: archs x variants, less excludes
+    unbuildable: Mapping[str, str] = field(default_factory=_empty)  # arch -> why it can't build yet
+    arch_sets: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)  # each a set of declared archs
+    arch_enforce: str = "on"  # on | check | off (kforge.cuda.enforce)
+
+
+@dataclass(frozen=True)
+class RuleTable:
+    project: tuple[str, ...] | None = None
+    arch: tuple[str, ...] | None = None
+    platform: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class MatrixTable:
+    exclude: tuple[RuleTable, ...] = ()
+    include: tuple[RuleTable, ...] = ()
+
+
+@dataclass(frozen=True)
+class CiRunnersTable:
+    """``[ci.runners.PLATFORM]``: a key left out keeps the platform's default."""
+
+    hosted: str | None = None
+    self_hosted: tuple[str, ...] | None = None
+    hosted_cuda: str | None = None
+
+
+@dataclass(frozen=True)
+class CiTable:
+    python: str = CiSettings.python
+    publish: str = CiSettings.publish
+    gpu_labels: tuple[str, ...] = CiSettings.gpu_labels
+    gpu_python: str = CiSettings.gpu_python
+    build_timeout: int = CiSettings.build_timeout
+    test_timeout: int = CiSettings.test_timeout
+    torch_index: str = CiSettings.torch_index
+    runners: Mapping[str, CiRunnersTable] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True)
+class ForgeTable:
+    platforms: Mapping[str, dict]  # each read as a Platform
+    projects: Mapping[str, dict]  # each read as a ProjectTable
+    toolchains: ToolchainsTable = field(default_factory=ToolchainsTable)
+    matrix: MatrixTable = field(default_factory=MatrixTable)
+    ci: CiTable = field(default_factory=lambda: CiTable())
+
+
+# ---------------------------------------------------------------------------------------------
+# Domain checks and conversion to the runtime dataclasses
+
+
+def parse_forge(data: dict[str, Any], *, root: Path, path: Path) -> Forge:
+    r = Reader(path)
+    top: ForgeTable = r.table(ForgeTable, data, "")
+    toolchains = _toolchains(r, top.toolchains)
+    platforms = {name: Platform(name=name, **r.values(Platform, t, f"platforms.{name}", skip=("name",)))
+                 for name, t in top.platforms.items()}
+    _check_platforms(r, platforms)
+    if not top.projects:
+        raise r.error("projects", "is empty", fix="declare at least one [projects.NAME] table")
+    projects = {name: _project(r, name, table, platforms, root) for name, table in top.projects.items()}
+    return Forge(
+        root=root,
+        path=path,
+        toolchains=toolchains,
+        platforms=MappingProxyType(platforms),
+        projects=MappingProxyType(projects),
+        exclude=tuple(_rule(r, f"matrix.exclude[{i}]", t, projects, platforms) for i, t in enumerate(top.matrix.exclude)),
+        include=tuple(_rule(r, f"matrix.include[{i}]", t, projects, platforms) for i, t in enumerate(top.matrix.include)),
+        ci=_ci(r, top.ci, platforms),
+    )
+
+
+def _ci(r: Reader, t: CiTable, platforms: Mapping[str, Platform]) -> CiSettings:
+    _one_of(r, "ci.publish", t.publish, CI_PUBLISH)
+    for name in ("build_timeout", "test_timeout"):
+        if getattr(t, name) < 1:
+            raise r.error(f"ci.{name}", "must be a positive number of minutes")
+    if not t.gpu_labels or not all(t.gpu_labels):
+        raise r.error("ci.gpu_labels", "must list runner labels, none of them empty", fix=f"e.g. gpu_labels = {list(CiSettings.gpu_labels)!r}")
+    runners = dict(DEFAULT_CI_RUNNERS)
+    for name, rt in t.runners.items():
+        key = f"ci.runners.{name}"
+        _one_of(r, key, name, tuple(platforms), "is not a declared platform")
+        old = runners.get(name) or CiRunners("ubuntu-24.04", ("self-hosted", "build"), "pypi")
+        if rt.hosted_cuda is not None:
+            _one_of(r, f"{key}.hosted_cuda", rt.hosted_cuda, CI_CUDA)
+        if rt.self_hosted is not None and (not rt.self_hosted or not all(rt.self_hosted)):
+            raise r.error(f"{key}.self_hosted", "must list runner labels, none of them empty")
+        runners[name] = CiRunners(hosted=rt.hosted or old.hosted, self_hosted=rt.self_hosted or old.self_hosted,
+                                  hosted_cuda=rt.hosted_cuda or old.hosted_cuda)
+    return CiSettings(python=t.python, publish=t.publish, gpu_labels=t.gpu_labels, gpu_python=t.gpu_python,
+                      build_timeout=t.build_timeout, test_timeout=t.test_timeout, torch_index=t.torch_index,
+                      runners=MappingProxyType(runners))
+
+
+def _unbuildable(r: Reader, key: str, t: ProjectTable, archs: tuple[Arch, ...]) -> Mapping[str, str]:
+    out: dict[str, str] = {}
+    for text, reason in t.unbuildable.items():
+        arch = _arch(r, f"{key}.unbuildable.{text}", text)
+        if not any(a.base == arch.base for a in archs):
+            raise r.error(f"{key}.unbuildable.{text}", f"names {arch.sm}, which is not in archs")
+        if not reason.strip():
+            raise r.error(f"{key}.unbuildable.{text}", "must be the reason, as a non-empty string")
+        out[arch.base.sm] = normalise_env_value(reason)
+    return MappingProxyType(out)
+
+
+def _version(r: Reader, key: str, text: str) -> Version:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise r.error(key, f"is not a version: {text!r}", fix="write it as MAJOR.MINOR, e.g. \"12.8\"") from None
+
+
+def _arch(r: Reader, key: str, text: str) -> Arch:
+    if isinstance(text, str) and not text.isascii():  # "sm_٩0" would parse as sm_90: ASCII only (kforge.config.inputs)
+        raise r.error(key, f"is not a known CUDA arch: {text!r} has a non-ASCII character",
+                      fix="write it in plain ASCII, e.g. sm_90a")
+    try:
+        return parse_arch(text)
+    except ArchError as exc:
+        raise r.error(key, f"is not a known CUDA arch: {exc.what}", fix=exc.fix) from None
+
+
+def _toolchains(r: Reader, t: ToolchainsTable) -> Toolchains:
+    if not t.cuda or not t.python:
+        raise r.error("toolchains.cuda" if not t.cuda else "toolchains.python", "is empty",
+                      fix="list at least one version, e.g. cuda = [\"13.0\"], python = [\"3.11\"]")
+    return Toolchains(cuda=tuple(_version(r, "toolchains.cuda", v) for v in t.cuda),
+                      torch=tuple(_version(r, "toolchains.torch", v) for v in t.torch), python=t.python)
+
+
+def _check_platforms(r: Reader, platforms: Mapping[str, Platform]) -> None:
+    seen: dict[str, str] = {}
+    for plat in platforms.values():
+        if plat.os not in ("linux", "windows"):
+            raise r.error(f"platforms.{plat.name}.os", f"must be 'linux' or 'windows', not {plat.os!r}")
+        for n in plat.suffix_names:
+            if n in seen and seen[n] != plat.name:
+                raise r.error(f"platforms.{plat.name}.alias", f"'{n}' is already used by platforms.{seen[n]}")
+            seen[n] = plat.name
+
+
+def _one_of(r: Reader, key: str, value: str, allowed: Sequence[str], what: str = "") -> None:
+    if value not in allowed:
+        raise r.error(key, f"{what or 'must be one of ' + ', '.join(allowed)}{did_you_mean(value, allowed)}",
+                      fix=f"use one of: {', '.join(allowed)}")
+
+
+def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[str, Platform], root: Path) -> Project:
+    key = f"projects.{name}"
+    if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name) or name != name.lower():
+        raise r.error(key, "is not a valid project name", fix="use lower-case ASCII letters, digits, '-'")
+    if not isinstance(data, dict) or "source" not in data:  # say how to write one, not just "is missing"
+        r.values(ProjectTable, data, key, skip=("source", "archs"))
+        raise r.error(f"{key}.source", "is missing",
+                      fix="add source = { git = {...} } or { sdist = {...} } or { local = \"kernels/NAME\" }")
+    t: ProjectTable = r.table(ProjectTable, data, key)
+    archs, default_arch = _archs(r, key, t)
+    for i, p in enumerate(t.platforms or ()):
+        _one_of(r, f"{key}.platforms[{i}]", p, tuple(platforms), f"'{p}' is not a declared platform")
+    _one_of(r, f"{key}.backend", t.backend, tuple(BACKENDS), f"'{t.backend}' is not a backend")
+    _one_of(r, f"{key}.variant_rule", t.variant_rule, VARIANT_RULES)
+    _one_of(r, f"{key}.arch_enforce", t.arch_enforce, ARCH_ENFORCE_MODES)
+    if t.compile_units is not None and t.compile_units <= 0:
+        raise r.error(f"{key}.compile_units", "must be a positive integer")
+    git, sdist, local, source = _sources(r, f"{key}.source", t.source)
+    _upstream_versions(r, key, t, git)
+    arch_sets = _arch_sets(r, f"{key}.arch_sets", t.arch_sets, archs, platforms)
+    return Project(
+        name=name, description=t.description, source=source, git=git, sdist=sdist, local=local,
+        upstream_version=t.upstream_version, build_dir=t.build_dir, archs=archs, default_arch=default_arch,
+        platforms=t.platforms if t.platforms is not None else tuple(platforms), backend=t.backend,
+        torch_abi=t.torch_abi, build_isolation=t.build_isolation,
+        min_cuda=_version(r, f"{key}.min_cuda", t.min_cuda) if t.min_cuda else None, variant_rule=t.variant_rule,
+        arch_knobs=tuple(_knob(r, f"{key}.arch_knobs[{i}]", k) for i, k in enumerate(t.arch_knobs)),
+        env=t.env, local_version_env=t.local_version_env, threads_env=t.threads_env,
+        patches=(root / t.patches).resolve() if t.patches else None, gpu_tests=t.gpu_tests,
+        compile_units=t.compile_units, repair_exclude=t.repair_exclude, knobs_valid_for=t.knobs_valid_for,
+        arch_enforce=t.arch_enforce,
+        unbuildable=_unbuildable(r, key, t, archs),
+        platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag), build_requires=t.build_requires,
+        release=read_release(t.release, f"{key}.release", project_archs=archs, torch_abi=t.torch_abi,
+                             error=r.error, arch_sets=arch_sets) if t.release else None,
+        arch_sets=arch_sets,
+        profiles=MappingProxyType({p: Profile(name=p, **r.values(Profile, d, f"{key}.profiles.{p}", skip=("name",)))
+                                   for p, d in t.profiles.items()}),
+    )
+
+
+def _upstream_versions(r: Reader, key: str, t: ProjectTable, git: GitSource | None) -> None:
+    """``upstream_version`` is a PEP 440 version (whose local label, if it is a commit, is the pin's);
+    ``knobs_valid_for`` a specifier that needs it."""
+    if t.upstream_version is not None:
+        try:
+            version = Version(t.upstream_version)
+        except InvalidVersion:
+            raise r.error(f"{key}.upstream_version", f"is not a PEP 440 version: {t.upstream_version!r}",
+                          fix="write the version upstream gives this pin, e.g. \"0.6.17\" or \"1.0.0+9241ae3\"") from None
+        label = (version.local or "").removeprefix("g")
+        if git is not None and re.fullmatch(r"[0-9a-f]{7,40}", label) and not git.commit.startswith(label):
+            raise r.error(f"{key}.upstream_version", f"names commit {label}, and the pin is {git.commit[:12]} (a pin "
+                          "bump that kept the old version would keep knobs checked for the old commit)",
+                          fix=f"run `kforge audit` on the new pin, then set upstream_version to its version "
+                              f"(e.g. {version.public}+{git.commit[:7]}) and widen knobs_valid_for")
+    if t.knobs_valid_for is not None:
+        try:
+            SpecifierSet(t.knobs_valid_for)
+        except InvalidSpecifier:
+            raise r.error(f"{key}.knobs_valid_for", f"is not a version specifier: {t.knobs_valid_for!r}",
+                          fix="write it like \">=0.6.17,<0.7\" or \"==3.0.0\"") from None
+        if t.upstream_version is None:
+            raise r.error(f"{key}.knobs_valid_for", "needs upstream_version (the version it is compared with)",
+                          fix="add upstream_version = \"...\" for the pinned source")
+
+
+def _platform_tag(r: Reader, key: str, text: str | None) -> str | None:
+    """The spelling only: config stays importable without auditwheel (nox imports it), so whether
+    auditwheel knows the tag is checked by kforge.wheels.platformtag when the plan is made."""
+    if text is None:
+        return None
+    raw = text.strip()
+    if not _MANYLINUX_TAG.match(raw):
+        raise r.error(key, f"is not a manylinux platform tag: {text!r}", fix="write it like \"manylinux_2_28\"")
+    return raw
+
+
+def _archs(r: Reader, key: str, t: ProjectTable) -> tuple[tuple[Arch, ...], Arch]:
+    archs: list[Arch] = []
+    for i, text in enumerate(t.archs):
+        arch = _arch(r, f"{key}.archs[{i}]", text)
+        if any(a.base == arch.base for a in archs):
+            raise r.error(f"{key}.archs[{i}]", f"lists {arch.base.sm} twice")
+        archs.append(arch)
+    if not archs:
+        raise r.error(f"{key}.archs", "is empty", fix="list the archs this project can build, e.g. [\"sm_90a\"]")
+    default = _arch(r, f"{key}.default_arch", t.default_arch) if t.default_arch else archs[-1]
+    if not any(a.base == default.base for a in archs):
+        raise r.error(f"{key}.default_arch", f"is {default.sm}, which is not in archs")
+    return tuple(archs), next(a for a in archs if a.base == default.base)
+
+
+def _arch_sets(r: Reader, key: str, sets: Mapping[str, tuple[str, ...]], archs: tuple[Arch, ...],
+               platforms: Mapping[str, Platform]) -> Mapping[str, tuple[Arch, ...]]:
+    """``arch_sets = { release = ["sm_80", "sm_90"] }``: each name a target token, each arch a declared one."""
+    out: dict[str, tuple[Arch, ...]] = {}
+    for name, texts in sets.items():
+        where = f"{key}.{name}"
+        if not name or not name[0].isalpha() or not all(c.isalnum() or c == "_" for c in name) or name != name.lower():
+            raise r.error(where, "is not a valid arch set name",
+                          fix="use lower-case letters, digits and '_', starting with a letter (it becomes part of target ids)")
+        if _is_arch_spelling(name) or name in {n for p in platforms.values() for n in p.suffix_names}:
+            raise r.error(where, f"'{name}' reads as an arch or a platform in a target id", fix="pick another name, e.g. release")
+        chosen: list[Arch] = []
+        for i, text in enumerate(texts):
+            arch = _arch(r, f"{where}[{i}]", text)
+            declared = next((a for a in archs if a.base == arch.base), None)
+            if declared is None:
+                raise r.error(f"{where}[{i}]", f"is {arch.sm}, which is not in {key.rsplit('.', 1)[0]}.archs",
+                              fix=f"use archs the project declares: {', '.join(a.sm for a in archs)}")
+            if arch.variant and arch.variant != declared.variant:
+                raise r.error(f"{where}[{i}]", f"is {arch.sm}, but the project declares {declared.sm}",
+                              fix=f"write {declared.sm} (or the plain {declared.base.sm})")
+            if any(a.base == declared.base for a in chosen):
+                raise r.error(f"{where}[{i}]", f"lists {declared.base.sm} twice")
+            chosen.append(declared)
+        if not chosen:
+            raise r.error(where, "is empty", fix="name at least one arch")
+        out[name] = tuple(sorted(chosen))
+    return MappingProxyType(out)
+
+
+def _is_arch_spelling(text: str) -> bool:
+    try:
+        parse_arch(text)
+    except ArchError:
+        return False
+    return True
+
+
+def _sources(r: Reader, key: str, t: SourceTable) -> tuple[GitSource | None, SdistSource | None, LocalSource | None, Source]:
+    git = replace(t.git, commit=t.git.commit.strip().lower()) if t.git else None
+    if git and (len(git.commit) != 40 or any(c not in "0123456789abcdef" for c in git.commit)):
+        raise r.error(f"{key}.git.commit", f"must be a full 40-hex commit id, not {git.commit!r}")
+    sdist = replace(t.sdist, sha256=t.sdist.sha256.strip().lower()) if t.sdist else None
+    if sdist and (len(sdist.sha256) != 64 or any(c not in "0123456789abcdef" for c in sdist.sha256)):
+        raise r.error(f"{key}.sdist.sha256", "must be 64 hex digits")
+    local = LocalSource(path=t.local) if t.local is not None else None
+    declared = {"git": git, "sdist": sdist, "local": local}
+    present = [k for k, v in declared.items() if v is not None]
+    if not present:
+        raise r.error(key, "declares no source", fix="give one of git, sdist, local")
+    use = t.use or present[0]
+    _one_of(r, f"{key}.use", use, tuple(declared), "must be one of git, sdist, local")
+    chosen = declared[use]
+    if chosen is None:
+        raise r.error(f"{key}.use", f"is '{use}' but no {use} source is declared", fix=f"add {use} = ... or change use")
+    return git, sdist, local, chosen
+
+
+def _knob(r: Reader, key: str, k: ArchKnob) -> ArchKnob:
+    _one_of(r, f"{key}.format", k.format, tuple(RENDERERS), f"'{k.format}' is not a known format")
+    if k.format == "disable-flags" and (k.prefix is None or not k.families):
+        raise r.error(key, "needs prefix and families for format 'disable-flags'")
+    if k.format != "disable-flags" and k.env is None:
+        raise r.error(key, f"needs env = \"VARIABLE\" for format '{k.format}'")
+    if k.families and k.format != "disable-flags":
+        raise r.error(f"{key}.families", f"only means something for format 'disable-flags', not '{k.format}'")
+    return k
+
+
+def _rule(r: Reader, key: str, t: RuleTable, projects: Mapping[str, Project],
+          platforms: Mapping[str, Platform]) -> MatrixRule:
+    if t == RuleTable():
+        raise r.error(key, "is empty: it would match every target", fix="give project, arch and/or platform")
+    for p in t.project or ():
+        _one_of(r, f"{key}.project", p, tuple(projects), f"'{p}' is not a declared project")
+    for p in t.platform or ():
+        _one_of(r, f"{key}.platform", p, tuple(platforms), f"'{p}' is not a declared platform")
+    archs = tuple(_arch(r, f"{key}.arch", a) for a in t.arch) if t.arch is not None else None
+    return MatrixRule(project=t.project, arch=archs, platform=t.platform)

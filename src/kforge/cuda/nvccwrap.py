@@ -1,0 +1,412 @@
+"""The nvcc wrapper kforge puts in front of every build: the plan's archs and thread count, enforced.
+
+A build reaches nvcc through ``PATH``, ``$CUDA_HOME/bin/nvcc``, ``$PYTORCH_NVCC``, ``$CUDACXX``
+or CMake's ``CMAKE_CUDA_COMPILER``; :mod:`kforge.cuda.enforce` points all of them at a small
+script that runs ``python -I <boot> <config> "$@"``, which lands in :func:`main` here.
+:func:`rewrite` is the pure part: it reads one nvcc command line and returns the one to run.
+
+* ``--threads``/``-t`` becomes the build's ``NVCC_THREADS`` (kforge's job choice, halved by an OOM
+  retry), else the plan's thread count.
+* Device steps (compiling ``.cu``, and nvcc-driven links, which embed a registration stub
+  built for the link's archs: ``sm_75``, nvcc 13.0's default, when none is given) lose every
+  ``-gencode``/``--generate-code``/``-arch``/``--gpu-architecture``/``-code``/``--gpu-code``
+  in every spelling and get the plan's ``-gencode`` flags instead: those of the plan's archs
+  the step asked for (so an upstream's per-file arch split survives), or all of them when it
+  asked for none of the plan's archs.
+* ``NVCC_PREPEND_FLAGS``/``NVCC_APPEND_FLAGS`` (read by nvcc itself) are folded into the
+  command line first, so flags hidden there are enforced too.
+* Host-only steps pass untouched: ``-E``, ``-M``/``-MM``, ``--version``, ``--list-gpu-*``,
+  ``-lib``, compiles of non-CUDA sources, and calls without input files.
+* Mode ``check`` runs the command as given and only records what ``on`` would change.
+
+Every step that asked for something other than what runs is appended to a JSON-lines log;
+the pipeline summarises it once per build. This module imports only the standard library:
+it runs once per compile unit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+MODES = ("on", "check", "off")
+
+#: Options whose value is the next word (or follows ``=``) and is never an input file or an arch flag.
+_VALUE_OPTIONS = frozenset({
+    "-o", "--output-file", "-Xcompiler", "--compiler-options", "-Xptxas", "--ptxas-options", "-Xlinker",
+    "--linker-options", "-Xnvlink", "--nvlink-options", "-Xfatbin", "--fatbin-options", "-Xarchive",
+    "--archive-options", "-MF", "-MT", "-MQ", "--dependency-output", "--dependency-target-name", "-ccbin",
+    "--compiler-bindir", "-I", "--include-path", "-isystem", "--system-include", "-L", "--library-path",
+    "-l", "--library", "-D", "--define-macro", "-U", "--undefine-macro", "-include", "--pre-include",
+    "-x", "--x", "-odir", "--output-directory", "-std", "--std", "-maxrregcount", "--maxrregcount",
+    "-rdc", "--relocatable-device-code", "-Werror", "-diag-suppress", "--diag-suppress", "-optf",
+    "--options-file", "-time", "--time", "-split-compile", "--split-compile", "-default-stream",
+    "--default-stream", "-Xcudafe", "-keep-dir", "--keep-dir", "-arbin", "--archiver-binary",
+})  # fmt: skip
+_GENCODE = ("-gencode", "--generate-code")
+_ARCH = ("-arch", "--gpu-architecture")
+_CODE = ("-code", "--gpu-code")
+_THREADS = ("-t", "--threads")
+_HOST_ONLY = frozenset({
+    "-E", "--preprocess", "-M", "-MM", "--generate-dependencies", "--generate-nonsystem-dependencies",
+    "-V", "--version", "-h", "--help", "--list-gpu-arch", "-arch-ls", "--list-gpu-code", "-code-ls",
+    "-lib", "--lib",
+})  # fmt: skip
+_COMPILE_ONLY = frozenset({"-c", "--compile", "-dc", "--device-c", "-dw", "--device-w", "-ptx", "--ptx",
+                           "-cubin", "--cubin", "-fatbin", "--fatbin", "-optix-ir", "--optix-ir"})
+_DEVICE_ONLY = frozenset({"-dc", "--device-c", "-dw", "--device-w", "-ptx", "--ptx", "-cubin", "--cubin",
+                          "-fatbin", "--fatbin", "-dlink", "--device-link"})
+_INPUT = re.compile(r"\.(cu|o|obj|a|lib|so|ptx|cubin|fatbin|cpp|cc|cxx|c|C)$")
+_ARCH_NAME = re.compile(r"^(?:sm|compute|lto)_(\d+)([a-z]?)$")
+_SPECIAL = ("all", "all-major", "native")
+
+
+@dataclass(frozen=True)
+class PlanArch:
+    """One arch as the plan builds it: ``compute_90a`` compiled to SASS ``sm_90a`` and/or PTX."""
+
+    virtual: str  # compute_90a
+    sass: str | None  # sm_90a, or None for PTX only
+    ptx: bool
+
+    @property
+    def key(self) -> str:
+        """The arch number without variant (``90``): how an upstream's request is matched to it."""
+        m = _ARCH_NAME.match(self.virtual)
+        return m.group(1) if m else self.virtual
+
+    def flags(self) -> list[str]:
+        out = []
+        if self.sass:
+            out.append(f"-gencode=arch={self.virtual},code={self.sass}")
+        if self.ptx:
+            out.append(f"-gencode=arch={self.virtual},code={self.virtual}")
+        return out
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        return tuple(c for c in (self.sass, self.virtual if self.ptx else None) if c)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the wrapper enforces: the mode, the plan's archs (from its gencode flags), the thread count."""
+
+    mode: str = "on"
+    archs: tuple[PlanArch, ...] = ()
+    threads: int | None = None
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        """What every binary carries: SASS ``sm_*`` and PTX ``compute_*`` names, in plan order."""
+        return tuple(c for a in self.archs for c in a.codes)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """The outcome for one nvcc command line."""
+
+    argv: tuple[str, ...]  # what to run (the input itself in check/off mode and for host-only steps)
+    device: bool  # a step whose device code lands in an output (compile or nvcc-driven link)
+    asked: tuple[str, ...] = ()  # codes the step asked for (sm_*/compute_*; nvcc's default if none)
+    got: tuple[str, ...] = ()  # codes that run (== asked when nothing changes)
+    threads_asked: int | None = None
+    threads_got: int | None = None
+    inputs: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def changed(self) -> bool:
+        return self.device and (set(self.asked) != set(self.got) or (
+            self.threads_asked is not None and self.threads_asked != self.threads_got))
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def split_gencode(value: str) -> tuple[str, tuple[str, ...]]:
+    """``arch=compute_90,code=[sm_90,compute_90]`` -> ``("compute_90", ("sm_90", "compute_90"))``."""
+    text = value.strip().strip("'\"")
+    m = re.match(r"^arch=([^,]+),code=(.+)$", text)
+    if not m:
+        raise ValueError(f"cannot read -gencode value {value!r} (expected arch=compute_XY,code=sm_XY)")
+    return m.group(1).strip(), _codes(m.group(2))
+
+
+def _codes(value: str) -> tuple[str, ...]:
+    text = value.strip().strip("'\"").strip("[]").strip("'\"")
+    return tuple(c.strip().strip("'\"") for c in text.split(",") if c.strip())
+
+
+def policy_from_flags(flags: Sequence[str], *, mode: str = "on", threads: int | None = None) -> Policy:
+    """The policy for a plan's ``-gencode=arch=X,code=Y`` flags (as :func:`kforge.cuda.arch.render_gencode` writes them)."""
+    if mode not in MODES:
+        raise ValueError(f"arch enforcement mode {mode!r} is not one of {', '.join(MODES)}")
+    order: list[str] = []
+    sass: dict[str, str] = {}
+    ptx: set[str] = set()
+    words = list(flags)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        name, value, i = _option(words, i, _GENCODE)
+        if name is None:
+            raise ValueError(f"the plan's nvcc flags hold {word!r}, which is not a -gencode flag")
+        virtual, codes = split_gencode(value or "")
+        if virtual not in order:
+            order.append(virtual)
+        for code in codes:
+            if code.startswith("sm_"):
+                sass[virtual] = code
+            else:
+                ptx.add(virtual)
+    return Policy(mode=mode, archs=tuple(PlanArch(v, sass.get(v), v in ptx) for v in order), threads=threads)
+
+
+def _option(words: Sequence[str], i: int, names: Sequence[str]) -> tuple[str | None, str | None, int]:
+    """If ``words[i]`` is one of ``names`` (``-x v``, ``-x=v``), return (name, value, next index)."""
+    word = words[i]
+    for name in names:
+        if word == name:
+            return name, words[i + 1] if i + 1 < len(words) else None, i + 2
+        if word.startswith(name + "="):
+            return name, word[len(name) + 1:], i + 1
+    return None, None, i + 1
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    kept: tuple[str, ...]
+    gencodes: tuple[tuple[str, tuple[str, ...]], ...]
+    arch: tuple[str, ...]
+    code: tuple[str, ...]
+    threads: int | None
+    inputs: tuple[str, ...]
+    host_only: bool
+    cuda_language: bool
+    compile_only: bool
+    device_flag: bool
+
+
+def _parse(argv: Sequence[str]) -> _Parsed:
+    kept: list[str] = []
+    gencodes: list[tuple[str, tuple[str, ...]]] = []
+    arch: list[str] = []
+    code: list[str] = []
+    threads: int | None = None
+    inputs: list[str] = []
+    host_only = cuda_language = compile_only = device_flag = False
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        name, value, nxt = _option(argv, i, _GENCODE)
+        if name:
+            for part in (value or "").split():  # -gencode "a b" is rare, but one word per pair is nvcc's rule
+                gencodes.append(split_gencode(part))
+            i = nxt
+            continue
+        name, value, nxt = _option(argv, i, _ARCH)
+        if name:
+            arch += [v for v in (value or "").split(",") if v]
+            i = nxt
+            continue
+        name, value, nxt = _option(argv, i, _CODE)
+        if name:
+            code += list(_codes(value or ""))
+            i = nxt
+            continue
+        name, value, nxt = _option(argv, i, _THREADS)
+        if name:
+            threads = int(value) if value and value.strip().isdigit() else threads
+            i = nxt
+            continue
+        if word in _HOST_ONLY:
+            host_only = True
+        if word in _COMPILE_ONLY:
+            compile_only = True
+        if word in _DEVICE_ONLY or word.lower() in ("-rdc=true", "--relocatable-device-code=true"):
+            device_flag = True
+        if word in ("-x", "--x") and i + 1 < len(argv):
+            cuda_language = cuda_language or argv[i + 1] == "cu"
+        elif word in ("-xcu", "-x=cu", "--x=cu"):
+            cuda_language = True
+        if word in _VALUE_OPTIONS and i + 1 < len(argv):
+            kept += [word, argv[i + 1]]
+            i += 2
+            continue
+        if not word.startswith("-") and _INPUT.search(word):
+            inputs.append(word)
+        kept.append(word)
+        i += 1
+    return _Parsed(tuple(kept), tuple(gencodes), tuple(arch), tuple(code), threads, tuple(inputs), host_only,
+                   cuda_language, compile_only, device_flag)
+
+
+def _asked_codes(p: _Parsed) -> tuple[str, ...]:
+    """The SASS/PTX names the step's own flags produce, by nvcc's rules (``()``: nvcc's default arch)."""
+    out: list[str] = []
+    for _virtual, codes in p.gencodes:
+        out += codes
+    for a in p.arch:
+        if a in _SPECIAL:
+            out.append(a)
+        elif p.code:
+            out += p.code
+        elif a.startswith("sm_"):  # -arch=sm_XY is -arch=compute_XY -code=sm_XY,compute_XY
+            out += [a, "compute_" + a[3:]]
+        else:
+            out.append(a)  # -arch=compute_XY alone: PTX only
+    if p.code and not p.arch:
+        out += p.code
+    return tuple(dict.fromkeys(out))
+
+
+def _key(name: str) -> str | None:
+    m = _ARCH_NAME.match(name)
+    return m.group(1) if m else None
+
+
+def is_device_step(p: _Parsed) -> bool:
+    if p.host_only or not p.inputs:
+        return False
+    cuda_input = p.cuda_language or any(x.endswith(".cu") for x in p.inputs)
+    if p.compile_only:
+        return cuda_input or p.device_flag
+    return True  # a link driven by nvcc: it device-links a registration stub for its archs
+
+
+def rewrite(argv: Sequence[str], policy: Policy) -> Rewrite:
+    """The command to run for nvcc ``argv`` (without the program name) under ``policy``. Pure."""
+    argv = tuple(argv)
+    if policy.mode == "off" or not policy.archs:
+        return Rewrite(argv=argv, device=False)
+    p = _parse(argv)
+    if not is_device_step(p):
+        return Rewrite(argv=argv, device=False, threads_asked=p.threads, threads_got=p.threads, inputs=p.inputs)
+    asked = _asked_codes(p)
+    wanted = {k for k in map(_key, asked) if k}
+    chosen = [a for a in policy.archs if a.key in wanted]
+    if not chosen or any(a in _SPECIAL for a in asked):
+        chosen = list(policy.archs)
+    got = tuple(c for a in chosen for c in a.codes)
+    threads = policy.threads if policy.threads is not None else p.threads
+    new = list(p.kept) + [f for a in chosen for f in a.flags()]
+    if threads is not None:
+        new += ["--threads", str(threads)]
+    return Rewrite(
+        argv=tuple(new) if policy.mode == "on" else argv,
+        device=True,
+        asked=asked or ("nvcc default",),
+        got=got,
+        threads_asked=p.threads,
+        threads_got=threads,
+        inputs=p.inputs,
+    )
+
+
+def fold_env_flags(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """``NVCC_PREPEND_FLAGS`` + argv + ``NVCC_APPEND_FLAGS``, as nvcc itself would see them."""
+    return [*shlex.split(env.get("NVCC_PREPEND_FLAGS", "")), *argv, *shlex.split(env.get("NVCC_APPEND_FLAGS", ""))]
+
+
+# ---------------------------------------------------------------------------- the wrapper's entry point
+
+
+@dataclass(frozen=True)
+class Config:
+    """What the wrapper file hands to :func:`main` (as one JSON word)."""
+
+    policy: Policy
+    nvcc: str  # the real nvcc
+    launcher: str | None = None  # ccache/sccache, run in front of nvcc
+    log: str | None = None  # JSON-lines file of the steps that were (or, in check mode, would be) rewritten
+    short_deps: bool = False  # spell torch's long dependency flags short (-MD/-MF) so ccache can cache them
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "mode": self.policy.mode, "threads": self.policy.threads,
+            "archs": [[a.virtual, a.sass, a.ptx] for a in self.policy.archs],
+            "nvcc": self.nvcc, "launcher": self.launcher, "log": self.log, "short_deps": self.short_deps,
+        }, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Config:
+        d = json.loads(text)
+        policy = Policy(mode=d["mode"], threads=d.get("threads"),
+                        archs=tuple(PlanArch(v, s, bool(p)) for v, s, p in d.get("archs", ())))
+        return cls(policy=policy, nvcc=d["nvcc"], launcher=d.get("launcher"), log=d.get("log"),
+                   short_deps=bool(d.get("short_deps")))
+
+
+def short_dependency_flags(argv: Sequence[str]) -> list[str]:
+    """torch's ``--generate-dependencies-with-compile --dependency-output F`` as ``-MD -MF F``.
+
+    ccache 4.x only recognises the short spellings and calls every compile with the long ones
+    "unsupported" (uncacheable); torch >= 2.11 already writes the short ones.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--generate-dependencies-with-compile":
+            out.append("-MD")
+        elif word == "--dependency-output" and i + 1 < len(argv):
+            out += ["-MF", argv[i + 1]]
+            i += 1
+        elif word.startswith("--dependency-output="):
+            out += ["-MF", word.split("=", 1)[1]]
+        else:
+            out.append(word)
+        i += 1
+    return out
+
+
+def record(result: Rewrite, mode: str) -> str:
+    """One JSON line for the log."""
+    return json.dumps({"mode": mode, "inputs": list(result.inputs), "asked": list(result.asked),
+                       "got": list(result.got), "threads": [result.threads_asked, result.threads_got]})
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """``<config json> <nvcc args...>``: rewrite, log, then exec (launcher) nvcc."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ if environ is None else environ)
+    if not args:
+        sys.stderr.write("kforge nvcc wrapper: no configuration given (this script is written by kforge)\n")
+        return 2
+    config = Config.from_json(args[0])
+    nvcc_args = args[1:]
+    if config.policy.mode != "off":
+        # The build's NVCC_THREADS is the job choice of the moment (an OOM retry halves it; --env sets it).
+        raw = env.get("NVCC_THREADS", "").strip()
+        policy = replace(config.policy, threads=int(raw)) if raw.isdigit() and int(raw) > 0 else config.policy
+        folded = fold_env_flags(nvcc_args, env)
+        result = rewrite(folded, policy)
+        if config.policy.mode == "on" and result.device:
+            nvcc_args = list(result.argv)
+            env.pop("NVCC_PREPEND_FLAGS", None)
+            env.pop("NVCC_APPEND_FLAGS", None)
+        if result.changed and config.log:
+            try:
+                with open(config.log, "a", encoding="utf-8") as fh:  # one short line: an atomic O_APPEND write
+                    fh.write(record(result, config.policy.mode) + "\n")
+            except OSError as exc:
+                sys.stderr.write(f"kforge nvcc wrapper: cannot write {config.log}: {exc}\n")
+    if config.short_deps:
+        nvcc_args = short_dependency_flags(nvcc_args)
+    command = ([config.launcher] if config.launcher else []) + [config.nvcc, *nvcc_args]
+    sys.stdout.flush()
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        sys.stderr.write(f"kforge nvcc wrapper: cannot run {command[0]}: {exc}\n")
+        return 127
+    return 0  # pragma: no cover (exec does not return)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

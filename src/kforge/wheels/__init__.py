@@ -1,0 +1,1 @@
+"""Wheels after the build: repair, platform tags, the wheelhouse, its index, and merging wheelhouses."""
