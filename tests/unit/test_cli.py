@@ -160,7 +160,8 @@ variants = [{ cuda = "13.0" }]
 
 
 def test_an_unexpected_os_error_is_one_paragraph_that_says_error_once(monkeypatch, capsys) -> None:
-    from kforge import cli, inputs
+    from kforge import cli
+    from kforge.config import inputs
 
     def refuse(*_a, **_k):
         raise PermissionError(13, "Permission denied", "/srv/wheelhouse/fmha")
