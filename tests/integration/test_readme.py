@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.cli import build_parser
+from kforge.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -97,17 +97,32 @@ def test_every_kforge_command_in_the_readme_parses() -> None:
 
 
 def test_every_nox_session_in_the_readme_is_listed() -> None:
-    sessions = [c.split("-s", 1)[1].split()[0] for c in readme_commands(README.read_text(encoding="utf-8"))
+    """The README's sessions, and those its docs pages show (docs/*.md)."""
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    sessions = [c.split("-s", 1)[1].split()[0] for page in pages for c in readme_commands(page.read_text(encoding="utf-8"))
                 if c.startswith("nox ") and " -s " in c]
-    assert sessions
+    assert len(sessions) > 10, sessions
     listed = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
     assert listed.returncode == 0, listed.stderr
     names = {ln.split()[1] for ln in listed.stdout.splitlines() if ln[:2] in ("* ", "- ")}
     for session in sessions:
-        if "<" in session:  # a template (`build-<target>`), not a session name
+        if re.search(r"[<*A-Z]|\.\.\.", session):  # a template: `build-<target>`, `release-NAME`, `build-flashmla-*`
             continue
-        assert session in names, f"README runs `nox -s {session}`, which nox -l does not list"
+        assert session in names, f"the README or docs run `nox -s {session}`, which nox -l does not list"
+
+
+#: Pages whose `kforge plan TARGET` lines are examples that must plan (docs/plan.md also shows one that must fail).
+PLAN_PAGES = ("README.md", "docs/targets.md", "docs/windows.md")
+
+
+@pytest.mark.parametrize("cmd", sorted({c for page in PLAN_PAGES for c in readme_commands((ROOT / page).read_text(encoding="utf-8"))
+                                        if c.startswith("kforge plan ") and "<" not in c}))
+def test_every_plan_the_readme_and_the_target_pages_show_plans(cmd: str, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("KFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("KFORGE_PROFILE", raising=False)
+    assert main(shlex.split(cmd)[1:]) == 0, capsys.readouterr().err[-2000:]
+    assert capsys.readouterr().out.startswith("plan ")
 
 
 @pytest.mark.integration
