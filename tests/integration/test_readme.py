@@ -172,7 +172,8 @@ def test_fresh_venv_follows_the_readme(tmp_path: Path) -> None:
 #: torch, python, version), the nvcc found (cuda), CPU count and free memory (jobs), what this kforge cache has
 #: measured (order), the checkout's folder and state (work dir, enforce). Compared by name only.
 HOST_LINES = ("variant", "cuda", "torch", "python", "jobs", "order", "version", "work dir", "enforce")
-#: Printed only when torch is, or is to be, provisioned: dropped on both sides.
+#: Printed only when torch is, or is to be, provisioned: dropped on both sides. (On the backend line, whose
+#: packages the build uses depends on the same thing: normalised too.)
 OPTIONAL_LINES = ("c++ abi", "build env")
 #: env entries with host values (toolkit paths, job counts, the local version that names torch): dropped.
 HOST_ENV = ("CMAKE_BUILD_PARALLEL_LEVEL", "CPLUS_INCLUDE_PATH", "CUDACXX", "CUDA_HOME", "MAX_JOBS", "NVCC_THREADS")
@@ -191,6 +192,8 @@ def _normalise_plan(text: str) -> list[str]:
         key = line[2:14].strip() if line.startswith("  ") else None
         if key in OPTIONAL_LINES:
             continue
+        if key == "backend":  # whose packages: this interpreter's, or a uv environment's where it lacks the variant's torch
+            line = re.sub(r"uses (this interpreter's|the variant environment's) packages", "uses <host> packages", line)
         out.append(f"  {key:<12}<host>" if key in HOST_LINES else line.rstrip())
     return out
 
