@@ -11,6 +11,7 @@ README and of docs/ leads to a file (and heading) of the repository, as does eve
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import os
 import re
@@ -216,8 +217,8 @@ def test_the_readme_plan_sample_is_what_kforge_plan_prints(tmp_path: Path) -> No
     want, got = _normalise_plan(shown), _normalise_plan(printed)
     assert len(want) > 15 and any(line.startswith("  nvcc flags") for line in want)  # a whole plan, not a stub
     assert got == want, ("the README's plan sample is stale: regenerate it with "
-                         f"`kforge plan {target} | sed 's#'$PWD'#{README_ROOT}#g'`\n" + "\n".join(
-                             f"README: {w!r}\nplan:   {g!r}" for w, g in zip(want, got) if w != g))
+                         f"`kforge plan {target} | sed 's#'$PWD'#{README_ROOT}#g'`\n"
+                         + "\n".join(difflib.unified_diff(want, got, "README", "kforge plan", lineterm="")))
 
 
 def test_normalising_keeps_what_the_target_decides() -> None:
