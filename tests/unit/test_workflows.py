@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 import yaml
@@ -79,10 +80,20 @@ def test_a_build_job_per_buildable_target(forge, dev) -> None:
     got = {(t.session_id, t.platform.name) for t in ci_targets(forge)}
     assert got == expected
     assert {k for k in dev["jobs"] if k.startswith("build-")} == {f"build-{t.key}" for t in ci_targets(forge)}
-    # Declared, planned, but not buildable: left out of CI on every platform, with the reason in forge.toml.
-    assert forge.projects["flashmla"].unbuildable_reason(forge.projects["flashmla"].archs[-1])
-    assert not any(k.startswith("build-flashmla-sm120") for k in dev["jobs"])
-    assert "build-flashmla-sm90-linux" in dev["jobs"]
+    # flashmla-sm120 builds (our port, patches/flashmla 0011-0013): a job on each of its platforms, and a GPU test.
+    assert forge.projects["flashmla"].unbuildable_reason(forge.projects["flashmla"].archs[-1]) is None
+    assert {"build-flashmla-sm120-linux", "build-flashmla-sm120-windows", "test-flashmla-sm120-linux"} <= set(dev["jobs"])
+    assert "python -m nox -s build-flashmla-sm120" in _runs(dev["jobs"]["build-flashmla-sm120-linux"])
+
+
+def test_an_unbuildable_arch_is_left_out_on_every_platform(forge) -> None:
+    """Declared and planned, but marked `unbuildable` in forge.toml: no build or test job on any platform."""
+    mla = replace(forge.projects["flashmla"], unbuildable=MappingProxyType({"sm_120": "needs a kernel port"}))
+    marked = replace(forge, projects=MappingProxyType({**forge.projects, "flashmla": mla}))
+    jobs = workflow_data(marked)["jobs"]
+    assert not any(k.startswith(("build-flashmla-sm120", "test-flashmla-sm120")) for k in jobs)
+    assert {"build-flashmla-sm90-linux", "test-flashmla-sm90-linux"} <= set(jobs)
+    assert not any(t.session_id == "flashmla-sm120" for t in ci_targets(marked))
 
 
 def test_torch_abi_builds_run_on_self_hosted_build_runners_with_their_torch(forge, dev) -> None:
