@@ -391,7 +391,7 @@ def _expects(plan: Plan, run: Run, done: Done) -> str:
 def _repair_detail(plan: Plan, run: Run, done: Done) -> str:
     if done.build is not None and done.build.repaired:
         return "done by the backend"
-    return "auditwheel" if plan.platform_os == "linux" else "delvewheel"
+    return plan.repairer
 
 
 def _needs_environment(plan: Plan) -> bool:

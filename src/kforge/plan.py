@@ -39,6 +39,7 @@ from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, d
 from kforge.fsutil import work_root
 from kforge.sources.series import PatchContext, Series, load_series, series_hash
 from kforge.wheels.platformtag import parse_tag
+from kforge.wheels.repair import repairer_name
 
 __all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
 
@@ -98,6 +99,7 @@ class Plan:
     provisioning: Provisioning | None = None  # per part: present, or how kforge provisions it
     index_url: str | None = None  # where a provisioned environment installs from (None: uv's default)
     find_links: str | None = None  # offline wheels for a provisioned environment
+    repairer: str = "auditwheel"  # kforge.wheels.repair.REPAIRERS: auditwheel (Linux) or delvewheel (Windows)
     ninja_shim: bool = False  # kforge's ninja shim goes in front (a POSIX host, not a container): jobs.order applies
 
     @property
@@ -146,7 +148,7 @@ class Plan:
             "pythons": list(self.pythons),
             "local_version": self.local_version,
             "local_version_in_wheel": self.local_version_in_wheel,
-            "repair": {"policy": self.repair_policy.name, "exclude": list(self.repair_policy.exclude)},
+            "repair": {"tool": self.repairer, "policy": self.repair_policy.name, "exclude": list(self.repair_policy.exclude)},
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
             "image": self.image,
             "platform_tag": self.platform_tag,
@@ -188,7 +190,7 @@ class Plan:
             f"  jobs        MAX_JOBS={self.jobs.max_jobs} {threads}: {self.jobs.reason}",
             f"  order       {order_line(self.jobs)}",
             f"  version     +{self.local_version}" if self.local_version else "  version     no local label",
-            f"  repair      policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
+            f"  repair      {self.repairer}, policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
             f"  work dir    {self.work_dir}",
             "  nvcc flags  " + " ".join(self.nvcc_flags),
             f"  platform    {self.platform_tag or 'the best tag the binaries allow'}"
@@ -298,6 +300,7 @@ def make_plan(
                                   host_torch=host.torch_version, cuda_how=toolchain.action,
                                   cuda_present=toolchain.uses_installed, build_requires=project.build_requires),
         index_url=options.index_url, find_links=options.find_links,
+        repairer=repairer_name(platform.os),
         ninja_shim=platform.os != "windows" and backend != "cibuildwheel",  # a sh script on this host's PATH
     )
 
