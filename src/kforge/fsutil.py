@@ -70,3 +70,14 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
         return Path(environ["KFORGE_CACHE"]).expanduser()
     base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "kforge"
+
+
+def prepend_path(first: str | Path, rest: str | None) -> str:
+    """``first`` in front of a ``PATH``-like list (``os.pathsep``-separated; an empty ``rest`` adds no separator).
+    The one way kforge puts a folder first on ``PATH``, ``GIT_CEILING_DIRECTORIES`` and their kind."""
+    return os.pathsep.join([str(first), rest]) if rest else str(first)
+
+
+def write_executable(path: Path, text: str) -> Path:
+    """An executable script (a shim in front of nvcc, c++ or ninja), written atomically with mode 0755."""
+    return atomic_write_text(path, text, mode=0o755)

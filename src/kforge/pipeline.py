@@ -13,7 +13,6 @@ put ``Step("my", my_step, ...)`` where it belongs in :data:`STEPS`.
 
 from __future__ import annotations
 
-import os
 import platform as _platform
 import shutil
 import sys
@@ -23,11 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from types import MappingProxyType
 
 from kforge import buildinputs, doctor, locking, preflight
 from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
-from kforge.build import jobs, report, reproducible, toolchain
+from kforge.build import environment, jobs, report, toolchain
 from kforge.build import order as buildorder
 from kforge.build import venv as buildenv
 from kforge.build.host import HostFacts
@@ -208,17 +206,10 @@ def build_python(run: Run, done: Done) -> str:
 
 
 def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
+    """nvcc and torch found, then the build's environment assembled (kforge.build.environment) as the plan says."""
+    assert done.source is not None
     nvcc = run.services.find_nvcc(plan, run.environ, run.cache_dir, run.log.info)
     run.log.info(f"nvcc {nvcc.version} at {nvcc.path}")
-    env = {**run.environ, **plan.env}
-    env.update(nvcc.env(env))  # CUDA_HOME & co, and the host include path for CCCL on CUDA >= 13
-    env["PATH"] = str(nvcc.home / "bin") + (":" + env["PATH"] if env.get("PATH") else "")
-    isolate_git(env, plan.work_dir)
-    assert done.source is not None
-    epoch = reproducible.source_epoch(plan.root, plan.source, done.source)
-    env.update(reproducible.build_env(plan.project.name, epoch, env))
-    run.log.info(f"reproducible: SOURCE_DATE_EPOCH={env.get('SOURCE_DATE_EPOCH', 'unset')} ({epoch.origin}), "
-                 f"NVCC_APPEND_FLAGS={env['NVCC_APPEND_FLAGS']}")
     python = build_python(run, done)
     torch = run.services.detect_torch(python) if plan.project.torch_abi else None
     if plan.project.torch_abi and torch is None:
@@ -226,40 +217,14 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
             f"{plan.project.name} builds against torch, and {python} has no torch",
             fix=f"install torch {plan.toolchain.torch or ''} into that interpreter (the build uses no isolation)".replace("  ", " "),
         )
-    cache = toolchain.compiler_cache(env, wrapper_dir=plan.work_dir / "cc-wrappers", nvcc=nvcc.path)
-    if cache is not None:
-        env.update(cache.env)
-        run.log.info(f"compiler cache: {cache.tool} ({cache.path})")
-    tree = done.source.tree / plan.build_dir if done.source is not None else None
-    wrapper = install_enforcement(plan, env, nvcc, cache, tree, run.log.info)
-    shim_ok = os.name == "posix" and plan.backend != "cibuildwheel"  # a sh script, on this machine's PATH
-    order = buildorder.install(plan.jobs.order if shim_ok else (), dest=plan.work_dir / "ninja-order", env=env)
-    if order is not None:
-        env.update(order.env)
-        what = ("the seed's unit times (nothing measured here yet)" if plan.jobs.order_from == "seed"
-                else f"{order.units} measured unit times")
-        run.log.info(f"build order: longest first by {what} (ninja shim {order.shim} in front of {order.ninja})")
-    else:
-        run.log.info("build order: upstream's" + (" (no unit times measured yet)" if not plan.jobs.order else
-                                                  " (no ninja on PATH for the shim)" if shim_ok else
-                                                  f" (the ninja shim does not run under {plan.backend} / {os.name})"))
-    return ToolchainResult(MappingProxyType(env), nvcc, torch, wrapper, order)
+    built = environment.assemble(run.environ, plan.env, environment_layers(plan), nvcc, done.source, run.log.info)
+    return ToolchainResult(built.env, nvcc, torch, built.wrapper, built.order)
 
 
-def install_enforcement(plan: Plan, env: dict[str, str], nvcc: toolchain.Nvcc, cache: toolchain.CacheSetup | None,
-                        tree: Path | None, say: Callable[[str], None]) -> archenforce.WrapperSetup | None:
-    """Route every nvcc call of the build through kforge's wrapper (kforge.cuda.enforce), unless the plan says off."""
-    enforce = plan.enforce
-    if enforce is None or enforce.mode == "off" or os.name != "posix" or plan.backend == "cibuildwheel":
-        return None
-    setup = archenforce.install(enforce, nvcc=nvcc.path, cuda_home=nvcc.home, dest=plan.work_dir / "nvcc-wrap",
-                                launcher=cache.path if cache is not None else None,
-                                short_deps=cache is not None and cache.tool == "ccache", env=env)
-    env.update(setup.env)
-    found = archenforce.scan_build_scripts(tree) if tree is not None else ()
-    say(f"arch enforcement {enforce.mode}: every nvcc step gets {enforce.contents()}"
-        + (f"; the build scripts write their own arch flags ({len(found)} line(s), e.g. {found[0]})" if found else ""))
-    return setup
+def environment_layers(plan: Plan) -> environment.Layers:
+    return environment.Layers(project=plan.project.name, root=plan.root, work_dir=plan.work_dir, source=plan.source,
+                              enforce=plan.enforce, order=plan.jobs.order, order_from=plan.jobs.order_from,
+                              ninja_shim=plan.ninja_shim, backend=plan.backend)
 
 
 def judgement(plan: Plan) -> Judgement:
@@ -278,16 +243,6 @@ def _verify(report: doctor.WheelReport | doctor.BinaryReport, plan: Plan) -> lis
     return doctor.verify(report, expect, j.policy, exact=j.exact, exact_ptx=j.exact_ptx)
 
 
-def isolate_git(env: dict[str, str], work: Path) -> None:
-    """Upstream setup.py files run git (FlashMLA: `git submodule update`, versions from `git describe`).
-
-    The scratch tree is an export without .git, under the monorepo: stop git from finding the
-    monorepo's repository above it.
-    """
-    ceiling = str(work.parent)
-    env["GIT_CEILING_DIRECTORIES"] = ceiling + (os.pathsep + env["GIT_CEILING_DIRECTORIES"] if env.get("GIT_CEILING_DIRECTORIES") else "")
-
-
 def build_step(plan: Plan, run: Run, done: Done) -> BuildResult:
     assert done.source is not None and done.toolchain is not None
     request = BuildRequest(plan=plan, tree=done.source.tree / plan.build_dir, out_dir=plan.work_dir / "dist",
@@ -297,17 +252,11 @@ def build_step(plan: Plan, run: Run, done: Done) -> BuildResult:
     if result.retried_with_jobs:
         run.log.warning(f"a compile unit ran out of memory; the build was retried with MAX_JOBS={result.retried_with_jobs}")
     if result.units:
-        ran_with = result.retried_with_jobs or choice_jobs(plan)
+        ran_with = result.retried_with_jobs or plan.jobs.max_jobs
         jobs.record(run.cache_dir, plan.project.name, len(plan.archs), result.units, jobs=ran_with,
                     cpus=run.host.cpus)
     run.log.info(f"built {result.artifact.name} in {result.seconds:.0f} s, peak RSS {result.peak_rss / 2**30:.2f} GiB")
     return result
-
-
-def choice_jobs(plan: Plan) -> int:
-    """The MAX_JOBS the build ran with: the plan's environment (``--env MAX_JOBS`` folded in), else its choice."""
-    raw = plan.env.get("MAX_JOBS", "").strip()
-    return int(raw) if raw.isdigit() and int(raw) > 0 else plan.jobs.max_jobs
 
 
 def report_step(plan: Plan, run: Run, done: Done) -> ReportResult:
@@ -442,7 +391,7 @@ def _expects(plan: Plan, run: Run, done: Done) -> str:
 def _repair_detail(plan: Plan, run: Run, done: Done) -> str:
     if done.build is not None and done.build.repaired:
         return "done by the backend"
-    return "auditwheel" if plan.platform_os == "linux" else "delvewheel"
+    return plan.repairer
 
 
 def _needs_environment(plan: Plan) -> bool:

@@ -21,14 +21,14 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from kforge.backends import BACKENDS
 from kforge.build.host import HostFacts
 from kforge.build.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
 from kforge.build.jobs import JobChoice, JobProfile, choose_jobs, for_arch_count, order_line
 from kforge.build.toolchain import host_include_env
-from kforge.config.forge import ArchKnob, Forge, GpuTests, Platform, Project, normalise_env_value
+from kforge.config.forge import BACKEND_NAMES, ArchKnob, Forge, GpuTests, Platform, Project, normalise_env_value
 from kforge.config.options import BY_NAME, PlanOptions, parse_value
 from kforge.config.repairpolicy import RepairPolicy, default_policy
+from kforge.config.source import GitSource, LocalSource, SdistSource, Source
 from kforge.config.targets import Target
 from kforge.config.variant import Provisioning, Variant, parse_python, parse_version, provisioning
 from kforge.config.wheelname import local_version_label
@@ -38,8 +38,8 @@ from kforge.cuda.render import FLASHINFER_RULE_VALID_FOR, default_variant, rende
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.fsutil import work_root
 from kforge.sources.series import PatchContext, Series, load_series, series_hash
-from kforge.sources.upstream import GitSource, LocalSource, SdistSource, Source
 from kforge.wheels.platformtag import parse_tag
+from kforge.wheels.repair import repairer_name
 
 __all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
 
@@ -81,7 +81,7 @@ class Plan:
     archs: tuple[Arch, ...]  # as the build will name them (after the project's variant rule)
     env: Mapping[str, str]
     nvcc_flags: tuple[str, ...]
-    backend: str  # a key of kforge.backends.BACKENDS
+    backend: str  # one of kforge.config.forge.BACKEND_NAMES
     build_dir: str
     build_isolation: bool
     jobs: JobChoice  # MAX_JOBS and the nvcc thread count, and every variable that carries it (jobs.thread_vars)
@@ -99,6 +99,8 @@ class Plan:
     provisioning: Provisioning | None = None  # per part: present, or how kforge provisions it
     index_url: str | None = None  # where a provisioned environment installs from (None: uv's default)
     find_links: str | None = None  # offline wheels for a provisioned environment
+    repairer: str = "auditwheel"  # kforge.wheels.repair.REPAIRERS: auditwheel (Linux) or delvewheel (Windows)
+    ninja_shim: bool = False  # kforge's ninja shim goes in front (a POSIX host, not a container): jobs.order applies
 
     @property
     def id(self) -> str:
@@ -136,7 +138,8 @@ class Plan:
             "jobs": {"max_jobs": self.jobs.max_jobs, "nvcc_threads": self.jobs.nvcc_threads,
                      "thread_vars": list(self.jobs.thread_vars), "reason": self.jobs.reason,
                      "predicted_seconds": self.jobs.predicted_seconds,
-                     "order": [[k, round(v, 1)] for k, v in self.jobs.order], "order_from": self.jobs.order_from},
+                     "order": [[k, round(v, 1)] for k, v in self.jobs.order], "order_from": self.jobs.order_from,
+                     "ninja_shim": self.ninja_shim},
             "toolchain": {
                 "cuda": str(tc.cuda), "cuda_from": tc.cuda_from, "min_cuda": str(tc.min_cuda),
                 "installed_cuda": str(tc.installed_cuda) if tc.installed_cuda else None, "nvcc": tc.nvcc_path,
@@ -145,7 +148,7 @@ class Plan:
             "pythons": list(self.pythons),
             "local_version": self.local_version,
             "local_version_in_wheel": self.local_version_in_wheel,
-            "repair": {"policy": self.repair_policy.name, "exclude": list(self.repair_policy.exclude)},
+            "repair": {"tool": self.repairer, "policy": self.repair_policy.name, "exclude": list(self.repair_policy.exclude)},
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
             "image": self.image,
             "platform_tag": self.platform_tag,
@@ -187,7 +190,7 @@ class Plan:
             f"  jobs        MAX_JOBS={self.jobs.max_jobs} {threads}: {self.jobs.reason}",
             f"  order       {order_line(self.jobs)}",
             f"  version     +{self.local_version}" if self.local_version else "  version     no local label",
-            f"  repair      policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
+            f"  repair      {self.repairer}, policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
             f"  work dir    {self.work_dir}",
             "  nvcc flags  " + " ".join(self.nvcc_flags),
             f"  platform    {self.platform_tag or 'the best tag the binaries allow'}"
@@ -297,6 +300,8 @@ def make_plan(
                                   host_torch=host.torch_version, cuda_how=toolchain.action,
                                   cuda_present=toolchain.uses_installed, build_requires=project.build_requires),
         index_url=options.index_url, find_links=options.find_links,
+        repairer=repairer_name(platform.os),
+        ninja_shim=platform.os != "windows" and backend != "cibuildwheel",  # a sh script on this host's PATH
     )
 
 
@@ -463,8 +468,9 @@ def _check_knob_keeps_variants(project: Project, knob: ArchKnob, archs: tuple[Ar
 
 
 def _backend(name: str) -> str:
-    if name not in BACKENDS:
-        raise ConfigError(f"unknown backend '{name}'{did_you_mean(name, BACKENDS)}", fix=f"use one of: {', '.join(BACKENDS)}")
+    if name not in BACKEND_NAMES:
+        raise ConfigError(f"unknown backend '{name}'{did_you_mean(name, BACKEND_NAMES)}",
+                          fix=f"use one of: {', '.join(BACKEND_NAMES)}")
     return name
 
 

@@ -29,6 +29,7 @@ from kforge.build.host import HostFacts
 from kforge.config.forge import Forge
 from kforge.config.options import PlanOptions
 from kforge.config.releasematrix import expand, parse_selector, select
+from kforge.config.source import GitSource, SdistSource
 from kforge.config.targets import make_target
 from kforge.errors import ConfigError, KforgeError, PublishError
 from kforge.fsutil import atomic_write_text, work_root
@@ -36,7 +37,6 @@ from kforge.gputest import GpuTestOutcome
 from kforge.pipeline import BuildOutcome, Run, run_build
 from kforge.plan import Plan, make_plan
 from kforge.sources import upstream as sources
-from kforge.sources.upstream import GitSource, SdistSource
 from kforge.wheels import wheelhouse
 
 RELEASES_DIR = "releases"

@@ -14,11 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import UPSTREAM_URL, make_mirrored_world, use_test_git_config, write_forge  # noqa: E402
 from kforge_testkit import kforge  # noqa: E402
 
+from kforge.config.source import GitSource  # noqa: E402
 from kforge.errors import SourceError  # noqa: E402
 from kforge.sources import kit  # noqa: E402
 from kforge.sources import upstream as sources
 from kforge.sources.mirrors import Mirrors  # noqa: E402
-from kforge.sources.upstream import GitSource, SourceState  # noqa: E402
+from kforge.sources.upstream import SourceState  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

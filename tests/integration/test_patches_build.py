@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import TINY_PATCHES, make_superproject, make_upstream, use_test_git_config  # noqa: E402
 
+from kforge.config.source import GitSource
 from kforge.sources import patches  # noqa: E402
 from kforge.sources import upstream as sources
 from kforge.sources.series import PatchContext, load_series  # noqa: E402
@@ -36,7 +37,7 @@ def test_patched_scratch_copy_builds_with_nvcc_and_checkout_stays_pristine(tmp_p
     base = make_upstream(upstream)
     root = tmp_path / "mono"
     make_superproject(root, upstream)
-    spec = sources.GitSource("externals/tiny", upstream.as_uri(), base)
+    spec = GitSource("externals/tiny", upstream.as_uri(), base)
     checkout_hash = sources.tree_hash(root / "externals" / "tiny")
 
     prepared = sources.prepare(root, spec, root / ".kforge" / "work" / "tiny-sm120", cache_dir=tmp_path / "cache")

@@ -11,9 +11,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import commit_change, git, make_superproject, make_upstream, use_test_git_config, write_forge  # noqa: E402
 from kforge_testkit import kforge  # noqa: E402
 
+from kforge.config.source import GitSource, LocalSource  # noqa: E402
 from kforge.errors import SourceError  # noqa: E402
 from kforge.sources import upstream as sources  # noqa: E402
-from kforge.sources.upstream import GitSource, SourceState  # noqa: E402
+from kforge.sources.upstream import SourceState  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -157,13 +158,13 @@ def test_local_source_is_copied_with_content_pin(tmp_path: Path) -> None:
     (root / "kernels" / "fmha" / "build").mkdir(parents=True)
     (root / "kernels" / "fmha" / "fmha.cu").write_text("__global__ void k() {}\n")
     (root / "kernels" / "fmha" / "build" / "junk.o").write_bytes(b"\0")
-    spec = sources.LocalSource("kernels/fmha")
+    spec = LocalSource("kernels/fmha")
     assert sources.status(root, "fmha", spec).state is SourceState.PRESENT
     prepared = sources.prepare(root, spec, tmp_path / "work", cache_dir=tmp_path / "cache")
     assert (prepared.tree / "fmha.cu").is_file()
     assert not (prepared.tree / "build").exists()
     assert prepared.pin.startswith("local:")
-    missing = sources.status(root, "nope", sources.LocalSource("kernels/nope"))
+    missing = sources.status(root, "nope", LocalSource("kernels/nope"))
     assert missing.state is SourceState.MISSING and missing.fix
 
 

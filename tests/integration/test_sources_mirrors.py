@@ -11,10 +11,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import LIB_URL, UPSTREAM_URL, git, make_lib, make_mirrored_world, use_test_git_config  # noqa: E402
 
+from kforge.config.source import GitSource  # noqa: E402
 from kforge.errors import SourceError  # noqa: E402
 from kforge.sources import upstream as sources  # noqa: E402
 from kforge.sources.mirrors import Mirrors  # noqa: E402
-from kforge.sources.upstream import GitSource, SourceState  # noqa: E402
+from kforge.sources.upstream import SourceState  # noqa: E402
 
 pytestmark = pytest.mark.integration
 SUB = "externals/tiny"

@@ -13,11 +13,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_gitfixtures import TINY_PATCHES, UPSTREAM_TINY, use_test_git_config  # noqa: E402
 
+from kforge.config.source import SdistSource  # noqa: E402
 from kforge.errors import SourceError  # noqa: E402
 from kforge.sources import patches, sdist  # noqa: E402
 from kforge.sources import upstream as sources
 from kforge.sources.series import PatchContext, load_series  # noqa: E402
-from kforge.sources.upstream import SdistSource, SourceState  # noqa: E402
+from kforge.sources.upstream import SourceState  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

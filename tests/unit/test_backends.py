@@ -20,7 +20,6 @@ from kforge.backends import BACKENDS, Backend, BuildRequest, BuildResult, get_ba
 from kforge.backends._runner import (
     BuildLog,
     LiveProgress,
-    choice_from_env,
     find_ninja_logs,
     fmt_seconds,
     run_step,
@@ -30,7 +29,7 @@ from kforge.backends.cmake import CmakeBackend, pack
 from kforge.backends.native import NativeBackend
 from kforge.build.host import HostFacts, Resources
 from kforge.build.jobs import JobChoice, load_profile
-from kforge.config.forge import load_forge
+from kforge.config.forge import BACKEND_NAMES, load_forge
 from kforge.config.targets import parse_target
 from kforge.errors import BuildError
 from kforge.plan import PlanOptions, make_plan
@@ -85,6 +84,10 @@ def test_get_backend_returns_the_named_backend(name):
     backend = get_backend(name)
     assert backend.name == name
     assert isinstance(backend, Backend)
+
+
+def test_the_registry_holds_exactly_the_names_config_accepts():
+    assert tuple(BACKENDS) == BACKEND_NAMES  # config, options and plan read the names; the registry maps them
 
 
 def test_get_backend_unknown_name_says_did_you_mean():
@@ -193,13 +196,6 @@ def test_run_step_gives_up_after_the_second_oom(tmp_path):
         run_step([sys.executable, "-c", body], env=dict(os.environ), choice=_choice(4), log=log,
                  label="build", work_dir=tmp_path)
     assert "out-of-memory" in err.value.render() and "retried once with 2 jobs" in err.value.render().lower()
-
-
-def test_choice_from_env_honours_an_explicit_max_jobs():
-    base = _choice(8, 2)
-    assert choice_from_env(base, {"MAX_JOBS": "8", "NVCC_THREADS": "2"}) is base
-    changed = choice_from_env(base, {"MAX_JOBS": "3", "NVCC_THREADS": "junk"})
-    assert (changed.max_jobs, changed.nvcc_threads) == (3, 2)
 
 
 def test_find_ninja_logs_skips_logs_from_before_the_build(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 from kforge.config import forge as config
 from kforge.config import releasematrix
 from kforge.config.forge import load_forge, normalise_env_value
+from kforge.config.source import GitSource, SdistSource
 from kforge.errors import ConfigError
-from kforge.sources.upstream import GitSource, SdistSource
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,14 +1,35 @@
-"""The layers hold: nothing below the CLI imports kforge.commands, commands don't import each other, and no
-kforge import hides inside a function (the way an import cycle gets dodged)."""
+"""The layers hold: every package imports only its own floor or those below (imports inside functions and
+behind TYPE_CHECKING included), the import graph has no cycle, nothing below the CLI imports kforge.commands,
+commands don't import each other, and no kforge import hides inside a function or behind TYPE_CHECKING."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "kforge"
+
+#: The floors, bottom first: a module imports only from its own floor or those below. A unit is a subpackage
+#: of kforge or a top-level module (``plan`` is plan.py); docs/architecture.md draws the same picture.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("__init__", "errors", "log", "fsutil", "locking", "runstatus"),  # the ground floor
+    ("cuda",),
+    ("config",),
+    ("sources",),
+    ("build",),
+    ("doctor",),
+    ("wheels",),
+    ("plan", "buildinputs"),
+    ("backends", "preflight", "gputest"),
+    ("pipeline",),
+    ("release", "ci"),
+    ("commands",),
+    ("cli", "sessions", "__main__"),
+)
+FLOOR = {unit: n for n, units in enumerate(FLOORS) for unit in units}
 
 #: Function-level kforge imports that stay for a reason (or belong to another change): path -> why.
 ALLOWED_LOCAL_IMPORTS = {
@@ -16,8 +37,9 @@ ALLOWED_LOCAL_IMPORTS = {
 }
 
 
-def _modules() -> list[tuple[str, ast.Module]]:
-    return [(str(p.relative_to(SRC)), ast.parse(p.read_text())) for p in sorted(SRC.rglob("*.py"))]
+@functools.cache
+def _modules(src: Path = SRC) -> list[tuple[str, ast.Module]]:
+    return [(str(p.relative_to(src)), ast.parse(p.read_text())) for p in sorted(src.rglob("*.py"))]
 
 
 def _imports(tree: ast.AST) -> list[str]:
@@ -28,6 +50,105 @@ def _imports(tree: ast.AST) -> list[str]:
         elif isinstance(node, ast.Import):
             names += [a.name for a in node.names]
     return names
+
+
+def _dotted(rel: str) -> str:
+    parts = rel.removesuffix(".py").split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["kforge", *parts])
+
+
+def _unit(rel: str) -> str:
+    return rel.split("/")[0].removesuffix(".py")
+
+
+@functools.cache
+def _graph(src: Path = SRC) -> dict[str, set[str]]:
+    """Module -> the kforge modules it imports, anywhere in the file (``from kforge.x import y`` names y where y
+    is a module, else x; relative imports resolved)."""
+    known = {_dotted(rel): rel for rel, _ in _modules(src)}
+    graph: dict[str, set[str]] = {}
+    for rel, tree in _modules(src):
+        me = _dotted(rel)
+        package = me if rel.endswith("__init__.py") else me.rpartition(".")[0]
+        out: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names if a.name.split(".")[0] == "kforge"}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    module = node.module or ""
+                if module.split(".")[0] != "kforge":
+                    continue
+                for alias in node.names:
+                    out.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module)
+        graph[me] = {m for m in out if m != me}
+        assert graph[me] <= set(known), f"{rel} imports a kforge module that does not exist: {graph[me] - set(known)}"
+    return graph
+
+
+def _rel(dotted: str) -> str:
+    return {_dotted(rel): rel for rel, _ in _modules()}[dotted]
+
+
+def test_every_module_has_a_floor() -> None:
+    assert sorted({_unit(rel) for rel, _ in _modules()} - set(FLOOR)) == []
+
+
+def test_nothing_imports_a_floor_above_it() -> None:
+    upward = []
+    for module, imported in _graph().items():
+        mine = FLOOR[_unit(_rel(module))]
+        upward += [f"{module} -> {dep}" for dep in sorted(imported) if FLOOR[_unit(_rel(dep))] > mine]
+    assert upward == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep):], dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return cycles
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_graph_sees_imports_in_functions_type_checking_and_relative(tmp_path: Path) -> None:
+    """The checks above can fail: a cycle made of a function-level, a TYPE_CHECKING and a relative import is found."""
+    pkg = tmp_path / "kforge"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from kforge.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import c\n")
+    (pkg / "sub" / "c.py").write_text("import kforge.a\n")
+    graph = _graph(pkg)
+    assert graph["kforge.a"] == {"kforge.sub.b"} and graph["kforge.sub.b"] == {"kforge.sub.c"}
+    assert _cycles(graph) == [["kforge.a", "kforge.sub.b", "kforge.sub.c", "kforge.a"]]
+
+
+def test_no_kforge_import_behind_type_checking() -> None:
+    found = [f"{rel}:{node.lineno}" for rel, tree in _modules() for node in ast.walk(tree)
+             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+             and any(m.split(".")[0] == "kforge" for m in _imports(node))]
+    assert found == []
 
 
 def test_only_the_cli_imports_commands() -> None:

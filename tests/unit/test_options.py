@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kforge.backends import BACKENDS
 from kforge.config import options
+from kforge.config.forge import BACKEND_NAMES
 from kforge.config.options import OPTIONS, PlanOptions
 from kforge.errors import ConfigError
 
@@ -27,7 +27,7 @@ def test_every_option_is_a_flag_and_a_variable() -> None:
     for opt in OPTIONS:
         assert opt.flag in flags and flags[opt.flag].dest == opt.name
         assert opt.env.startswith("KFORGE_") and opt.name in PlanOptions.__dataclass_fields__
-    assert tuple(flags["--backend"].choices) == tuple(BACKENDS)  # the one backend registry
+    assert tuple(flags["--backend"].choices) == BACKEND_NAMES  # the one list of backend names
     args = parser.parse_args(["--max-jobs", "3", "--no-build-isolation", "--env", "A=1"])
     assert (args.max_jobs, args.build_isolation, args.env) == (3, False, ["A=1"])
 

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from kforge_testkit import forge_toml
 
-from kforge import pipeline
+from kforge import cli, pipeline
 from kforge.backends import BuildRequest, BuildResult
 from kforge.build.host import HostFacts
 from kforge.build.measure import UnitMeasure
 from kforge.build.toolchain import Nvcc
 from kforge.build.venv import BuildEnv
+from kforge.commands import _common
 from kforge.cuda.arch import parse_arch
 from kforge.doctor import BinaryReport, FatbinEntry, WheelReport
 from kforge.errors import BuildError, DoctorError, GPUError, GpuTestError
@@ -231,3 +232,33 @@ def test_another_python_adds_the_environment_step_and_the_build_runs_with_its_in
     assert list(run.log.timings)[:4] == ["preflight", "source", "patches", "environment"]
     assert backend.requests[0].python == str(tmp_path / "env" / "bin" / "python")
     assert outcome.done.environment is not None
+
+
+def test_the_backend_gets_the_environment_and_jobs_of_kforge_plan_json(tmp_path: Path, mono, monkeypatch, capsys) -> None:
+    """The plan decides, the steps obey: what ``kforge plan --json`` prints (env, jobs, thread variables) is what
+    the backend receives, even where the shell that runs the build says otherwise."""
+    plan, host = mono("tiny-sm90", env={"MAX_JOBS": "3", "TINY_THREADS": "2"})
+    monkeypatch.setattr(_common, "detect_host", lambda environ: host)
+    monkeypatch.setenv("KFORGE_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["-C", str(tmp_path), "plan", "tiny-sm90", "--json", "--env", "MAX_JOBS=3",
+                     "--env", "TINY_THREADS=2"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(plan.to_json())  # the plan the pipeline runs is the one the command printed
+
+    shell = {"MAX_JOBS": "99", "NVCC_THREADS": "7", "TINY_THREADS": "5", "CMAKE_BUILD_PARALLEL_LEVEL": "99"}
+    run, backend = make_run(tmp_path, plan, host, environ=shell)
+    outcome = pipeline.run_build(plan, run)
+    (request,) = backend.requests
+    # the one exception, on purpose: kforge's nvcc wrapper (kforge.cuda.enforce) stands in for the toolkit
+    wrapper = outcome.done.toolchain.wrapper
+    assert wrapper is not None and set(wrapper.env) <= {"PATH", "CUDA_HOME", "CUDA_PATH", "CUDACXX", "PYTORCH_NVCC",
+                                                     "CUDA_NVCC_EXECUTABLE"}
+    assert all(str(plan.work_dir / "nvcc-wrap") in request.env[k] for k in wrapper.env)
+    planned = {k: v for k, v in printed["env"].items() if k not in wrapper.env}
+    assert {k: request.env[k] for k in planned} == planned and len(planned) >= 5
+    jobs = printed["jobs"]
+    assert (jobs["max_jobs"], jobs["nvcc_threads"]) == (3, 2)
+    assert (request.plan.jobs.max_jobs, request.plan.jobs.nvcc_threads) == (jobs["max_jobs"], jobs["nvcc_threads"])
+    assert request.env["MAX_JOBS"] == request.env["CMAKE_BUILD_PARALLEL_LEVEL"] == str(jobs["max_jobs"])
+    assert jobs["thread_vars"] == ["NVCC_THREADS", "TINY_THREADS"]
+    assert {var: request.env[var] for var in jobs["thread_vars"]} == {var: "2" for var in jobs["thread_vars"]}

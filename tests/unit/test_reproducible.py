@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 from kforge.build.reproducible import Epoch, build_env, source_epoch
-from kforge.sources.upstream import GitSource, LocalSource, PreparedSource, SdistSource
+from kforge.config.source import GitSource, LocalSource, SdistSource
+from kforge.sources.upstream import PreparedSource
 
 
 def git(*args: str, cwd: Path) -> str:

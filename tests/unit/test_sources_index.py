@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from kforge.config.source import GitSource, SdistSource
 from kforge.errors import SourceError
 from kforge.sources import sdist
 from kforge.sources import upstream as sources
-from kforge.sources.upstream import GitSource, SdistSource, SourceState
+from kforge.sources.upstream import SourceState
 
 HTML = b"""<!DOCTYPE html><html><head><title>Links for flash-attn</title></head><body>
 <a href="https://files.example/6c/b1/flash_attn-2.8.3.post2.tar.gz#sha256=d0f9f0b08a986cdeadbffcf5ec8b3a8f514366c68ad1853d3ab061bc83cc340b" data-requires-python="&gt;=3.9">flash_attn-2.8.3.post2.tar.gz</a><br/>

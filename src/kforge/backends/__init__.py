@@ -16,13 +16,11 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from kforge.build.measure import UnitMeasure
 from kforge.errors import BuildError, did_you_mean
-
-if TYPE_CHECKING:  # a type only: kforge.plan imports this registry
-    from kforge.plan import Plan
+from kforge.plan import Plan
 
 __all__ = ["BACKENDS", "Backend", "BuildRequest", "BuildResult", "get_backend"]
 

@@ -17,7 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -137,26 +137,6 @@ class BuildLog:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
-
-
-def choice_from_env(choice: JobChoice, env: Mapping[str, str]) -> JobChoice:
-    """Honour an explicit MAX_JOBS / thread count in the request's env (e.g. ``--env MAX_JOBS=3``).
-
-    The plan already folds ``--env`` into its job choice; this catches an env a caller built by hand.
-    The thread count is read from any of the choice's thread variables (the project's own last).
-    """
-    def num(key: str, current: int) -> int:
-        raw = str(env.get(key, "")).strip()
-        return int(raw) if raw.isdigit() and int(raw) > 0 else current
-
-    jobs, threads = num("MAX_JOBS", choice.max_jobs), choice.nvcc_threads
-    for var in choice.thread_vars:
-        if num(var, choice.nvcc_threads) != choice.nvcc_threads:
-            threads = num(var, choice.nvcc_threads)
-    if (jobs, threads) == (choice.max_jobs, choice.nvcc_threads):
-        return choice
-    return replace(choice, max_jobs=jobs, nvcc_threads=threads,
-                   reason=f"{choice.reason}; MAX_JOBS/NVCC_THREADS from env")
 
 
 def run_step(

@@ -25,7 +25,6 @@ from kforge.backends._runner import (
     BuildLog,
     LiveProgress,
     StepOutcome,
-    choice_from_env,
     find_ninja_logs,
     measuring_launcher,
     read_units,
@@ -80,7 +79,7 @@ class CmakeBackend:
         build_dir, prefix = work / "build", work / "prefix"
         units_log = work / "units.jsonl" if os.name == "posix" else None
         env = dict(request.env)
-        choice = choice_from_env(plan.jobs, env)
+        choice = plan.jobs
         log_path = work / "build.log"
         since, start = time.time(), time.monotonic()
         peak, retried = 0, None

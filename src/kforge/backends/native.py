@@ -30,7 +30,6 @@ from kforge.backends._runner import (
     LAUNCHER_LANGS,
     BuildLog,
     LiveProgress,
-    choice_from_env,
     find_ninja_logs,
     measuring_launcher,
     peak_command,
@@ -100,7 +99,7 @@ class NativeBackend:
         log_path = work / "build.log"
         since = time.time()
         with BuildLog(log_path) as log, LiveProgress(f"building {plan.id}", enabled=request.progress) as live:
-            outcome = run_step(self.command(request, wheel_dir), env=env, choice=choice_from_env(plan.jobs, env),
+            outcome = run_step(self.command(request, wheel_dir), env=env, choice=plan.jobs,
                                log=log, label=f"pip wheel of {plan.id}", work_dir=work, cwd=Path(request.tree),
                                live=live)
         wheels = sorted(wheel_dir.glob("*.whl"))

@@ -393,6 +393,11 @@ def _order_from(profile: JobProfile) -> str:
     return "measured" if profile.unit_builds else "seed" if profile.seed_units else ""
 
 
+def contention(profile: JobProfile, cpus: int) -> Contention:
+    """The contention curve a prediction uses: this host's measured one, else :func:`makespan.default_curve`."""
+    return profile.contention or default_curve(cpus)
+
+
 def unit_times(profile: JobProfile, cpus: int) -> tuple[tuple[str, float], ...]:
     """Each measured unit's uncontended single-thread seconds, from its latest build (longest first).
 
@@ -401,7 +406,7 @@ def unit_times(profile: JobProfile, cpus: int) -> tuple[tuple[str, float], ...]:
     """
     if not profile.unit_builds and profile.seed_units:
         return tuple((glob, seconds) for glob, seconds, _ in profile.seed_units)
-    curve = profile.contention or default_curve(cpus)
+    curve = contention(profile, cpus)
     latest: dict[str, float] = {}
     for load, threads, units in profile.unit_builds:
         div = curve.factor(load) * _thread_factor(profile, threads)
@@ -441,7 +446,7 @@ def predict(profile: JobProfile, cpus: int, jobs: int, threads: int, *,
 
     Without per-unit times or a unit count the number is seconds per unit at steady state, not a makespan.
     """
-    curve = profile.contention or default_curve(cpus)
+    curve = contention(profile, cpus)
     p = max(1, min(threads, profile.arch_count))
     scale = _thread_factor(profile, threads) * curve.factor(jobs * p)
     work = _work(profile, cpus, units)
@@ -471,7 +476,8 @@ def choose_jobs(
     ``units`` (a unit count) stands in when no per-unit times were measured.
     """
     budget = max(0, host.mem_available - headroom(host))
-    curve = profile.contention or default_curve(host.cpus)
+    curve = contention(profile, host.cpus)
+    profile = replace(profile, contention=curve)  # chosen once: predict and unit_times below reuse it
     what = (f"{profile.peak_rss_per_unit / GB:.1f} GB/unit ({profile.source}), "
             f"{host.describe()}, headroom {headroom(host) / GB:.1f} GB; contention: {curve.source}")
     if override_max_jobs is not None or override_nvcc_threads is not None:

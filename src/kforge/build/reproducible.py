@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kforge.sources.upstream import GitSource, LocalSource, PreparedSource, SdistSource, Source
+from kforge.config.source import GitSource, LocalSource, SdistSource, Source
+from kforge.sources.upstream import PreparedSource
 
 Git = Callable[..., subprocess.CompletedProcess]
 

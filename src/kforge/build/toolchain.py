@@ -22,6 +22,7 @@ from packaging.version import InvalidVersion, Version
 from kforge.cuda import enforce as archenforce
 from kforge.cuda import nvccwrap
 from kforge.errors import ToolchainError
+from kforge.fsutil import prepend_path, write_executable
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -394,11 +395,11 @@ def compiler_cache(
         real = which(name, path=_without_ccache_dirs(rest_path))
         if real:
             reals[name] = real
-            _write_exec(wdir / name, _CC_WRAPPER.format(name=name, tool=tool, launcher=_q(launcher), real=_q(real)))
+            write_executable(wdir / name, _CC_WRAPPER.format(name=name, tool=tool, launcher=_q(launcher), real=_q(real)))
     nvcc_path = nvcc or (Path(p) if (p := which("nvcc", path=rest_path)) else None)
     nvcc_wrapper = None
     out_env: dict[str, str] = {
-        "PATH": os.pathsep.join([str(wdir), rest_path]) if rest_path else str(wdir),
+        "PATH": prepend_path(wdir, rest_path),
         "CMAKE_C_COMPILER_LAUNCHER": str(launcher),
         "CMAKE_CXX_COMPILER_LAUNCHER": str(launcher),
         "CMAKE_CUDA_COMPILER_LAUNCHER": str(launcher),
@@ -433,10 +434,3 @@ def compiler_cache(
 def _without_ccache_dirs(path: str) -> str:
     """PATH minus the distro's ccache masquerade folders, so wrappers point at the real compilers."""
     return os.pathsep.join(p for p in path.split(os.pathsep) if p and "ccache" not in p)
-
-
-def _write_exec(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o755)
-    os.replace(tmp, path)

@@ -11,6 +11,7 @@ from rich.table import Table
 from kforge.build.host import platform_name
 from kforge.commands._common import cache_dir, console, forge_from_args
 from kforge.config.forge import Forge, Project
+from kforge.config.source import GitSource, SdistSource
 from kforge.cuda.arch import parse_arch
 from kforge.errors import PatchError, SourceError
 from kforge.sources import patches
@@ -119,7 +120,7 @@ def render(statuses: tuple[patches.PatchStatus, ...], title: str, console: Conso
 
 def _pinned_statuses(forge: Forge, project: Project, series: Series, ctx: PatchContext) -> tuple[str, tuple]:
     spec = project.source
-    if isinstance(spec, sources.GitSource):
+    if isinstance(spec, GitSource):
         repo = forge.root / spec.path
         st = sources.status(forge.root, project.name, spec)
         if st.state is sources.SourceState.MISSING:
@@ -128,7 +129,7 @@ def _pinned_statuses(forge: Forge, project: Project, series: Series, ctx: PatchC
                                   "has no submodules", fix=st.fix)
         report = patches.check_rev(repo, spec.commit, series, ctx, fetch=False)
         return f"{spec.path} @ {spec.commit[:12]}", report.statuses
-    if isinstance(spec, sources.SdistSource):
+    if isinstance(spec, SdistSource):
         report = patches.check_sdist(spec.name, spec.version, series, ctx, cache_dir=cache_dir(),
                                      sha256=spec.sha256, index_url=spec.index_url)
         return f"sdist {spec.name}=={spec.version}", report.statuses
@@ -209,9 +210,9 @@ def run_check(args: argparse.Namespace) -> int:
     project = forge.project(args.project)
     series, ctx = _series(project), _context(args, forge, project)
     if not args.rev and not args.sdist_version:  # the pinned version of the source builds use
-        if isinstance(project.source, sources.GitSource):
+        if isinstance(project.source, GitSource):
             args.rev = project.source.commit
-        elif isinstance(project.source, sources.SdistSource):
+        elif isinstance(project.source, SdistSource):
             args.sdist_version = project.source.version
         else:
             raise PatchError(f"project {project.name} builds from a local folder, which has no upstream version",

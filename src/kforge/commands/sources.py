@@ -13,6 +13,7 @@ from rich.table import Table
 
 from kforge.commands._common import cache_dir, console, forge_from_args
 from kforge.config.forge import Forge, Project
+from kforge.config.source import GitSource, SdistSource, Source
 from kforge.errors import SourceError
 from kforge.sources import kit, pinrefs
 from kforge.sources import sdist as _sdist
@@ -89,20 +90,20 @@ def _projects(forge: Forge, names: list[str]) -> list[Project]:
     return [forge.project(n) for n in names] if names else list(forge.projects.values())
 
 
-def _specs(project: Project) -> Iterator[tuple[str, sources.Source, bool]]:
+def _specs(project: Project) -> Iterator[tuple[str, Source, bool]]:
     """(label, spec, is_primary) for each source a project declares."""
     for spec in (project.git, project.sdist, project.local):
         if spec is not None:
             yield project.name, spec, spec == project.source
 
 
-def _where(spec: sources.Source) -> str:
-    if isinstance(spec, sources.SdistSource):
+def _where(spec: Source) -> str:
+    if isinstance(spec, SdistSource):
         return f"{spec.name}=={spec.version}"
     return spec.path
 
 
-def collect(forge: Forge, names: list[str], cache: Path) -> list[tuple[sources.SourceStatus, sources.Source, bool]]:
+def collect(forge: Forge, names: list[str], cache: Path) -> list[tuple[sources.SourceStatus, Source, bool]]:
     rows = []
     for project in _projects(forge, names):
         for label, spec, primary in _specs(project):
@@ -110,7 +111,7 @@ def collect(forge: Forge, names: list[str], cache: Path) -> list[tuple[sources.S
     return rows
 
 
-def render_status(rows: list[tuple[sources.SourceStatus, sources.Source, bool]], out: Console) -> None:
+def render_status(rows: list[tuple[sources.SourceStatus, Source, bool]], out: Console) -> None:
     table = Table(title="upstream sources", title_justify="left")
     table.add_column("project", no_wrap=True)
     table.add_column("source", overflow="fold")
@@ -118,7 +119,7 @@ def render_status(rows: list[tuple[sources.SourceStatus, sources.Source, bool]],
     table.add_column("state", no_wrap=True)
     table.add_column("detail", overflow="fold", ratio=1)
     for st, spec, primary in rows:
-        pin = st.pin[:10] if st.kind == "git" else (spec.sha256[:10] if isinstance(spec, sources.SdistSource) else "")
+        pin = st.pin[:10] if st.kind == "git" else (spec.sha256[:10] if isinstance(spec, SdistSource) else "")
         where = f"{st.kind}{'' if primary else ' (alt)'} {_where(spec)}"
         state = f"[{_STYLE.get(str(st.state), 'white')}]{st.state}[/]"
         table.add_row(st.name, where, pin, state, st.detail)
@@ -164,11 +165,11 @@ def run_sync(args: argparse.Namespace) -> int:
             if spec in seen:
                 continue
             seen.add(spec)
-            if isinstance(spec, sources.GitSource):
+            if isinstance(spec, GitSource):
                 st = sources.sync(forge.root, spec, name=label, mirrors=mirrors)
                 via = f" (mirror {mirrors.find(spec.url)})" if mirrors.find(spec.url) else ""
                 out.print(f"{label}: {spec.path} {st.state} at {spec.commit[:12]}{via}", highlight=False)
-            elif isinstance(spec, sources.SdistSource):
+            elif isinstance(spec, SdistSource):
                 _fetch_one(label, spec, out)
     return 0
 
@@ -181,7 +182,7 @@ def run_verify(args: argparse.Namespace) -> int:
     for col in ("project", "pin", "checked in", "verdict"):
         table.add_column(col, overflow="fold")
     bad = 0
-    seen: dict[sources.GitSource, pinrefs.PinReach] = {}
+    seen: dict[GitSource, pinrefs.PinReach] = {}
     for project in _projects(forge, args.projects):
         spec = project.git
         if spec is None:
@@ -202,7 +203,7 @@ def run_verify(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _reach(root: Path, spec: sources.GitSource, mirrors: Mirrors, *, fetch: bool) -> pinrefs.PinReach:
+def _reach(root: Path, spec: GitSource, mirrors: Mirrors, *, fetch: bool) -> pinrefs.PinReach:
     mirror = mirrors.find(spec.url)
     if mirror is not None:
         return pinrefs.check(mirror, spec.commit, via="mirror")
@@ -219,10 +220,10 @@ def run_kit_build(args: argparse.Namespace) -> int:
     forge = forge_from_args(args)
     out = console()
     projects = _projects(forge, args.project)
-    chosen: list[tuple[str, sources.Source]] = []
+    chosen: list[tuple[str, Source]] = []
     for project in projects:
         spec = project.source
-        if isinstance(spec, (sources.GitSource, sources.SdistSource)) and all(spec != s for _, s in chosen):
+        if isinstance(spec, (GitSource, SdistSource)) and all(spec != s for _, s in chosen):
             chosen.append((project.name, spec))
     manifest = kit.build(args.out, root=forge.root, sources=chosen, projects=[p.name for p in projects],
                          cache_dir=cache_dir(), mirrors=_mirrors(args),
@@ -276,7 +277,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fetch_one(label: str, spec: sources.SdistSource, out: Console) -> None:
+def _fetch_one(label: str, spec: SdistSource, out: Console) -> None:
     got = _sdist.fetch(spec.name, spec.version, spec.sha256, cache_dir=cache_dir(), index_url=spec.index_url)
     how = "cached" if got.from_cache else "downloaded"
     out.print(f"{label}: {got.path.name} {how}, sha256 {got.sha256[:16]}… verified", highlight=False)

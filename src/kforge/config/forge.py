@@ -20,13 +20,12 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from kforge.backends import BACKENDS
 from kforge.config.releasematrix import Release, ReleaseTable, read_release
 from kforge.config.schema import ArchNumber, EnvValue, Reader, normalise_env_value
+from kforge.config.source import GitSource, LocalSource, SdistSource, Source
 from kforge.cuda.arch import Arch, parse_arch
 from kforge.cuda.render import RENDERERS
 from kforge.errors import ArchError, ConfigError, decode_utf8, did_you_mean
-from kforge.sources.upstream import GitSource, LocalSource, SdistSource, Source
 
 __all__ = ["FORGE_FILE", "ArchKnob", "CiRunners", "CiSettings", "Forge", "GpuTests", "MatrixRule", "Platform", "Profile",
            "Project", "Toolchains", "find_root", "load_forge", "normalise_env_value", "parse_forge"]
@@ -41,6 +40,8 @@ _MANYLINUX_TAG = re.compile(r"^manylinux_[0-9]+_[0-9]+$")
 VARIANT_RULES = ("declared", "flashinfer")
 RELEASE_SET = "release"  # the arch set whose wheels carry no arch label (docs/forge-toml.md, "Targets and wheel names")
 ARCH_ENFORCE_MODES = ("on", "check", "off")  # kforge.cuda.nvccwrap.MODES
+#: The build backends by name; kforge.backends.BACKENDS maps each to its module (a test keeps the two equal).
+BACKEND_NAMES = ("native", "cibuildwheel", "cmake")
 
 
 @dataclass(frozen=True)
@@ -474,7 +475,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
     archs, default_arch = _archs(r, key, t)
     for i, p in enumerate(t.platforms or ()):
         _one_of(r, f"{key}.platforms[{i}]", p, tuple(platforms), f"'{p}' is not a declared platform")
-    _one_of(r, f"{key}.backend", t.backend, tuple(BACKENDS), f"'{t.backend}' is not a backend")
+    _one_of(r, f"{key}.backend", t.backend, BACKEND_NAMES, f"'{t.backend}' is not a backend")
     _one_of(r, f"{key}.variant_rule", t.variant_rule, VARIANT_RULES)
     _one_of(r, f"{key}.arch_enforce", t.arch_enforce, ARCH_ENFORCE_MODES)
     if t.compile_units is not None and t.compile_units <= 0:

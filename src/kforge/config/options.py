@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from kforge.backends import BACKENDS
+from kforge.config.forge import BACKEND_NAMES
 from kforge.errors import ConfigError
 
 _YES = ("1", "true", "yes")
@@ -47,7 +47,7 @@ OPTIONS: tuple[Option, ...] = (
            "a folder of wheels to provision a variant's environment from, offline (uv --offline --find-links)"),
     Option("profile", "KFORGE_PROFILE", "--profile", "str", "a build profile from forge.toml, e.g. minimal"),
     Option("backend", "KFORGE_BACKEND", "--backend", "str", "override the project's build backend",
-           choices=tuple(BACKENDS)),
+           choices=BACKEND_NAMES),
     Option("max_jobs", "KFORGE_MAX_JOBS", "--max-jobs", "int",
            "parallel compile units (default: chosen from free memory)"),
     Option("nvcc_threads", "KFORGE_NVCC_THREADS", "--nvcc-threads", "int",

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import kforge
 from kforge.cuda.nvccwrap import MODES, Config, Policy, policy_from_flags
-from kforge.fsutil import atomic_write_text
+from kforge.fsutil import atomic_write_text, prepend_path, write_executable
 
 #: Build scripts the plan scans for hard-coded arch flags (up to two folders below the build dir).
 SCRIPT_NAMES = ("setup.py", "CMakeLists.txt", "build.py", "pyproject.toml", "meson.build")
@@ -54,6 +54,7 @@ class ArchEnforcement:
     threads: int | None
     hardcoded: tuple[str, ...] = ()  # "setup.py:12: -gencode arch=compute_75,code=sm_75" ...
     scanned: str = ""  # what was scanned, or why nothing was
+    wrapper: bool = False  # the build runs behind kforge's nvcc wrapper (a POSIX host, not a container)
 
     @property
     def policy(self) -> Policy:
@@ -107,7 +108,8 @@ class ArchEnforcement:
     def to_dict(self) -> dict[str, object]:
         return {"mode": self.mode, "reason": self.reason, "sass": list(self.sass), "ptx": list(self.ptx),
                 "exact": self.exact, "exact_ptx": self.exact_ptx,
-                "threads": self.threads, "hardcoded": list(self.hardcoded), "scanned": self.scanned}
+                "threads": self.threads, "hardcoded": list(self.hardcoded), "scanned": self.scanned,
+                "wrapper": self.wrapper}
 
 
 def plan_enforcement(mode: str, flags: Sequence[str], threads: int | None, *, backend: str, platform_os: str,
@@ -133,8 +135,9 @@ def plan_enforcement(mode: str, flags: Sequence[str], threads: int | None, *, ba
             scanned = scanned or f"found no hard-coded arch flags in {scripts_dir.name}'s build scripts"
         else:
             scanned = f"{scripts_dir} is not checked out: the build log lists what the wrapper rewrote"
+    wrapper = mode != "off" and backend != "cibuildwheel" and platform_os != "windows"
     return ArchEnforcement(mode=mode, reason=reason, flags=tuple(flags), threads=threads, hardcoded=found,
-                           scanned=scanned)
+                           scanned=scanned, wrapper=wrapper)
 
 
 def scan_build_scripts(tree: Path, *, depth: int = 2, limit: int = 8) -> tuple[str, ...]:
@@ -213,8 +216,7 @@ def write_wrapper(path: Path, config: Config, boot: Path, *, python: str = sys.e
     compiler's content (ccache's ``compilercheck=content``) sees a changed plan as a changed compiler."""
     text = _SCRIPT.format(mode=config.policy.mode, python=shlex.quote(python), boot=shlex.quote(str(boot)),
                           config=shlex.quote(config.to_json()))
-    atomic_write_text(path, text, mode=0o755)
-    return path
+    return write_executable(path, text)
 
 
 def install(enforcement: ArchEnforcement, *, nvcc: Path, cuda_home: Path, dest: Path, launcher: Path | None = None,
@@ -236,7 +238,7 @@ def install(enforcement: ArchEnforcement, *, nvcc: Path, cuda_home: Path, dest: 
     out = {
         "CUDA_HOME": str(shadow),
         "CUDA_PATH": str(shadow),
-        "PATH": os.pathsep.join([str(shadow / "bin"), path]) if path else str(shadow / "bin"),
+        "PATH": prepend_path(shadow / "bin", path),
         "PYTORCH_NVCC": str(wrapper),
         "CUDACXX": str(direct),
         "CUDA_NVCC_EXECUTABLE": str(wrapper),  # FindCUDA.cmake's name

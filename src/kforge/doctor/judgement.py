@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kforge.config.repairpolicy import RepairPolicy, default_policy
 from kforge.errors import DoctorError
-from kforge.wheels.repair import RepairPolicy, default_policy
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kforge import __version__
+from kforge.config.source import GitSource, SdistSource, Source
 from kforge.errors import SourceError
 from kforge.fsutil import PUBLIC_FILE_MODE, atomic_write_text, sha256_file
 from kforge.sources import gitarchive
 from kforge.sources import sdist as _sdist
 from kforge.sources.gittree import has_commit
 from kforge.sources.mirrors import Mirrors
-from kforge.sources.upstream import GitSource, SdistSource, Source, is_checkout
+from kforge.sources.upstream import is_checkout
 
 MANIFEST = "kit.json"
 FORMAT = 1

@@ -1,7 +1,6 @@
 """Upstream sources: pinned git submodules, pinned sdists, and local ``kernels/``.
 
-The specs are plain data that ``config.py`` builds from forge.toml (this module does not
-import config). Three operations:
+The specs are plain data (:mod:`kforge.config.source`) that the config builds from forge.toml. Three operations:
 
 * :func:`status` says whether a source is ready: ``pinned``, ``missing``, ``dirty``,
   ``wrong-commit``, ``cached``, ``not-fetched``, ``present``, with the command that fixes it.
@@ -22,41 +21,13 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from kforge.config.source import GitSource, LocalSource, SdistSource, Source
 from kforge.errors import SourceError
 from kforge.fsutil import sha256_file
 from kforge.sources import gitarchive
 from kforge.sources import sdist as _sdist
 from kforge.sources.gittree import has_commit, nested_states, run_git, submodules_at
 from kforge.sources.mirrors import NO_MIRRORS, Mirrors, git_config_args
-
-
-@dataclass(frozen=True)
-class GitSource:
-    """An upstream git repository vendored as a submodule at ``path`` (relative to the root)."""
-
-    path: str
-    url: str
-    commit: str  # 40 hex
-
-
-@dataclass(frozen=True)
-class SdistSource:
-    """An sdist from a package index, pinned by version and sha256."""
-
-    name: str
-    version: str
-    sha256: str
-    index_url: str | None = None
-
-
-@dataclass(frozen=True)
-class LocalSource:
-    """Our own code under the monorepo (``kernels/<name>``)."""
-
-    path: str
-
-
-Source = GitSource | SdistSource | LocalSource
 
 
 class SourceState(str, Enum):

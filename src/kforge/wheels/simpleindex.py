@@ -65,7 +65,7 @@ def render_pages(entries: Iterable[IndexEntry], *, base: str = INDEX_DIR, html_p
         pages[f"{base}/index.html"] = _page("Simple index", "\n".join(
             f'    <a href="{html.escape(n)}/">{html.escape(n)}</a><br/>' for n in sorted(by_name)))
     for name, items in sorted(by_name.items()):
-        items = sorted(items, key=lambda e: e.filename)
+        items = sorted(items, key=lambda e: (e.filename, e.project))
         pages[f"{base}/{name}/{JSON_PAGE}"] = _json({
             "meta": {"api-version": "1.0"}, "name": name,
             "files": [{"filename": e.filename, "url": f"{up}{e.project}/{e.filename}", "hashes": {"sha256": e.sha256}}
@@ -78,9 +78,9 @@ def render_pages(entries: Iterable[IndexEntry], *, base: str = INDEX_DIR, html_p
 
 
 def all_pages(entries: Iterable[IndexEntry]) -> dict[str, str]:
-    """The JSON pages of ``simple/`` (its HTML is kforge.wheels.wheelhouse's) and every per-CUDA index, HTML and JSON."""
+    """Every page of the wheelhouse's indexes: ``simple/`` and each per-CUDA index, PEP 503 HTML and PEP 691 JSON."""
     entries = list(entries)
-    pages = render_pages(entries, html_pages=False)
+    pages = render_pages(entries)
     for tag in sorted({e.cuda_tag for e in entries if e.cuda_tag}):
         pages.update(render_pages([e for e in entries if e.cuda_tag == tag], base=f"{tag}/{INDEX_DIR}"))
     return pages
