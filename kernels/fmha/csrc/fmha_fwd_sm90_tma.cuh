@@ -83,11 +83,13 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver is reached through cudart)
 
 #include "fmha_fwd_sm90.cuh"
+#include "fmha_paths.h"
 
 namespace kforge_fmha {
 
@@ -1242,47 +1244,50 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
 
 }  // namespace kforge_fmha
 
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, MODE, VAR)                             \
-  template bool kforge_fmha::sm90_tma_available<T, HDIM, false, MODE, VAR>();                \
-  template bool kforge_fmha::sm90_tma_available<T, HDIM, true, MODE, VAR>();                 \
-  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE, VAR>(          \
-      const kforge_fmha::FwdParams&, cudaStream_t);                                          \
-  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE, VAR>(           \
-      const kforge_fmha::FwdParams&, cudaStream_t);
-// Non-causal only: the narrow-first-product variants (VAR 10, 11; mode 1 only: in mode 2, VAR 11
-// made ptxas serialise the wgmmas, C7511).
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, HDIM, MODE, VAR)                              \
-  template bool kforge_fmha::sm90_tma_available<T, HDIM, false, MODE, VAR>();                \
-  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE, VAR>(          \
-      const kforge_fmha::FwdParams&, cudaStream_t);
-// Every (MODE, VAR) pair that fmha_api.cpp dispatches to (its kTmaKernels table): the three
-// modes, then the tuning variants of mode 1 (lpt, stages) and ping-pong + lpt; at head dim 64
-// also the three-consumer-warpgroup variants.
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, HDIM)     \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 0, 0) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 0) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 0) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 1) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 1) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 2) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 2) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 5) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 7) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 8) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 13) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 14) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 15)
-// Head dim 128 only: the 176-key tiles (static and dynamic).
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM128(T)   \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 128)            \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 1, 6)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 6)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 1, 9)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 9)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, 128, 1, 10)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, 128, 1, 11)
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM64(T)    \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 64)             \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 3)   \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 4)
+// The kernels this build compiles, found by (causal, mode, var) at run time: fmha_paths.h's
+// kernel_built decides, per head dim and mask, from the table of fmha_paths.def (the shipped
+// build: what the default rule and its fallbacks reach; KFORGE_FMHA_TUNING_PATHS: every path).
+// A kernel is compiled exactly when its functions' addresses are taken below.
+namespace kforge_fmha {
+namespace sm90tma {
+
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
+TmaKernelFns kernel_fns() {
+  if constexpr (paths::kernel_built(HDIM, CAUSAL, MODE, VAR)) {
+    return {&sm90_tma_available<T, HDIM, CAUSAL, MODE, VAR>,
+            &launch_fwd_sm90_tma<T, HDIM, CAUSAL, MODE, VAR>};
+  } else {
+    return {nullptr, nullptr};
+  }
+}
+
+template <typename T, int HDIM, bool CAUSAL, int MODE, int... VARS>
+TmaKernelFns kernel_by_var(int var, std::integer_sequence<int, VARS...>) {
+  TmaKernelFns fns{nullptr, nullptr};
+  (void)((var == VARS ? (fns = kernel_fns<T, HDIM, CAUSAL, MODE, VARS>(), true) : false) || ...);
+  return fns;
+}
+
+template <typename T, int HDIM, bool CAUSAL>
+TmaKernelFns kernel_by_mode(int mode, int var) {
+  using Vars = std::make_integer_sequence<int, paths::kMaxVar>;
+  switch (mode) {
+    case 0: return kernel_by_var<T, HDIM, CAUSAL, 0>(var, Vars{});
+    case 1: return kernel_by_var<T, HDIM, CAUSAL, 1>(var, Vars{});
+    case 2: return kernel_by_var<T, HDIM, CAUSAL, 2>(var, Vars{});
+    default: return {nullptr, nullptr};
+  }
+}
+
+}  // namespace sm90tma
+
+template <typename T, int HDIM>
+TmaKernelFns sm90_tma_kernel(bool causal, int mode, int var) {
+  return causal ? sm90tma::kernel_by_mode<T, HDIM, true>(mode, var)
+                : sm90tma::kernel_by_mode<T, HDIM, false>(mode, var);
+}
+
+}  // namespace kforge_fmha
+
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, HDIM) \
+  template kforge_fmha::TmaKernelFns kforge_fmha::sm90_tma_kernel<T, HDIM>(bool, int, int);
