@@ -18,8 +18,8 @@ _FUNC = re.compile(r"^\s*Function : (\S+)\s*$")
 
 
 def kernels(lib: str) -> dict[str, str]:
-    """Mangled kernel name -> its SASS text (the instruction lines, addresses kept: each kernel
-    sits in its own section, so identical code prints identically)."""
+    """Mangled kernel name -> its SASS text (the instruction lines with their encodings,
+    addresses kept: each kernel sits in its own section, so identical code prints identically)."""
     exe = os.environ.get("CUOBJDUMP", "cuobjdump")
     out = subprocess.run([exe, "-sass", lib], check=True, capture_output=True, text=True).stdout
     found: dict[str, list[str]] = {}
@@ -30,7 +30,9 @@ def kernels(lib: str) -> dict[str, str]:
             name = m.group(1)
             found[name] = []
         elif name is not None and line.strip().startswith(("/*", "..")):
-            found[name].append(line.strip())
+            # whitespace collapsed: cuobjdump pads the encoding column to the widest instruction
+            # of the whole file, so the same code prints with other spacing beside other kernels
+            found[name].append(" ".join(line.split()))
     return {k: "\n".join(v) for k, v in found.items()}
 
 
