@@ -263,6 +263,68 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
 
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 
+// The tile scheduler: which (m block, head, batch) tiles a CTA computes, and in which order.
+//  - one tile per CTA (VAR 0, 2, 3, 6): grid (m blocks, heads, batch), heavy causal m blocks first;
+//  - lpt (Var::kLpt): a 1-D grid in longest-first order over L2 sections of (batch, head) pairs;
+//  - persistent (Var::kPersist): a CTA walks tiles blockIdx.x, + gridDim.x, ... of that order;
+//  - dynamic (Var::kDynamic): the producer claims each next tile from a global counter
+//    (maps.sched) and hands it to the consumers through its Q buffer's slot; lpt order when
+//    causal, a head's m blocks one after another when not.
+// A tile index ti (0 .. total() - 1 when persistent) maps to a linear tile lin(ti), and coords()
+// turns that into the tile.
+template <bool CAUSAL, int VAR>
+struct TileScheduler {
+  static constexpr bool kPersist = Var<VAR>::kPersist;
+  static constexpr bool kDynamic = Var<VAR>::kDynamic;
+  const FwdParams& p;
+  const TmaMaps& maps;
+
+  __device__ __forceinline__ int total() const {
+    return kPersist ? maps.m_blocks * p.num_heads * p.batch : 1;
+  }
+  __device__ __forceinline__ int stride() const { return kPersist ? static_cast<int>(gridDim.x) : 1; }
+  __device__ __forceinline__ int first() const { return kPersist ? static_cast<int>(blockIdx.x) : 0; }
+  __device__ __forceinline__ int lin(int ti) const {
+    return kPersist ? ti : static_cast<int>(blockIdx.x);
+  }
+  // The producer's next tile index: a static stride, or (dynamic) the counter's next one.
+  __device__ __forceinline__ int next(int ti) const {
+    if constexpr (kDynamic) {
+      return static_cast<int>(gridDim.x) + atomicAdd(maps.sched, 1);
+    } else {
+      return ti + stride();
+    }
+  }
+  // The tile (m block, head, batch) of linear tile index lin.
+  __device__ __forceinline__ void coords(int lin, int& m_block, int& head, int& b) const {
+    if constexpr (Var<VAR>::kLpt || (kDynamic && CAUSAL)) {
+      // Section after section of lpt_section (batch, head) pairs; inside a section, m blocks
+      // from the last (heaviest when causal) to the first, all pairs of the section at each.
+      const int mb = maps.m_blocks;
+      const int pairs = p.num_heads * p.batch;
+      const int per_sec = maps.lpt_section * mb;
+      const int sec = lin / per_sec;
+      const int first = sec * maps.lpt_section;
+      const int in_sec = min(maps.lpt_section, pairs - first);
+      const int r = lin - sec * per_sec;
+      m_block = mb - 1 - r / in_sec;
+      const int hb = first + r % in_sec;
+      head = hb % p.num_heads;
+      b = hb / p.num_heads;
+    } else if constexpr (kDynamic) {  // non-causal: the m blocks of a head one after another
+      const int mb = maps.m_blocks;
+      m_block = mb - 1 - lin % mb;
+      const int hb = lin / mb;
+      head = hb % p.num_heads;
+      b = hb / p.num_heads;
+    } else {
+      m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
+      head = blockIdx.y;
+      b = blockIdx.z;
+    }
+  }
+};
+
 template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
 __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     fmha_fwd_sm90_tma_kernel(const __grid_constant__ FwdParams p,
@@ -309,45 +371,16 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   // buffer's full barrier (release), read by the consumers after waiting on it (acquire).
   volatile int* const slots = reinterpret_cast<volatile int*>(base + C::kSlotOffset);
 
-  // The tile (m block, head, batch) of linear tile index lin.
-  auto coords = [&](int lin, int& m_block, int& head, int& b) {
-    if constexpr (Var<VAR>::kLpt || (kDynamic && CAUSAL)) {
-      // Section after section of lpt_section (batch, head) pairs; inside a section, m blocks
-      // from the last (heaviest when causal) to the first, all pairs of the section at each.
-      const int mb = maps.m_blocks;
-      const int pairs = p.num_heads * p.batch;
-      const int per_sec = maps.lpt_section * mb;
-      const int sec = lin / per_sec;
-      const int first = sec * maps.lpt_section;
-      const int in_sec = min(maps.lpt_section, pairs - first);
-      const int r = lin - sec * per_sec;
-      m_block = mb - 1 - r / in_sec;
-      const int hb = first + r % in_sec;
-      head = hb % p.num_heads;
-      b = hb / p.num_heads;
-    } else if constexpr (kDynamic) {  // non-causal: the m blocks of a head one after another
-      const int mb = maps.m_blocks;
-      m_block = mb - 1 - lin % mb;
-      const int hb = lin / mb;
-      head = hb % p.num_heads;
-      b = hb / p.num_heads;
-    } else {
-      m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
-      head = blockIdx.y;
-      b = blockIdx.z;
-    }
-  };
-  // Tiles of this CTA: blockIdx.x alone, or (persistent) blockIdx.x, + gridDim.x, ...
-  const int total_tiles = kPersist ? maps.m_blocks * p.num_heads * p.batch : 1;
-  const int tile_stride = kPersist ? static_cast<int>(gridDim.x) : 1;
-  const int first_tile = kPersist ? static_cast<int>(blockIdx.x) : 0;
-  auto tile_lin = [&](int ti) { return kPersist ? ti : static_cast<int>(blockIdx.x); };
+  const TileScheduler<CAUSAL, VAR> sched{p, maps};
+  const int total_tiles = sched.total();
+  const int tile_stride = sched.stride();
+  const int first_tile = sched.first();
   const int tid = threadIdx.x;
   const int wg = tid / 128;
 
   if constexpr (!kPersist) {  // a CTA with nothing to do leaves before any barrier
     int m_block, head, b;
-    coords(tile_lin(0), m_block, head, b);
+    sched.coords(sched.lin(0), m_block, head, b);
     TileSetup<T> tile;
     if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) return;
   }
@@ -379,17 +412,9 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       if constexpr (Var<VAR>::kTmaStore) prefetch_map(&maps.o);
       int it = 0;  // K/V tiles loaded so far (the ring runs on across tiles)
       int qi = 0;  // tiles so far (the Q buffer ring)
-      // The next tile: a static stride, or (dynamic) the global counter's next index.
-      auto next_tile = [&](int ti) {
-        if constexpr (kDynamic) {
-          return static_cast<int>(gridDim.x) + atomicAdd(maps.sched, 1);
-        } else {
-          return ti + tile_stride;
-        }
-      };
-      for (int ti = first_tile; ti < total_tiles; ti = next_tile(ti)) {
+      for (int ti = first_tile; ti < total_tiles; ti = sched.next(ti)) {
         int m_block, head, b;
-        coords(tile_lin(ti), m_block, head, b);
+        sched.coords(sched.lin(ti), m_block, head, b);
         TileSetup<T> tile;
         if (!setup_tile<T, CAUSAL, !Var<VAR>::kProducerCoords>(p, m_block, head, b, C::kBlockM,
                                                                C::kBlockN, tile)) {
@@ -504,7 +529,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     }
   };
   for (int ti = first_tile; kDynamic || ti < total_tiles; ti += tile_stride) {
-  int lin = tile_lin(ti);
+  int lin = sched.lin(ti);
   if constexpr (kDynamic) {  // the tile the producer loaded into the next Q buffer, or -1
     mbar_wait(q_full(qi % kQBufs), (qi / kQBufs) & 1);
     lin = slots[(qi % kQBufs) * C::kSlotInts];
@@ -517,7 +542,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     head = slots[sl + 2];
     b = slots[sl + 3];
   } else {
-    coords(lin, m_block, head, b);
+    sched.coords(lin, m_block, head, b);
   }
   TileSetup<T> tile;
   // (VAR 14, 15 leave out setup_tile's varlen branches: the launcher takes fixed-length calls only.)
@@ -871,7 +896,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
         uint64_t kd = v_desc + st * kTileUnits;
         if (nlin >= 0) {
           int nm, nh, nb;
-          coords(nlin, nm, nh, nb);
+          sched.coords(nlin, nm, nh, nb);
           TileSetup<T> nt;
           if (setup_tile<T, CAUSAL>(p, nm, nh, nb, C::kBlockM, C::kBlockN, nt) && nt.n_blocks > 0) {
             const int g = it0 + n_blocks;  // the ring index of its first K tile
