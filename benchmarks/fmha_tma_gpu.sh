@@ -28,22 +28,11 @@
 # BENCH_RUNS sets the rounds (default 10); BENCH_DEFAULT=1 benchmarks "default" as a path of
 # its own too (in full mode it is otherwise only tested). FMHA_BENCH_ARGS adds arguments to step 5 (e.g. --fa3 for a FlashAttention-3 column, with the
 # flash-attn3 wheel on PYTHONPATH).
-# The paths (KFORGE_FMHA_SM90_PATH; fmha_api.cpp's kTmaKernels): default (per shape, fmha_api.cpp's
-# default_tma_path: tma-m192 / tma-m192-lpt / tma-dyn-fs at hdim 64, tma-dyn-fs / tma-dyn-n176 at
-# hdim 128), tma-basic, tma-overlap,
-# tma (ping-pong), and the tuning variants tma-lpt (tma-overlap in longest-first
-# L2-section order), tma-pp-lpt (tma in that order), tma-stages (one more K/V stage),
-# tma-m192 (3 consumer warpgroups, hdim 64; tma-overlap at hdim 128), tma-m192-lpt,
-# tma-persist (tma-overlap as a persistent kernel in the lpt order, Q double-buffered),
-# tma-pp-stages (tma with one more K/V stage), tma-n176 / tma-pp-n176 (tma-overlap / tma with
-# 176-key tiles, hdim 128), tma-dyn / tma-pp-dyn
-# (tma-overlap / tma as persistent kernels with a dynamic tile counter), tma-dyn-xt (tma-dyn with
-# the next tile's first Q K^T issued before the epilogue), tma-dyn-n176 / tma-pp-dyn-n176
-# (tma-dyn / tma-pp-dyn with 176-key tiles and one Q buffer, hdim 128), tma-dyn-skew /
-# tma-dyn-n176-skew / tma-pp-dyn-skew (their producer loads K of key tile i + 1 before V of key
-# tile i), tma-dyn-fe (tma-dyn-skew with a shorter epilogue: stmatrix staging, unchecked
-# full-tile stores), tma-dyn-ts (tma-dyn-fe with a TMA store of O and the tile's coordinates
-# from the producer), tma-dyn-fs (tma-dyn-ts with a lighter first key tile per tile).
+# The paths (KFORGE_FMHA_SM90_PATH): the PATH rows of kernels/fmha/csrc/fmha_paths.def (the one
+# table; kernels/fmha/README.md shows it), read through kernels/fmha/tests/tma_paths.py: default
+# (per shape, the DEFAULT rows), the TMA modes and the tuning variants. The build has the tuning
+# paths (-DKFORGE_FMHA_TUNING_PATHS=ON; FMHA_TUNING_PATHS=OFF builds the wheel's lean library,
+# whose left-out paths the smoke check and pytest skip with the reason).
 # The library is used straight from the build folder (KFORGE_FMHA_LIBRARY, PYTHONPATH), so
 # nothing is pip-installed and nothing is built twice (the build is a clean one, so ptxas.txt
 # always has every kernel). $OUT/summary.txt lists each step's status.
@@ -57,7 +46,8 @@ PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 QUICK=${FMHA_QUICK:-0}
 if [ "$QUICK" = 1 ]; then TMA_PATHS=${TMA_PATHS:-default}; fi
-TMA_PATHS=${TMA_PATHS:-default tma-basic tma-overlap tma tma-lpt tma-pp-lpt tma-stages tma-m192 tma-m192-lpt tma-persist tma-pp-stages tma-n176 tma-pp-n176 tma-dyn tma-pp-dyn tma-dyn-xt tma-dyn-n176 tma-pp-dyn-n176 tma-dyn-skew tma-dyn-n176-skew tma-pp-dyn-skew tma-dyn-fe tma-dyn-ts tma-dyn-fs}
+TMA_PATHS=${TMA_PATHS:-$("$PY" -c "import sys; sys.path.insert(0, 'kernels/fmha/tests'); import tma_paths; print(' '.join(p for p in tma_paths.ALL_PATHS if p != 'wgmma'))")}
+TUNING=${FMHA_TUNING_PATHS:-ON}
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 status=0
@@ -81,9 +71,9 @@ step "device"
   "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
   nvcc --version | tail -2; } 2>&1 | tee "$OUT/device.txt"
 
-step "build (90a, ptxas -v)"
+step "build (90a, ptxas -v, tuning paths $TUNING)"
 if timeout 240 cmake -S kernels/fmha -B "$BUILD" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a \
-     -DKFORGE_FMHA_PTXAS_VERBOSE=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
+     -DKFORGE_FMHA_PTXAS_VERBOSE=ON -DKFORGE_FMHA_TUNING_PATHS="$TUNING" -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
    timeout 240 cmake --build "$BUILD" -j "$JOBS" --clean-first >>"$OUT/build.log" 2>&1; then
   note "build: ok ($(( $(date +%s) - T0 ))s)"
 else

@@ -379,11 +379,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="also dump raw results as JSON")
     ap.add_argument("--paths", default="",
                     help="comma list of sm_90a kernel paths to run kforge_fmha with "
-                         "(KFORGE_FMHA_SM90_PATH: default, wgmma, tma-basic, tma-overlap, tma, "
-                         "tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt, tma-persist, "
-                         "tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, tma-dyn-xt, "
-                         "tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, "
-                         "tma-pp-dyn-skew); "
+                         "(KFORGE_FMHA_SM90_PATH: kforge_fmha.sm90_paths(), the rows of "
+                         "kernels/fmha/csrc/fmha_paths.def; the tuning paths need a build with "
+                         "-DKFORGE_FMHA_TUNING_PATHS=ON); "
                          "default: the library's default only")
     ap.add_argument("--interleave", action="store_true",
                     help="time all columns of a shape in rounds (one call each per round) "

@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "fmha_params.h"
+#include "fmha_paths.h"
 #include "kforge_fmha.h"
 
 #ifndef KFORGE_FMHA_ARCHS
@@ -190,81 +192,69 @@ bool sm90_wanted() {
 bool built_with_90a() { return std::strstr(KFORGE_FMHA_ARCHS, "90a") != nullptr; }
 
 // Which sm_90a kernel a call asks for: KFORGE_FMHA_SM90_PATH, read at every call (so one process
-// can compare the paths). Unset, empty or "default": the path default_tma_path() picks per shape
-// from the TMA tuning runs (docs/benchmarks.md). "wgmma": the cp.async wgmma kernel (hdim 128;
-// hdim 64 runs the mma.sync kernel). The TMA paths (fmha_fwd_sm90_tma.cuh), each a (MODE, VAR) pair of its
-// kernel: "tma-basic" (no overlap), "tma-overlap" (intra-warpgroup overlap), "tma" (overlap +
-// ping-pong), and the tuning variants "tma-lpt" (tma-overlap in longest-first L2-section
-// order), "tma-pp-lpt" (tma in that order), "tma-stages" (tma-overlap with one more K/V
-// stage), "tma-m192" (tma-overlap with 3 consumer warpgroups, hdim 64; at hdim 128 it runs
-// tma-overlap), "tma-m192-lpt" (hdim 64; at hdim 128 tma-lpt), "tma-persist" (tma-overlap
-// as a persistent kernel, one CTA per SM, in the lpt order, Q double-buffered), "tma-pp-stages"
-// (tma with one more K/V stage), "tma-n176" and "tma-pp-n176" (tma-overlap and tma with 176-key
-// tiles, hdim 128; at hdim 64 they run tma-overlap and tma), "tma-dyn" and "tma-pp-dyn"
-// (tma-overlap and tma as persistent kernels with a dynamic scheduler: a global tile counter,
-// lpt order when causal; when no counter can be had, e.g. during stream capture, they run
-// tma-lpt and tma-pp-lpt), "tma-dyn-xt" (tma-dyn with each tile's first Q K^T issued before
-// the previous tile's epilogue; falls back like tma-dyn), "tma-dyn-n176" and
-// "tma-pp-dyn-n176" (tma-dyn and tma-pp-dyn with 176-key tiles and one Q buffer, hdim 128; at
-// hdim 64 they run tma-dyn and tma-pp-dyn; with no counter they run tma-n176 and tma-pp-n176,
-// the same tiles in a static order), and "tma-dyn-skew", "tma-dyn-n176-skew" and
-// "tma-pp-dyn-skew" (the kernels of tma-dyn, tma-dyn-n176 and tma-pp-dyn, whose producer loads
-// K of key tile i + 1 before V of key tile i), "tma-dyn-fe" (tma-dyn-skew with a shorter
-// epilogue: stmatrix staging, unchecked full-tile stores), "tma-dyn-ts" (tma-dyn-fe with a TMA
-// store of O and the tile's coordinates from the producer) and "tma-dyn-fs" (tma-dyn-ts with a
-// lighter first key tile per tile); all three fall back like tma-dyn. A TMA path runs head dims
-// 64 and 128 with fixed-length batches; a call it cannot take (varlen, strides a tensor map cannot
-// describe) runs the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64);
-// kforge_fmha_last_kernel() says which ran.
-struct TmaKernel {
-  const char* path;    // KFORGE_FMHA_SM90_PATH value
-  int mode, var64, var128;
-  const char* name64;  // kforge_fmha_last_kernel() at head dim 64
-  const char* name128;
-  int kv_skew = 0;     // the producer's load order (FwdParams::kv_skew)
-};
-constexpr TmaKernel kTmaKernels[] = {
-    {"tma-basic", 0, 0, 0, "sm90_tma_basic", "sm90_tma_basic"},
-    {"tma-overlap", 1, 0, 0, "sm90_tma_overlap", "sm90_tma_overlap"},
-    {"tma", 2, 0, 0, "sm90_tma", "sm90_tma"},
-    {"tma-lpt", 1, 1, 1, "sm90_tma_overlap_lpt", "sm90_tma_overlap_lpt"},
-    {"tma-pp-lpt", 2, 1, 1, "sm90_tma_lpt", "sm90_tma_lpt"},
-    {"tma-stages", 1, 2, 2, "sm90_tma_overlap_stages", "sm90_tma_overlap_stages"},
-    {"tma-m192", 1, 3, 0, "sm90_tma_overlap_m192", "sm90_tma_overlap"},
-    {"tma-m192-lpt", 1, 4, 1, "sm90_tma_overlap_m192_lpt", "sm90_tma_overlap_lpt"},
-    {"tma-persist", 1, 5, 5, "sm90_tma_overlap_persist", "sm90_tma_overlap_persist"},
-    {"tma-pp-stages", 2, 2, 2, "sm90_tma_stages", "sm90_tma_stages"},
-    {"tma-n176", 1, 0, 6, "sm90_tma_overlap", "sm90_tma_overlap_n176"},
-    {"tma-pp-n176", 2, 0, 6, "sm90_tma", "sm90_tma_n176"},
-    {"tma-dyn", 1, 7, 7, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn"},
-    {"tma-pp-dyn", 2, 7, 7, "sm90_tma_dyn", "sm90_tma_dyn"},
-    {"tma-dyn-xt", 1, 8, 8, "sm90_tma_overlap_dyn_xt", "sm90_tma_overlap_dyn_xt"},
-    {"tma-dyn-n176", 1, 7, 9, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn_n176"},
-    {"tma-pp-dyn-n176", 2, 7, 9, "sm90_tma_dyn", "sm90_tma_dyn_n176"},
-    {"tma-dyn-skew", 1, 7, 7, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn", 1},
-    {"tma-dyn-n176-skew", 1, 7, 9, "sm90_tma_overlap_dyn", "sm90_tma_overlap_dyn_n176", 1},
-    {"tma-pp-dyn-skew", 2, 7, 7, "sm90_tma_dyn", "sm90_tma_dyn", 1},
-    {"tma-dyn-fe", 1, 13, 13, "sm90_tma_overlap_dyn_fe", "sm90_tma_overlap_dyn_fe", 1},
-    {"tma-dyn-ts", 1, 14, 14, "sm90_tma_overlap_dyn_ts", "sm90_tma_overlap_dyn_ts", 1},
-    {"tma-dyn-fs", 1, 15, 15, "sm90_tma_overlap_dyn_fs", "sm90_tma_overlap_dyn_fs", 1},
-};
-constexpr int kNumTma = sizeof(kTmaKernels) / sizeof(kTmaKernels[0]);
-constexpr int kPathDefault = -3;  // resolved per call by default_tma_path()
-constexpr int kPathWgmma = -1;
+// can compare the paths). The paths are the PATH rows of fmha_paths.def (the one table; README.md
+// and kforge_fmha_path_name list them too): unset, empty or "default": the path the DEFAULT rows
+// pick per shape; "wgmma": the cp.async wgmma kernel (hdim 128; hdim 64 runs the mma.sync
+// kernel); the others: one (MODE, VAR) kernel of fmha_fwd_sm90_tma.cuh per head dim. A path
+// whose kernel has a dynamic scheduler runs its VAR's NO_COUNTER kernel when no tile counter can
+// be had (during stream capture). A TMA path runs head dims 64 and 128 with fixed-length
+// batches; a call it cannot take (varlen, strides a tensor map cannot describe) runs the wgmma
+// kernel (hdim 128) or the mma.sync kernel (hdim 64); kforge_fmha_last_kernel() says which ran.
+// The shipped build holds only the kernels that the default rule and their fallbacks reach; a
+// path asked for at a head dim and mask whose kernel the build lacks is refused (run() below).
+namespace fp = kforge_fmha::paths;
+constexpr int kPathDefault = fp::path_index("default");
+constexpr int kPathWgmma = fp::path_index("wgmma");
 constexpr int kPathInvalid = -2;
 
-// The kTmaKernels index of the path with this name (a name of the table: checked at compile time).
-constexpr int tma_index(const char* name) {
-  for (int i = 0; i < kNumTma; ++i) {
-    const char* a = kTmaKernels[i].path;
-    const char* b = name;
-    while (*a != '\0' && *a == *b) ++a, ++b;
-    if (*a == *b) return i;
-  }
-  return kPathInvalid;
+// The kernel names of kforge_fmha_last_kernel: the mode's prefix, then the VAR's suffix.
+const char* tma_kernel_name(int mode, int var) {
+  static const std::vector<std::string> names = [] {
+    static const char* const prefix[3] = {"sm90_tma_basic", "sm90_tma_overlap", "sm90_tma"};
+    std::vector<std::string> v(3 * fp::kMaxVar);
+    for (int m = 0; m < 3; ++m) {
+      for (int i = 0; i < fp::kNumVars; ++i) {
+        v[m * fp::kMaxVar + fp::kVars[i].var] = std::string(prefix[m]) + fp::kVars[i].suffix;
+      }
+    }
+    return v;
+  }();
+  if (mode < 0 || mode > 2 || var < 0 || var >= fp::kMaxVar) return "";
+  return names[mode * fp::kMaxVar + var].c_str();
 }
 
-// The default path per shape: the fastest path of the TMA tuning runs (NVIDIA H200,
+// The kernel a path runs at a head dim, when the call suits it ("" for "default": it depends on
+// the shape).
+const char* path_kernel_name(int path, int head_dim) {
+  const fp::PathRow& row = fp::kPaths[path];
+  if (path == kPathWgmma) return head_dim == 128 ? "sm90_wgmma" : "mma_sync";
+  if (row.mode < 0) return "";
+  return tma_kernel_name(row.mode, fp::path_var(row, head_dim));
+}
+
+// The kernel a path runs when its dynamic scheduler gets no tile counter ("" when it needs none).
+const char* path_fallback_kernel_name(int path, int head_dim) {
+  const fp::PathRow& row = fp::kPaths[path];
+  if (row.mode < 0) return "";
+  const fp::VarRow* v = fp::var_row(fp::path_var(row, head_dim));
+  return v != nullptr && v->no_counter >= 0 ? tma_kernel_name(row.mode, v->no_counter) : "";
+}
+
+// "default (per shape), wgmma, tma-basic, ... or tma-dyn-fs": the error text's list.
+const std::string& path_list_text() {
+  static const std::string text = [] {
+    std::string t;
+    for (int i = 0; i < fp::kNumPaths; ++i) {
+      if (i > 0) t += i + 1 == fp::kNumPaths ? " or " : ", ";
+      t += fp::kPaths[i].name;
+      if (i == kPathDefault) t += " (per shape)";
+    }
+    return t;
+  }();
+  return text;
+}
+
+// The default rule (the DEFAULT rows of fmha_paths.def), per shape: the fastest path of the TMA tuning runs (NVIDIA H200,
 // docs/benchmarks.md: every column of a shape timed in rotating rounds, 20 rounds), bf16 and
 // fp16, seqlen 2k-16k at batch x seqlen = 16384 tokens, 16 heads. x cuDNN of the same run,
 // bf16 / fp16:
@@ -294,26 +284,20 @@ constexpr int tma_index(const char* name) {
 // The benchmark ties seqlen to batch (16384 tokens), so shorter or longer batches were not
 // measured; seqlen_k < 2k takes the <= 2048 / <= 4096 / <= 8192 branches unmeasured.
 int default_tma_path(int head_dim, bool causal, int seqlen_k) {
-  constexpr int kM192 = tma_index("tma-m192"), kM192Lpt = tma_index("tma-m192-lpt");
-  constexpr int kDynN176 = tma_index("tma-dyn-n176"), kDynFs = tma_index("tma-dyn-fs");
-  static_assert(kM192 >= 0 && kM192Lpt >= 0 && kDynN176 >= 0 && kDynFs >= 0,
-                "default_tma_path names a path that kTmaKernels lacks");
-  if (head_dim == 64) {
-    if (!causal) return kM192;
-    return seqlen_k <= 2048 ? kDynFs : kM192Lpt;
-  }
-  if (causal) return seqlen_k <= 8192 ? kDynFs : kDynN176;
-  return seqlen_k <= 4096 ? kDynFs : kDynN176;
+  return fp::default_path(head_dim, causal, seqlen_k);
 }
+// Every DEFAULT row's kernels are in every build (the shipped build is made of them).
+static_assert(fp::path_built(fp::default_path(64, false, 1), 64, false) &&
+                  fp::path_built(fp::default_path(128, true, 1 << 20), 128, true),
+              "the default rule names a kernel the build leaves out");
 
-// The kTmaKernels index the call asks for, kPathWgmma or kPathInvalid.
+// The kPaths index the call asks for, or kPathInvalid.
 int sm90_path(const char** raw) {
   const char* e = std::getenv("KFORGE_FMHA_SM90_PATH");
   *raw = e;
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "default") == 0) return kPathDefault;
-  if (std::strcmp(e, "wgmma") == 0) return kPathWgmma;
-  for (int i = 0; i < kNumTma; ++i) {
-    if (std::strcmp(e, kTmaKernels[i].path) == 0) return i;
+  if (e == nullptr || *e == '\0') return kPathDefault;
+  for (int i = 0; i < fp::kNumPaths; ++i) {
+    if (std::strcmp(e, fp::kPaths[i].name) == 0) return i;
   }
   return kPathInvalid;
 }
@@ -321,109 +305,60 @@ int sm90_path(const char** raw) {
 // The kernel the last successful launch on this thread ran (kforge_fmha_last_kernel).
 thread_local const char* g_last_kernel = "";
 
-// Launches one TMA kernel if this build has it and the call suits it; false when nothing ran.
-template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
-bool try_tma_one(const kforge_fmha::FwdParams& p, cudaStream_t stream, const char* name,
-                 cudaError_t* err) {
-  if (!kforge_fmha::sm90_tma_available<T, HDIM, CAUSAL, MODE, VAR>()) return false;
-  const cudaError_t e = kforge_fmha::launch_fwd_sm90_tma<T, HDIM, CAUSAL, MODE, VAR>(p, stream);
+// Launches TMA kernel (mode, var) if this build has it and the call suits it; false when nothing
+// ran. `name_var` names it (a narrow variant reports the kernel it narrows).
+template <typename T, int HDIM>
+bool try_tma_kernel(bool causal, int mode, int var, int name_var, const kforge_fmha::FwdParams& p,
+                    cudaStream_t stream, cudaError_t* err) {
+  const kforge_fmha::TmaKernelFns k = kforge_fmha::sm90_tma_kernel<T, HDIM>(causal, mode, var);
+  if (k.launch == nullptr || !k.available()) return false;
+  const cudaError_t e = k.launch(p, stream);
   if (e == cudaErrorNotSupported) return false;  // nothing launched: another kernel runs
-  g_last_kernel = name;
+  g_last_kernel = tma_kernel_name(mode, name_var);
   *err = e;
   return true;
 }
-template <typename T, int HDIM, int MODE, int VAR>
-bool try_tma(const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream, const char* name,
-             cudaError_t* err) {
-  return causal ? try_tma_one<T, HDIM, true, MODE, VAR>(p, stream, name, err)
-                : try_tma_one<T, HDIM, false, MODE, VAR>(p, stream, name, err);
-}
-// A kernel instantiated non-causal only.
-template <typename T, int HDIM, int MODE, int VAR>
-bool try_tma_nc(const kforge_fmha::FwdParams& p, cudaStream_t stream, const char* name,
-                cudaError_t* err) {
-  return try_tma_one<T, HDIM, false, MODE, VAR>(p, stream, name, err);
+
+// Runs the TMA kernel of path index `path` at this head dim: first a narrow variant of it where
+// one suits the call (mode 1, non-causal: every tile's first product is the same partial last key
+// tile, computed only as wide as needed), then the kernel itself, then, when its dynamic
+// scheduler got no counter, its NO_COUNTER kernel. False when none ran (the caller's fallback
+// kernel runs).
+template <typename T, int HDIM>
+bool try_tma_path(int path, const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream,
+                  cudaError_t* err) {
+  const fp::PathRow& row = fp::kPaths[path];
+  const int var = fp::path_var(row, HDIM);
+  const fp::VarRow* v = fp::var_row(var);
+  if (row.mode == 1 && !causal && p.seqlen_k > 0 && v != nullptr) {
+    const int rem = p.seqlen_k - (p.seqlen_k - 1) / v->block_n * v->block_n;
+    for (int i = 0; i < fp::kNumVars; ++i) {  // rows in order of NARROW_MAX: the first that fits
+      const fp::VarRow& n = fp::kVars[i];
+      if (n.narrow_of != var || rem > n.narrow_max) continue;
+      if (try_tma_kernel<T, HDIM>(causal, row.mode, n.var, var, p, stream, err)) return true;
+      break;
+    }
+  }
+  if (try_tma_kernel<T, HDIM>(causal, row.mode, var, var, p, stream, err)) return true;
+  if (v != nullptr && v->no_counter >= 0) {
+    return try_tma_kernel<T, HDIM>(causal, row.mode, v->no_counter, v->no_counter, p, stream, err);
+  }
+  return false;
 }
 
-// Runs the TMA kernel of kTmaKernels[index] at this head dim (the instantiations of
-// KFORGE_FMHA_INSTANTIATE_SM90_TMA and, at hdim 64, ..._HDIM64).
-template <typename T, int HDIM>
-bool try_tma_path(int index, const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream,
-                  cudaError_t* err) {
-  const TmaKernel& k = kTmaKernels[index];
-  const int var = HDIM == 64 ? k.var64 : k.var128;
-  const char* name = HDIM == 64 ? k.name64 : k.name128;
-  switch (k.mode * 100 + var) {  // (not mode * 10: a VAR past 9 would meet another mode)
-    case 0: return try_tma<T, HDIM, 0, 0>(p, causal, stream, name, err);
-    case 100: return try_tma<T, HDIM, 1, 0>(p, causal, stream, name, err);
-    case 200: return try_tma<T, HDIM, 2, 0>(p, causal, stream, name, err);
-    case 101: return try_tma<T, HDIM, 1, 1>(p, causal, stream, name, err);
-    case 201: return try_tma<T, HDIM, 2, 1>(p, causal, stream, name, err);
-    case 102: return try_tma<T, HDIM, 1, 2>(p, causal, stream, name, err);
-    case 202: return try_tma<T, HDIM, 2, 2>(p, causal, stream, name, err);
-    case 105: return try_tma<T, HDIM, 1, 5>(p, causal, stream, name, err);
-    case 107:
-    case 108:
-    case 113:
-    case 114:
-    case 115:
-    case 207: {
-      // The dynamic scheduler needs its counter (none during stream capture): else the same
-      // mode in the static lpt order.
-      const bool pp = k.mode == 2;
-      if (pp ? try_tma<T, HDIM, 2, 7>(p, causal, stream, name, err)
-             : var == 8  ? try_tma<T, HDIM, 1, 8>(p, causal, stream, name, err)
-             : var == 13 ? try_tma<T, HDIM, 1, 13>(p, causal, stream, name, err)
-             : var == 14 ? try_tma<T, HDIM, 1, 14>(p, causal, stream, name, err)
-             : var == 15 ? try_tma<T, HDIM, 1, 15>(p, causal, stream, name, err)
-                         : try_tma<T, HDIM, 1, 7>(p, causal, stream, name, err)) {
-        return true;
-      }
-      const TmaKernel& lpt = kTmaKernels[tma_index(pp ? "tma-pp-lpt" : "tma-lpt")];
-      const char* lpt_name = HDIM == 64 ? lpt.name64 : lpt.name128;
-      return pp ? try_tma<T, HDIM, 2, 1>(p, causal, stream, lpt_name, err)
-                : try_tma<T, HDIM, 1, 1>(p, causal, stream, lpt_name, err);
-    }
-    default: break;
-  }
-  if constexpr (HDIM == 128) {
-    if (var == 6) {
-      return k.mode == 2 ? try_tma<T, HDIM, 2, 6>(p, causal, stream, name, err)
-                         : try_tma<T, HDIM, 1, 6>(p, causal, stream, name, err);
-    }
-    if (var == 9) {  // dynamic 176-key tiles; no counter: the static 176-key kernel
-      const bool pp = k.mode == 2;
-      if (!pp && !causal && p.seqlen_k > 0) {
-        // Mode 1, non-causal: every tile's first product is the same partial last key tile;
-        // the variant that computes it only as wide as needed (64 or 112 of 176 keys).
-        const int rem = p.seqlen_k - (p.seqlen_k - 1) / 176 * 176;
-        if (rem <= 64 && try_tma_nc<T, HDIM, 1, 10>(p, stream, name, err)) return true;
-        if (rem > 64 && rem <= 112 && try_tma_nc<T, HDIM, 1, 11>(p, stream, name, err)) return true;
-      }
-      if (pp ? try_tma<T, HDIM, 2, 9>(p, causal, stream, name, err)
-             : try_tma<T, HDIM, 1, 9>(p, causal, stream, name, err)) {
-        return true;
-      }
-      const TmaKernel& n176 = kTmaKernels[tma_index(pp ? "tma-pp-n176" : "tma-n176")];
-      return pp ? try_tma<T, HDIM, 2, 6>(p, causal, stream, n176.name128, err)
-                : try_tma<T, HDIM, 1, 6>(p, causal, stream, n176.name128, err);
-    }
-  }
-  if constexpr (HDIM == 64) {
-    if (k.mode == 1 && var == 3) return try_tma<T, HDIM, 1, 3>(p, causal, stream, name, err);
-    if (k.mode == 1 && var == 4) return try_tma<T, HDIM, 1, 4>(p, causal, stream, name, err);
-  }
-  return false;  // not instantiated: the fallback kernel runs (the tests would name it)
+// Whether a call on this device runs the sm_90a kernels at all.
+bool hopper_path(int major, int minor) {
+  return major == 9 && minor == 0 && built_with_90a() && sm90_wanted();
 }
 
 template <typename T, int HDIM>
 cudaError_t dispatch_causal(const kforge_fmha::FwdParams& p, bool causal, int major, int minor,
                             int path, cudaStream_t stream) {
-  const bool hopper = major == 9 && minor == 0 && built_with_90a() && sm90_wanted();
-  if (hopper && path >= 0) {
+  const bool hopper = hopper_path(major, minor);
+  if (hopper && fp::kPaths[path].mode >= 0) {
     cudaError_t err = cudaSuccess;
     kforge_fmha::FwdParams pk = p;
-    pk.kv_skew = kTmaKernels[path].kv_skew;
+    pk.kv_skew = fp::kPaths[path].kv_skew;
     if (try_tma_path<T, HDIM>(path, pk, causal, stream, &err)) return err;
   }
   if constexpr (HDIM == 128) {
@@ -449,12 +384,8 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
   int path = sm90_path(&path_raw);
   if (path == kPathInvalid) {
     return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
-                "KFORGE_FMHA_SM90_PATH is '%s'; use default (per shape), wgmma, tma-basic, "
-                "tma-overlap, tma, tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt or "
-                "tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, "
-                "tma-dyn-xt, tma-dyn-n176, tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, "
-                "tma-pp-dyn-skew, tma-dyn-fe, tma-dyn-ts or tma-dyn-fs, or unset it",
-                path_raw);
+                "KFORGE_FMHA_SM90_PATH is '%s'; use %s, or unset it", path_raw,
+                path_list_text().c_str());
   }
   // KFORGE_FMHA_LPT_SECTION: (batch, head) pairs per section of the tma-lpt orders (a tuning
   // knob; unset: the L2 rule of fmha_fwd_sm90_tma.cuh).
@@ -504,6 +435,17 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
   p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
 
   if (path == kPathDefault) path = default_tma_path(s.head_dim, causal, s.seqlen_k);
+  if (hopper_path(major, minor) && !fp::path_built(path, s.head_dim, causal)) {
+    const fp::PathRow& row = fp::kPaths[path];
+    return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                "KFORGE_FMHA_SM90_PATH is '%s': path %s is a tuning path at head dim %d, %s (its "
+                "kernel %s is not one the default rule or its fallbacks run there); this library "
+                "was built without KFORGE_FMHA_TUNING_PATHS, so that kernel is not in it. Unset "
+                "KFORGE_FMHA_SM90_PATH to run the default path, or rebuild kforge_fmha with "
+                "-DKFORGE_FMHA_TUNING_PATHS=ON (the benchmark scripts do)",
+                row.name, row.name, s.head_dim, causal ? "causal" : "non-causal",
+                path_kernel_name(path, s.head_dim));
+  }
 
   cudaError_t err;
   if (s.dtype == KFORGE_FMHA_FP16) {
@@ -556,6 +498,34 @@ const char* kforge_fmha_status_name(kforge_fmha_status status) {
 const char* kforge_fmha_built_archs(void) { return KFORGE_FMHA_ARCHS; }
 
 const char* kforge_fmha_last_kernel(void) { return g_last_kernel; }
+
+int kforge_fmha_path_count(void) { return fp::kNumPaths; }
+
+const char* kforge_fmha_path_name(int index) {
+  return index >= 0 && index < fp::kNumPaths ? fp::kPaths[index].name : nullptr;
+}
+
+const char* kforge_fmha_path_kernel(int index, int head_dim) {
+  if (index < 0 || index >= fp::kNumPaths || (head_dim != 64 && head_dim != 128)) return nullptr;
+  return path_kernel_name(index, head_dim);
+}
+
+const char* kforge_fmha_path_fallback_kernel(int index, int head_dim) {
+  if (index < 0 || index >= fp::kNumPaths || (head_dim != 64 && head_dim != 128)) return nullptr;
+  return path_fallback_kernel_name(index, head_dim);
+}
+
+int kforge_fmha_path_built(int index, int head_dim, int causal) {
+  if (index < 0 || index >= fp::kNumPaths || (head_dim != 64 && head_dim != 128)) return -1;
+  return fp::path_built(index, head_dim, causal != 0) ? 1 : 0;
+}
+
+const char* kforge_fmha_default_path(int head_dim, int causal, int seqlen_k) {
+  const int path = fp::default_path(head_dim, causal != 0, seqlen_k);
+  return path >= 0 ? fp::kPaths[path].name : nullptr;
+}
+
+int kforge_fmha_tuning_paths(void) { return fp::kTuningPaths ? 1 : 0; }
 
 kforge_fmha_status kforge_fmha_device_check(int* major, int* minor) {
   return check_device(major, minor);

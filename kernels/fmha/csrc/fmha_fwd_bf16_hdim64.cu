@@ -4,4 +4,4 @@
 #include "fmha_fwd_sm90_tma.cuh"
 
 KFORGE_FMHA_INSTANTIATE(__nv_bfloat16, 64)
-KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM64(__nv_bfloat16)
+KFORGE_FMHA_INSTANTIATE_SM90_TMA(__nv_bfloat16, 64)

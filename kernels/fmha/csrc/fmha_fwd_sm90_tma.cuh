@@ -83,11 +83,13 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the driver is reached through cudart)
 
 #include "fmha_fwd_sm90.cuh"
+#include "fmha_paths.h"
 
 namespace kforge_fmha {
 
@@ -261,6 +263,68 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
 
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 
+// The tile scheduler: which (m block, head, batch) tiles a CTA computes, and in which order.
+//  - one tile per CTA (VAR 0, 2, 3, 6): grid (m blocks, heads, batch), heavy causal m blocks first;
+//  - lpt (Var::kLpt): a 1-D grid in longest-first order over L2 sections of (batch, head) pairs;
+//  - persistent (Var::kPersist): a CTA walks tiles blockIdx.x, + gridDim.x, ... of that order;
+//  - dynamic (Var::kDynamic): the producer claims each next tile from a global counter
+//    (maps.sched) and hands it to the consumers through its Q buffer's slot; lpt order when
+//    causal, a head's m blocks one after another when not.
+// A tile index ti (0 .. total() - 1 when persistent) maps to a linear tile lin(ti), and coords()
+// turns that into the tile.
+template <bool CAUSAL, int VAR>
+struct TileScheduler {
+  static constexpr bool kPersist = Var<VAR>::kPersist;
+  static constexpr bool kDynamic = Var<VAR>::kDynamic;
+  const FwdParams& p;
+  const TmaMaps& maps;
+
+  __device__ __forceinline__ int total() const {
+    return kPersist ? maps.m_blocks * p.num_heads * p.batch : 1;
+  }
+  __device__ __forceinline__ int stride() const { return kPersist ? static_cast<int>(gridDim.x) : 1; }
+  __device__ __forceinline__ int first() const { return kPersist ? static_cast<int>(blockIdx.x) : 0; }
+  __device__ __forceinline__ int lin(int ti) const {
+    return kPersist ? ti : static_cast<int>(blockIdx.x);
+  }
+  // The producer's next tile index: a static stride, or (dynamic) the counter's next one.
+  __device__ __forceinline__ int next(int ti) const {
+    if constexpr (kDynamic) {
+      return static_cast<int>(gridDim.x) + atomicAdd(maps.sched, 1);
+    } else {
+      return ti + stride();
+    }
+  }
+  // The tile (m block, head, batch) of linear tile index lin.
+  __device__ __forceinline__ void coords(int lin, int& m_block, int& head, int& b) const {
+    if constexpr (Var<VAR>::kLpt || (kDynamic && CAUSAL)) {
+      // Section after section of lpt_section (batch, head) pairs; inside a section, m blocks
+      // from the last (heaviest when causal) to the first, all pairs of the section at each.
+      const int mb = maps.m_blocks;
+      const int pairs = p.num_heads * p.batch;
+      const int per_sec = maps.lpt_section * mb;
+      const int sec = lin / per_sec;
+      const int first = sec * maps.lpt_section;
+      const int in_sec = min(maps.lpt_section, pairs - first);
+      const int r = lin - sec * per_sec;
+      m_block = mb - 1 - r / in_sec;
+      const int hb = first + r % in_sec;
+      head = hb % p.num_heads;
+      b = hb / p.num_heads;
+    } else if constexpr (kDynamic) {  // non-causal: the m blocks of a head one after another
+      const int mb = maps.m_blocks;
+      m_block = mb - 1 - lin % mb;
+      const int hb = lin / mb;
+      head = hb % p.num_heads;
+      b = hb / p.num_heads;
+    } else {
+      m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
+      head = blockIdx.y;
+      b = blockIdx.z;
+    }
+  }
+};
+
 template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
 __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     fmha_fwd_sm90_tma_kernel(const __grid_constant__ FwdParams p,
@@ -307,45 +371,16 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
   // buffer's full barrier (release), read by the consumers after waiting on it (acquire).
   volatile int* const slots = reinterpret_cast<volatile int*>(base + C::kSlotOffset);
 
-  // The tile (m block, head, batch) of linear tile index lin.
-  auto coords = [&](int lin, int& m_block, int& head, int& b) {
-    if constexpr (Var<VAR>::kLpt || (kDynamic && CAUSAL)) {
-      // Section after section of lpt_section (batch, head) pairs; inside a section, m blocks
-      // from the last (heaviest when causal) to the first, all pairs of the section at each.
-      const int mb = maps.m_blocks;
-      const int pairs = p.num_heads * p.batch;
-      const int per_sec = maps.lpt_section * mb;
-      const int sec = lin / per_sec;
-      const int first = sec * maps.lpt_section;
-      const int in_sec = min(maps.lpt_section, pairs - first);
-      const int r = lin - sec * per_sec;
-      m_block = mb - 1 - r / in_sec;
-      const int hb = first + r % in_sec;
-      head = hb % p.num_heads;
-      b = hb / p.num_heads;
-    } else if constexpr (kDynamic) {  // non-causal: the m blocks of a head one after another
-      const int mb = maps.m_blocks;
-      m_block = mb - 1 - lin % mb;
-      const int hb = lin / mb;
-      head = hb % p.num_heads;
-      b = hb / p.num_heads;
-    } else {
-      m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
-      head = blockIdx.y;
-      b = blockIdx.z;
-    }
-  };
-  // Tiles of this CTA: blockIdx.x alone, or (persistent) blockIdx.x, + gridDim.x, ...
-  const int total_tiles = kPersist ? maps.m_blocks * p.num_heads * p.batch : 1;
-  const int tile_stride = kPersist ? static_cast<int>(gridDim.x) : 1;
-  const int first_tile = kPersist ? static_cast<int>(blockIdx.x) : 0;
-  auto tile_lin = [&](int ti) { return kPersist ? ti : static_cast<int>(blockIdx.x); };
+  const TileScheduler<CAUSAL, VAR> sched{p, maps};
+  const int total_tiles = sched.total();
+  const int tile_stride = sched.stride();
+  const int first_tile = sched.first();
   const int tid = threadIdx.x;
   const int wg = tid / 128;
 
   if constexpr (!kPersist) {  // a CTA with nothing to do leaves before any barrier
     int m_block, head, b;
-    coords(tile_lin(0), m_block, head, b);
+    sched.coords(sched.lin(0), m_block, head, b);
     TileSetup<T> tile;
     if (!setup_tile<T, CAUSAL>(p, m_block, head, b, C::kBlockM, C::kBlockN, tile)) return;
   }
@@ -377,17 +412,9 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
       if constexpr (Var<VAR>::kTmaStore) prefetch_map(&maps.o);
       int it = 0;  // K/V tiles loaded so far (the ring runs on across tiles)
       int qi = 0;  // tiles so far (the Q buffer ring)
-      // The next tile: a static stride, or (dynamic) the global counter's next index.
-      auto next_tile = [&](int ti) {
-        if constexpr (kDynamic) {
-          return static_cast<int>(gridDim.x) + atomicAdd(maps.sched, 1);
-        } else {
-          return ti + tile_stride;
-        }
-      };
-      for (int ti = first_tile; ti < total_tiles; ti = next_tile(ti)) {
+      for (int ti = first_tile; ti < total_tiles; ti = sched.next(ti)) {
         int m_block, head, b;
-        coords(tile_lin(ti), m_block, head, b);
+        sched.coords(sched.lin(ti), m_block, head, b);
         TileSetup<T> tile;
         if (!setup_tile<T, CAUSAL, !Var<VAR>::kProducerCoords>(p, m_block, head, b, C::kBlockM,
                                                                C::kBlockN, tile)) {
@@ -502,7 +529,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     }
   };
   for (int ti = first_tile; kDynamic || ti < total_tiles; ti += tile_stride) {
-  int lin = tile_lin(ti);
+  int lin = sched.lin(ti);
   if constexpr (kDynamic) {  // the tile the producer loaded into the next Q buffer, or -1
     mbar_wait(q_full(qi % kQBufs), (qi / kQBufs) & 1);
     lin = slots[(qi % kQBufs) * C::kSlotInts];
@@ -515,7 +542,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
     head = slots[sl + 2];
     b = slots[sl + 3];
   } else {
-    coords(lin, m_block, head, b);
+    sched.coords(lin, m_block, head, b);
   }
   TileSetup<T> tile;
   // (VAR 14, 15 leave out setup_tile's varlen branches: the launcher takes fixed-length calls only.)
@@ -869,7 +896,7 @@ __global__ void __launch_bounds__(Cfg<HDIM, VAR>::kThreads, 1)
         uint64_t kd = v_desc + st * kTileUnits;
         if (nlin >= 0) {
           int nm, nh, nb;
-          coords(nlin, nm, nh, nb);
+          sched.coords(nlin, nm, nh, nb);
           TileSetup<T> nt;
           if (setup_tile<T, CAUSAL>(p, nm, nh, nb, C::kBlockM, C::kBlockN, nt) && nt.n_blocks > 0) {
             const int g = it0 + n_blocks;  // the ring index of its first K tile
@@ -1242,47 +1269,50 @@ cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream) {
 
 }  // namespace kforge_fmha
 
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, MODE, VAR)                             \
-  template bool kforge_fmha::sm90_tma_available<T, HDIM, false, MODE, VAR>();                \
-  template bool kforge_fmha::sm90_tma_available<T, HDIM, true, MODE, VAR>();                 \
-  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE, VAR>(          \
-      const kforge_fmha::FwdParams&, cudaStream_t);                                          \
-  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, true, MODE, VAR>(           \
-      const kforge_fmha::FwdParams&, cudaStream_t);
-// Non-causal only: the narrow-first-product variants (VAR 10, 11; mode 1 only: in mode 2, VAR 11
-// made ptxas serialise the wgmmas, C7511).
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, HDIM, MODE, VAR)                              \
-  template bool kforge_fmha::sm90_tma_available<T, HDIM, false, MODE, VAR>();                \
-  template cudaError_t kforge_fmha::launch_fwd_sm90_tma<T, HDIM, false, MODE, VAR>(          \
-      const kforge_fmha::FwdParams&, cudaStream_t);
-// Every (MODE, VAR) pair that fmha_api.cpp dispatches to (its kTmaKernels table): the three
-// modes, then the tuning variants of mode 1 (lpt, stages) and ping-pong + lpt; at head dim 64
-// also the three-consumer-warpgroup variants.
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, HDIM)     \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 0, 0) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 0) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 0) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 1) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 1) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 2) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 2) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 5) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 7) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 8) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 2, 7) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 13) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 14) \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, HDIM, 1, 15)
-// Head dim 128 only: the 176-key tiles (static and dynamic).
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM128(T)   \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 128)            \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 1, 6)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 6)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 1, 9)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 128, 2, 9)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, 128, 1, 10)  \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_NC(T, 128, 1, 11)
-#define KFORGE_FMHA_INSTANTIATE_SM90_TMA_HDIM64(T)    \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, 64)             \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 3)   \
-  KFORGE_FMHA_INSTANTIATE_SM90_TMA_ONE(T, 64, 1, 4)
+// The kernels this build compiles, found by (causal, mode, var) at run time: fmha_paths.h's
+// kernel_built decides, per head dim and mask, from the table of fmha_paths.def (the shipped
+// build: what the default rule and its fallbacks reach; KFORGE_FMHA_TUNING_PATHS: every path).
+// A kernel is compiled exactly when its functions' addresses are taken below.
+namespace kforge_fmha {
+namespace sm90tma {
+
+template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
+TmaKernelFns kernel_fns() {
+  if constexpr (paths::kernel_built(HDIM, CAUSAL, MODE, VAR)) {
+    return {&sm90_tma_available<T, HDIM, CAUSAL, MODE, VAR>,
+            &launch_fwd_sm90_tma<T, HDIM, CAUSAL, MODE, VAR>};
+  } else {
+    return {nullptr, nullptr};
+  }
+}
+
+template <typename T, int HDIM, bool CAUSAL, int MODE, int... VARS>
+TmaKernelFns kernel_by_var(int var, std::integer_sequence<int, VARS...>) {
+  TmaKernelFns fns{nullptr, nullptr};
+  (void)((var == VARS ? (fns = kernel_fns<T, HDIM, CAUSAL, MODE, VARS>(), true) : false) || ...);
+  return fns;
+}
+
+template <typename T, int HDIM, bool CAUSAL>
+TmaKernelFns kernel_by_mode(int mode, int var) {
+  using Vars = std::make_integer_sequence<int, paths::kMaxVar>;
+  switch (mode) {
+    case 0: return kernel_by_var<T, HDIM, CAUSAL, 0>(var, Vars{});
+    case 1: return kernel_by_var<T, HDIM, CAUSAL, 1>(var, Vars{});
+    case 2: return kernel_by_var<T, HDIM, CAUSAL, 2>(var, Vars{});
+    default: return {nullptr, nullptr};
+  }
+}
+
+}  // namespace sm90tma
+
+template <typename T, int HDIM>
+TmaKernelFns sm90_tma_kernel(bool causal, int mode, int var) {
+  return causal ? sm90tma::kernel_by_mode<T, HDIM, true>(mode, var)
+                : sm90tma::kernel_by_mode<T, HDIM, false>(mode, var);
+}
+
+}  // namespace kforge_fmha
+
+#define KFORGE_FMHA_INSTANTIATE_SM90_TMA(T, HDIM) \
+  template kforge_fmha::TmaKernelFns kforge_fmha::sm90_tma_kernel<T, HDIM>(bool, int, int);

@@ -52,17 +52,18 @@ template <typename T, bool CAUSAL>
 cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 
 // The sm_90a TMA + warp-specialised kernel, fmha_fwd_sm90_tma.cuh (head dims 64 and 128).
-// MODE 0: no overlap, 1: intra-warpgroup overlap, 2: overlap + ping-pong. VAR (a tuning
-// variant, sm90tma::Var): 0 base, 1 longest-first L2-section tile order, 2 one more K/V stage,
-// 3 three consumer warpgroups (192-row CTAs, hdim 64 only), 4 = 3 + 1, 5 persistent (static
-// stride), 6 176-key tiles (hdim 128 only), 7 persistent with a dynamic tile counter, 8 = 7 with
-// the next tile's first Q K^T under the epilogue, 9-11 = 7 with 176-key tiles, 13 = 7 with a
-// shorter epilogue (stmatrix staging, unchecked full-tile stores). launch_fwd_sm90_tma
-// returns cudaErrorNotSupported, launching nothing, for a call it cannot take (varlen, or
-// strides the tensor maps cannot describe). Defined in fmha_fwd_{fp16,bf16}_hdim{64,128}.cu.
-template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
-bool sm90_tma_available();
-template <typename T, int HDIM, bool CAUSAL, int MODE, int VAR>
-cudaError_t launch_fwd_sm90_tma(const FwdParams& params, cudaStream_t stream);
+// MODE 0: no overlap, 1: intra-warpgroup overlap, 2: overlap + ping-pong. VAR: a variant
+// (sm90tma::Var; the rows of fmha_paths.def). available() says whether the current device runs
+// the kernel's sm_90a body; launch() returns cudaErrorNotSupported, launching nothing, for a
+// call the kernel cannot take (varlen, or strides the tensor maps cannot describe).
+struct TmaKernelFns {
+  bool (*available)();
+  cudaError_t (*launch)(const FwdParams& params, cudaStream_t stream);
+};
+// The TMA kernel (causal, MODE, VAR) of this element type and head dim, or {nullptr, nullptr}
+// when this build does not compile it (fmha_paths.h's kernel_built). Defined in
+// fmha_fwd_{fp16,bf16}_hdim{64,128}.cu.
+template <typename T, int HDIM>
+TmaKernelFns sm90_tma_kernel(bool causal, int mode, int var);
 
 }  // namespace kforge_fmha

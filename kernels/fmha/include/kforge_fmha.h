@@ -74,13 +74,35 @@ KFORGE_FMHA_API const char* kforge_fmha_status_name(kforge_fmha_status status);
 KFORGE_FMHA_API const char* kforge_fmha_built_archs(void);
 
 /* Name of the kernel that the last successful kforge_fmha_fwd / kforge_fmha_varlen_fwd call on
- * this thread launched ("" before any): "mma_sync" (portable), "sm90_wgmma" (sm_90a, the
- * default on H100/H200 for head dim 128), "sm90_tma", "sm90_tma_overlap" or "sm90_tma_basic"
- * (the TMA + warp-specialised sm_90a kernel, chosen with the environment variable
- * KFORGE_FMHA_SM90_PATH=tma|tma-overlap|tma-basic, read at every call; unset or "wgmma" keeps
- * the default). A call that asks for a TMA path it cannot take (varlen batches, strides a TMA
- * tensor map cannot describe) runs the default kernel, and this names it. */
+ * this thread launched ("" before any): "mma_sync" (portable), "sm90_wgmma" (sm_90a, hdim 128) or
+ * one of the TMA kernels of sm_90a ("sm90_tma_overlap_dyn_fs", ...; kforge_fmha_path_kernel).
+ * On compute capability 9.0 with a 90a build, the environment variable KFORGE_FMHA_SM90_PATH,
+ * read at every call, picks the path (unset: "default", one path per shape). A call that a TMA
+ * path cannot take (varlen batches, strides a TMA tensor map cannot describe) runs the wgmma
+ * kernel (hdim 128) or mma_sync (hdim 64), and this names it. */
 KFORGE_FMHA_API const char* kforge_fmha_last_kernel(void);
+
+/* The sm_90a paths, the values of KFORGE_FMHA_SM90_PATH: index 0 .. count - 1, "default" first,
+ * then "wgmma", then the TMA paths (csrc/fmha_paths.def, the one table). */
+KFORGE_FMHA_API int kforge_fmha_path_count(void);
+/* The name of path `index`, or NULL when index is out of range. */
+KFORGE_FMHA_API const char* kforge_fmha_path_name(int index);
+/* The kernel (as kforge_fmha_last_kernel names it) path `index` runs at head_dim (64 or 128) on
+ * an sm_90a GPU for a call it can take; "" for "default" (it depends on the shape); NULL for a
+ * bad index or head dim. */
+KFORGE_FMHA_API const char* kforge_fmha_path_kernel(int index, int head_dim);
+/* The kernel the path runs when its dynamic tile scheduler gets no counter (inside a CUDA graph
+ * capture); "" when the path has no dynamic scheduler; NULL for bad arguments. */
+KFORGE_FMHA_API const char* kforge_fmha_path_fallback_kernel(int index, int head_dim);
+/* 1 when this library holds the kernels path `index` runs at head_dim and this mask, 0 when
+ * they are tuning kernels it was built without (KFORGE_FMHA_TUNING_PATHS off, as in the wheel:
+ * asking for them gives KFORGE_FMHA_ERROR_UNSUPPORTED), -1 for bad arguments. */
+KFORGE_FMHA_API int kforge_fmha_path_built(int index, int head_dim, int causal);
+/* The path the default picks for a fixed-length call of this head dim, mask and seqlen_k, or
+ * NULL for a head dim other than 64 and 128. */
+KFORGE_FMHA_API const char* kforge_fmha_default_path(int head_dim, int causal, int seqlen_k);
+/* 1 when this library was built with KFORGE_FMHA_TUNING_PATHS (every path's kernels), else 0. */
+KFORGE_FMHA_API int kforge_fmha_tuning_paths(void);
 
 /* Checks that a CUDA driver and a GPU are present and that the current device can run the
  * kernels; *major / *minor receive its compute capability (either may be NULL). */

@@ -21,7 +21,7 @@ nvcc --version | tail -2
 
 step "cmake build + ctest (archs $ARCHS)"
 cmake -S kernels/fmha -B kernels/fmha/build/c -G Ninja -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" \
-  -DKFORGE_FMHA_PTXAS_VERBOSE=ON >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+  -DKFORGE_FMHA_PTXAS_VERBOSE=ON -DKFORGE_FMHA_TUNING_PATHS=${FMHA_TUNING_PATHS:-ON} >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 /usr/bin/time -f "build wall %e s, max rss %M KB" cmake --build kernels/fmha/build/c -j "$J" >>"$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
 grep -E "Compiling entry|registers|spill" "$OUT/cmake.log" | grep -B1 -A1 "spill" | head -40
 tail -1 "$OUT/cmake.log"

@@ -17,7 +17,7 @@ HDIM=${HDIM:-128}
 CASES=${CASES:-tma-dyn-n176:bf16:0:2048}
 REPORTS=${REPORTS:-$([ "${KEEP_REP:-0}" = 1 ] && echo "$OUT" || echo /tmp/ncu-reports)}
 mkdir -p "$OUT" "$REPORTS"
-cmake -S kernels/fmha -B "$BUILD" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a \
+cmake -S kernels/fmha -B "$BUILD" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a -DKFORGE_FMHA_TUNING_PATHS=ON \
   -DCMAKE_BUILD_TYPE=Release >"$REPORTS/build.log" 2>&1 &&
   cmake --build "$BUILD" -j "$(nproc)" >>"$REPORTS/build.log" 2>&1 || { tail -30 "$REPORTS/build.log"; exit 1; }
 export KFORGE_FMHA_LIBRARY=$BUILD/libkforge_fmha.so

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include "kforge_fmha.h"
 
@@ -67,6 +68,38 @@ int main() {
          KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "KFORGE_FMHA_LPT_SECTION is '3x'");
   unsetenv("KFORGE_FMHA_LPT_SECTION");
 #endif
+  // The path list: "default" and "wgmma" first, every name found by its index, the ends NULL,
+  // and the default's paths always built.
+  const int n_paths = kforge_fmha_path_count();
+  if (n_paths < 3 || std::strcmp(kforge_fmha_path_name(0), "default") != 0 ||
+      std::strcmp(kforge_fmha_path_name(1), "wgmma") != 0 || kforge_fmha_path_name(-1) != nullptr ||
+      kforge_fmha_path_name(n_paths) != nullptr) {
+    std::printf("FAIL path list: count %d, first '%s'\n", n_paths,
+                n_paths > 0 ? kforge_fmha_path_name(0) : "(none)");
+    ++failures;
+  }
+  for (int hd : {64, 128}) {
+    for (int causal : {0, 1}) {
+      for (int sk : {1, 2048, 4096, 8192, 16384}) {
+        const char* d = kforge_fmha_default_path(hd, causal, sk);
+        int idx = -1;
+        for (int i = 0; d != nullptr && i < n_paths; ++i) {
+          if (std::strcmp(kforge_fmha_path_name(i), d) == 0) idx = i;
+        }
+        if (idx < 2 || kforge_fmha_path_built(idx, hd, causal) != 1 ||
+            std::strncmp(kforge_fmha_path_kernel(idx, hd), "sm90_tma", 8) != 0) {
+          std::printf("FAIL default path at hdim %d causal %d seqlen_k %d: '%s'\n", hd, causal, sk,
+                      d ? d : "(null)");
+          ++failures;
+        }
+      }
+    }
+  }
+  if (kforge_fmha_default_path(96, 0, 128) != nullptr || kforge_fmha_path_built(2, 96, 0) != -1 ||
+      kforge_fmha_path_kernel(n_paths, 64) != nullptr) {
+    std::printf("FAIL path functions accept bad arguments\n");
+    ++failures;
+  }
   expect("varlen without cu_seqlens_k", kforge_fmha_varlen_fwd(bf16, 64, q, s2, k, s2, v, s2, o, s2, nullptr, 0, cu, nullptr, 2, 128, 128, 8, 8, 0.125f, 1, nullptr),
          KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "cu_seqlens_k");
 

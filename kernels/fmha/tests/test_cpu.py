@@ -317,3 +317,83 @@ def test_tma_barrier_protocol_model_finds_no_deadlock_or_overwrite() -> None:
     script = Path(__file__).resolve().parents[1] / "scripts" / "tma_protocol_model.py"
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
+
+
+# --- the path table: one table (csrc/fmha_paths.def), and everything that lists it agrees ------
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tma_paths  # noqa: E402  (csrc/fmha_paths.def, parsed)
+
+
+def test_library_path_list_is_the_table() -> None:
+    """The C API's list (which the Python package reads) is the PATH rows, in order."""
+    assert kforge_fmha.sm90_paths() == tma_paths.ALL_PATHS
+    assert tma_paths.ALL_PATHS[:2] == ["default", "wgmma"]
+    assert len(set(tma_paths.ALL_PATHS)) == len(tma_paths.ALL_PATHS)
+
+
+def test_library_kernels_and_fallbacks_are_the_tables() -> None:
+    for p in tma_paths.PATHS:
+        for hd in (64, 128):
+            if p.mode < 0:
+                continue
+            assert kforge_fmha.path_kernel(p.name, hd) == tma_paths.kernel_name(p.mode, p.var(hd)), (p, hd)
+            row = next(v for v in tma_paths.VARS if v.var == p.var(hd))
+            want = tma_paths.kernel_name(p.mode, row.no_counter) if row.no_counter >= 0 else ""
+            assert kforge_fmha.path_fallback_kernel(p.name, hd) == want, (p, hd)
+    assert kforge_fmha.path_kernel("wgmma", 128) == "sm90_wgmma"
+    assert kforge_fmha.path_kernel("default", 64) == ""
+
+
+def test_library_default_rule_is_the_table() -> None:
+    for hd in (64, 128):
+        for causal in (False, True):
+            for sk in (0, 1, 2047, 2048, 2049, 4096, 4097, 8192, 8193, 1 << 20):
+                assert kforge_fmha.default_path(hd, causal, sk) == tma_paths.default_path(hd, causal, sk)
+
+
+def test_library_builds_exactly_the_kernels_its_option_says() -> None:
+    """Without KFORGE_FMHA_TUNING_PATHS: a path runs at a head dim and mask exactly when its kernel
+    is one the DEFAULT rows (with their fallbacks) reach; with it, every path everywhere."""
+    tuning = kforge_fmha.tuning_paths_built()
+    for path in tma_paths.ALL_PATHS:
+        for hd in (64, 128):
+            for causal in (False, True):
+                want = tuning or tma_paths.lean_path_built(path, hd, causal)
+                assert kforge_fmha.path_built(path, hd, causal) == want, (path, hd, causal, tuning)
+    for d in tma_paths.DEFAULTS:  # the default always runs
+        assert kforge_fmha.path_built(d.path, d.head_dim, d.causal)
+
+
+def test_unknown_path_error_lists_every_path(monkeypatch) -> None:
+    """The error text's list is the table's (checked before any CUDA call, so no GPU needed)."""
+    from kforge_fmha import _lib
+
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", "tmaa")
+    lib = _lib.library()
+    s = _lib.strides(128 * 8 * 64, 8 * 64, 64)
+    fake = 0x7F0000000000
+    status = lib.kforge_fmha_fwd(1, 64, fake, s, fake, s, fake, s, fake, s, None, None,
+                                 2, 128, 128, 8, 8, 0.125, 0, None)
+    msg = lib.kforge_fmha_last_error().decode()
+    assert status == 1 and msg.startswith("KFORGE_FMHA_SM90_PATH is 'tmaa'; use "), msg
+    listed = msg.split("; use ", 1)[1].rsplit(", or unset it", 1)[0]
+    names = [n.strip().removesuffix(" (per shape)") for n in listed.replace(" or ", ", ").split(",")]
+    assert names == tma_paths.ALL_PATHS
+
+
+def test_readme_path_tables_are_generated_from_the_table() -> None:
+    text = tma_paths.README.read_text()
+    assert tma_paths.readme_with_block(text) == text, (
+        "kernels/fmha/README.md's path tables differ from csrc/fmha_paths.def; run "
+        "`python kernels/fmha/tests/tma_paths.py --write`")
+
+
+def test_path_table_parser_reads_every_row() -> None:
+    """Every line of fmha_paths.def that calls a row macro is read (a row the regex missed would
+    leave the tests checking less than the library holds)."""
+    text = tma_paths.PATHS_DEF.read_text()
+    calls = [ln for ln in text.splitlines() if ln.startswith(("KFORGE_FMHA_VAR(", "KFORGE_FMHA_PATH(",
+                                                              "KFORGE_FMHA_DEFAULT("))]
+    assert len(calls) == len(tma_paths.VARS) + len(tma_paths.PATHS) + len(tma_paths.DEFAULTS)
+    assert len(tma_paths.lean_kernels()) < len(tma_paths.tuning_kernels())

@@ -3,15 +3,15 @@ torch.nn.functional.scaled_dot_product_attention computed in fp32, and the failu
 hit on a GPU machine.
 
 Kernel paths: on an H100/H200 with a 90a build, the accuracy tests run once per sm_90a path
-(KFORGE_FMHA_SM90_PATH unset ("default": one TMA path per shape, fmha_api.cpp's
-default_tma_path, mirrored by default_path below), wgmma, tma-basic, tma-overlap,
-tma and the tuning variants tma-lpt, tma-pp-lpt, tma-stages, tma-m192, tma-m192-lpt,
-tma-persist, tma-pp-stages, tma-n176, tma-pp-n176, tma-dyn, tma-pp-dyn, tma-dyn-xt, tma-dyn-n176,
-tma-pp-dyn-n176, tma-dyn-skew, tma-dyn-n176-skew, tma-pp-dyn-skew, tma-dyn-fe, tma-dyn-ts, tma-dyn-fs; see
-kforge_fmha.last_kernel) and check that the kernel that ran is the one the path asks for (or,
-for calls a TMA path cannot take, the documented fallback). Elsewhere only the default path
-runs; the other paths are skipped with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma (a comma
-list) limits the paths; the others are skipped with the reason.
+(KFORGE_FMHA_SM90_PATH unset ("default": one TMA path per shape), wgmma and the TMA paths: the
+PATH rows of csrc/fmha_paths.def, read by tma_paths.py) and check that the kernel that ran is
+the one the library's table names for the path (kforge_fmha.path_kernel, default_path; or, for
+calls a TMA path cannot take, the documented fallback). A path whose kernel at a test's head dim
+and mask this library was built without (the wheel's build holds only what the default reaches;
+-DKFORGE_FMHA_TUNING_PATHS=ON holds every path) is skipped with that reason, and
+test_tuning_path_left_out_is_refused_clearly checks the error such a call gets. Elsewhere only
+the default path runs; the other paths are skipped with the reason. KFORGE_FMHA_TEST_PATHS=wgmma,tma
+(a comma list) limits the paths; the others are skipped with the reason.
 
 Tolerance: the fp32 reference gets the same (rounded) fp16/bf16 inputs. Our error must be at
 most twice the error of torch's own fp16/bf16 SDPA against that reference (with a small floor
@@ -79,7 +79,7 @@ def assert_close(out, ref, lowp, dtype, what: str) -> None:
         f"{what}: max |out - ref| = {err:.3g} > tol {tol:.3g} (torch {dtype} SDPA error {torch_err:.3g})")
 
 
-from tma_paths import ALL_PATHS, TMA_KERNEL, default_path  # noqa: E402  (one table with scripts/tma_smoke.py)
+from tma_paths import ALL_PATHS  # noqa: E402  (csrc/fmha_paths.def, parsed; one table with scripts/tma_smoke.py)
 
 
 def _chosen_paths() -> list[str]:
@@ -116,9 +116,22 @@ def expected_kernel(path: str, head_dim: int, varlen: bool = False, *, causal: b
         return "mma_sync"
     if path != "wgmma" and not varlen:
         if path == "default":
-            path = default_path(head_dim, causal, seqlen_k)
-        return TMA_KERNEL[path][head_dim]
+            path = kforge_fmha.default_path(head_dim, causal, seqlen_k)
+        return kforge_fmha.path_kernel(path, head_dim)
     return "sm90_wgmma" if head_dim == 128 else "mma_sync"  # the wgmma path and the TMA fallback
+
+
+def need_built(path: str, head_dim: int, *causals: bool) -> None:
+    """Skips the test, with the reason, when this library lacks the path's kernel at this head dim
+    and mask (a tuning kernel: the build had KFORGE_FMHA_TUNING_PATHS off). Only where the path
+    is used at all: an sm_90 GPU, a 90a build, KFORGE_FMHA_SM90 not 0."""
+    if not _hopper_90a() or os.environ.get("KFORGE_FMHA_SM90") == "0":
+        return
+    for causal in causals:
+        if not kforge_fmha.path_built(path, head_dim, causal):
+            pytest.skip(f"path {path} at head dim {head_dim}, {'causal' if causal else 'non-causal'}: "
+                        f"a tuning kernel ({kforge_fmha.path_kernel(path, head_dim)}) that this library "
+                        "was built without (KFORGE_FMHA_TUNING_PATHS off, as in the wheel)")
 
 
 def check_kernel(path: str, head_dim: int, varlen: bool = False, *, causal: bool,
@@ -143,6 +156,7 @@ def _seed():
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_matches_sdpa(dtype, head_dim, causal, seqlen, sm90_path) -> None:
+    need_built(sm90_path, head_dim, causal)
     batch, heads = (2, 4) if seqlen <= 1000 else (1, 2)
     q = rand(batch, seqlen, heads, head_dim, dtype=dtype)
     k = rand(batch, seqlen, heads, head_dim, dtype=dtype)
@@ -161,6 +175,7 @@ def test_matches_sdpa(dtype, head_dim, causal, seqlen, sm90_path) -> None:
 @pytest.mark.parametrize("heads_k", [1, 2], ids=["mqa", "gqa"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_gqa_and_mqa(dtype, heads_k, causal, head_dim, sm90_path) -> None:
+    need_built(sm90_path, head_dim, causal)
     q = rand(2, 300, 8, head_dim, dtype=dtype)
     k = rand(2, 300, heads_k, head_dim, dtype=dtype)
     v = rand(2, 300, heads_k, head_dim, dtype=dtype)
@@ -173,6 +188,7 @@ def test_gqa_and_mqa(dtype, heads_k, causal, head_dim, sm90_path) -> None:
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("seqlens", [(5, 700), (300, 1), (64, 2000), (700, 300)], ids=str)
 def test_kv_longer_or_shorter_than_q_causal_bottom_right(seqlens, head_dim, sm90_path) -> None:
+    need_built(sm90_path, head_dim, True)
     sq, sk = seqlens
     dtype = torch.bfloat16
     q = rand(1, sq, 4, head_dim, dtype=dtype)
@@ -200,6 +216,7 @@ def _pack(seqs):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_varlen_mixes_short_and_long(dtype, head_dim, causal, sm90_path) -> None:
+    need_built(sm90_path, head_dim, causal)
     lens_q = [1, 17, 1000, 127, 4097, 3]
     lens_k = [1, 17, 1000, 127, 4097, 3]
     if causal:  # decode steps against a KV cache next to prefills
@@ -223,6 +240,7 @@ def test_varlen_mixes_short_and_long(dtype, head_dim, causal, sm90_path) -> None
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_strided_views_from_a_packed_qkv(head_dim, sm90_path) -> None:
+    need_built(sm90_path, head_dim, True)
     dtype = torch.float16
     qkv = rand(2, 333, 3, 4, head_dim, dtype=dtype)
     q, k, v = qkv.unbind(dim=2)
@@ -234,6 +252,7 @@ def test_strided_views_from_a_packed_qkv(head_dim, sm90_path) -> None:
 
 
 def test_custom_softmax_scale(sm90_path) -> None:
+    need_built(sm90_path, 128, False)
     dtype = torch.bfloat16
     q, k, v = (rand(1, 200, 2, 128, dtype=dtype) for _ in range(3))
     out = kforge_fmha.fmha_fwd(q, k, v, softmax_scale=0.3)
@@ -255,6 +274,7 @@ def test_torch_compile_calls_the_custom_op() -> None:
 
 
 def test_runs_on_torchs_current_stream_under_cuda_graph_capture(sm90_path) -> None:
+    need_built(sm90_path, 128, True)
     # Capture fails if the kernel went to any stream but the capturing (current) one.
     dtype = torch.float16
     q, k, v = (rand(1, 512, 4, 128, dtype=dtype) for _ in range(3))
@@ -377,6 +397,7 @@ def test_custom_op_called_directly_matches_the_eager_path() -> None:
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 def test_large_logits_whose_max_grows_late(dtype, causal, head_dim, sm90_path) -> None:
+    need_built(sm90_path, head_dim, causal)
     # Key tiles run from the last to the first, so scores that grow towards key 0 make the
     # running max jump many times (the stale-max softmax must rescale O correctly), and logits
     # of +-100 check that nothing overflows.
@@ -405,7 +426,7 @@ def test_one_process_switches_paths_between_calls(monkeypatch, head_dim) -> None
     if not _hopper_90a():
         pytest.skip("needs an sm_90 GPU and a 90a build to have more than one path")
     q, k, v = (rand(2, 1000, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
-    paths = _chosen_paths()
+    paths = [p for p in _chosen_paths() if kforge_fmha.path_built(p, head_dim, True)]
     if "wgmma" not in paths or len(paths) < 2:
         pytest.skip(f"KFORGE_FMHA_TEST_PATHS leaves {paths}: nothing to compare with wgmma")
     outs = {}
@@ -433,6 +454,7 @@ def test_lpt_order_covers_every_tile(monkeypatch, path, head_dim, causal, sectio
         pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
     if not _hopper_90a():
         pytest.skip("the lpt paths need an sm_90 GPU and a 90a build")
+    need_built(path, head_dim, causal)
     monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
     monkeypatch.setenv("KFORGE_FMHA_LPT_SECTION", section)
     q, k, v = (rand(3, 700, 5, head_dim, dtype=torch.float16) for _ in range(3))
@@ -460,6 +482,7 @@ def test_persistent_kernel_walks_many_tiles(monkeypatch, head_dim, causal, seqle
         pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
     if not _hopper_90a():
         pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    need_built(path, head_dim, causal)
     monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
     sq, sk = seqlens
     q = rand(4, sq, 8, head_dim, dtype=torch.bfloat16)
@@ -485,6 +508,7 @@ def test_176_key_tiles_with_partial_last_key_tile(monkeypatch, path, rem) -> Non
         pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
     if not _hopper_90a():
         pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    need_built(path, 128, False, True)
     monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
     sk = 2 * 176 + rem
     q = rand(2, sk - 100, 6, 128, dtype=torch.bfloat16)
@@ -515,6 +539,7 @@ def test_dynamic_tile_boundaries(monkeypatch, path, shape) -> None:
         pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
     if not _hopper_90a():
         pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    need_built(path, 128, shape[4])
     monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
     batch, sq, sk, heads, causal = shape
     q = rand(batch, sq, heads, 128, dtype=torch.bfloat16)
@@ -548,6 +573,7 @@ def test_out_views_leave_the_memory_around_them(monkeypatch, path, head_dim, cau
         pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
     if not _hopper_90a():
         pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    need_built(path, head_dim, causal)
     monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
     batch, sq, heads, sentinel = 2, 1000, 4, 7.0
     q, k, v = (rand(batch, sq, heads, head_dim, dtype=torch.bfloat16) for _ in range(3))
@@ -587,6 +613,7 @@ def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
         pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
     if not _hopper_90a():
         pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    need_built(path, 128, True)
     monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
     ins = [tuple(rand(2, 3000, 8, 128, dtype=torch.float16) for _ in range(3)) for _ in range(2)]
     refs = [reference(q, k, v, True, 128 ** -0.5, torch.float16) for q, k, v in ins]
@@ -618,6 +645,7 @@ def test_dynamic_paths_fall_back_in_graph_capture(monkeypatch, path) -> None:
         pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
     if not _hopper_90a():
         pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    need_built(path, 128, True)
     monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
     q, k, v = (rand(2, 1500, 4, 128, dtype=torch.bfloat16) for _ in range(3))
     out = torch.empty_like(q)
@@ -628,12 +656,8 @@ def test_dynamic_paths_fall_back_in_graph_capture(monkeypatch, path) -> None:
     with torch.cuda.stream(side):
         with torch.cuda.graph(graph, stream=side):
             kforge_fmha.fmha_fwd(q, k, v, causal=True, out=out)
-    lpt = {"tma-dyn": "sm90_tma_overlap_lpt", "tma-pp-dyn": "sm90_tma_lpt",
-           "tma-dyn-xt": "sm90_tma_overlap_lpt", "tma-dyn-n176": "sm90_tma_overlap_n176",
-           "tma-pp-dyn-n176": "sm90_tma_n176", "tma-dyn-skew": "sm90_tma_overlap_lpt",
-           "tma-dyn-n176-skew": "sm90_tma_overlap_n176", "tma-pp-dyn-skew": "sm90_tma_lpt",
-           "tma-dyn-fe": "sm90_tma_overlap_lpt", "tma-dyn-ts": "sm90_tma_overlap_lpt",
-           "tma-dyn-fs": "sm90_tma_overlap_lpt"}[path]
+    lpt = kforge_fmha.path_fallback_kernel(path, 128)  # the table's NO_COUNTER kernel
+    assert lpt, f"{path} has no dynamic scheduler, so no fallback to check"
     assert kforge_fmha.last_kernel() == lpt
     ref, _, lowp = reference(q, k, v, True, 128 ** -0.5, torch.bfloat16)
     for _ in range(2):
@@ -648,3 +672,27 @@ def test_bad_lpt_section_is_refused(monkeypatch) -> None:
     q = rand(1, 16, 2, 64, dtype=torch.float16)
     with pytest.raises(FmhaArgumentError, match="KFORGE_FMHA_LPT_SECTION is '0'"):
         kforge_fmha.fmha_fwd(q, q, q)
+
+
+def test_tuning_path_left_out_is_refused_clearly(monkeypatch) -> None:
+    """In a build without KFORGE_FMHA_TUNING_PATHS (the wheel's), a path whose kernel at the call's
+    head dim and mask is a tuning kernel is refused with KFORGE_FMHA_ERROR_UNSUPPORTED and a
+    message that names the path and the build option; nothing launches, and the default still
+    runs afterwards."""
+    if not _hopper_90a() or os.environ.get("KFORGE_FMHA_SM90") == "0":
+        pytest.skip("the sm_90a paths are used only on an sm_90 GPU with a 90a build")
+    if kforge_fmha.tuning_paths_built():
+        pytest.skip("this library was built with KFORGE_FMHA_TUNING_PATHS: every path is in it")
+    left_out = [(p, d, c) for p in ALL_PATHS for d in (64, 128) for c in (False, True)
+                if not kforge_fmha.path_built(p, d, c)]
+    assert left_out, "a build without the tuning paths left no path out"
+    path, head_dim, causal = left_out[0]
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
+    q = rand(1, 300, 2, head_dim, dtype=torch.bfloat16)
+    with pytest.raises(FmhaUnsupportedError, match=f"path {path} is a tuning path.*built without "
+                                                   "KFORGE_FMHA_TUNING_PATHS"):
+        kforge_fmha.fmha_fwd(q, q, q, causal=causal)
+    monkeypatch.delenv("KFORGE_FMHA_SM90_PATH")
+    out = kforge_fmha.fmha_fwd(q, q, q, causal=causal)
+    check_kernel("default", head_dim, causal=causal, seqlen_k=300)
+    assert torch.isfinite(out).all()

@@ -23,6 +23,14 @@ from ._lib import (
     FmhaUnsupportedError,
     library_path,
 )
+from ._paths import (
+    default_path,
+    path_built,
+    path_fallback_kernel,
+    path_kernel,
+    sm90_paths,
+    tuning_paths_built,
+)
 from ._tensor import describe, is_torch_tensor
 
 __version__ = "0.1.0"
@@ -34,12 +42,18 @@ __all__ = [
     "FmhaNoDeviceError",
     "FmhaUnsupportedError",
     "built_archs",
+    "default_path",
     "device_check",
     "fmha_fwd",
     "fmha_varlen_fwd",
     "last_kernel",
     "library_path",
     "library_version",
+    "path_built",
+    "path_fallback_kernel",
+    "path_kernel",
+    "sm90_paths",
+    "tuning_paths_built",
 ]
 
 
@@ -59,10 +73,10 @@ def last_kernel() -> str:
     "sm90_tma_overlap_m192", ...; "" before any call).
 
     On H100/H200 the environment variable KFORGE_FMHA_SM90_PATH (read at every call) picks the
-    sm_90a kernel: unset or "default" (a TMA path per shape: tma-m192 / tma-m192-lpt at hdim 64,
-    tma / tma-pp-lpt up to seqlen_k 4096 and tma-overlap above at hdim 128), "wgmma", or a TMA
-    path ("tma", "tma-overlap", "tma-basic", "tma-lpt", ...); calls a TMA path cannot take
-    (varlen batches) run the wgmma kernel (hdim 128) or the mma.sync kernel (hdim 64).
+    sm_90a path: unset or "default" (a TMA path per shape, default_path()), "wgmma", or one of
+    sm90_paths(); calls a TMA path cannot take (varlen batches) run the wgmma kernel (hdim 128)
+    or the mma.sync kernel (hdim 64). The wheel holds only the kernels the default reaches
+    (path_built()); asking for another path raises FmhaUnsupportedError.
     """
     lib = _lib.library()
     if not hasattr(lib, "kforge_fmha_last_kernel"):
