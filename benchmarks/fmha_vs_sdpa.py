@@ -244,7 +244,7 @@ def render(meta, rows, mem) -> str:
                  f"warm-ups; CUDA events around each call, {timing}), {meta['heads']} heads, batch × seqlen = "
                  f"{meta['tokens']} tokens, FLOPs = 4·B·H·L²·d (halved when causal). Ratios are "
                  "kforge_fmha / SDPA backend, from the same run. Produced by "
-                 "`python benchmarks/fmha_vs_sdpa.py --write docs/benchmarks.md`. "
+                 f"`{meta.get('command', 'python benchmarks/fmha_vs_sdpa.py --write docs/benchmarks.md')}`. "
                  f"Host time per call (tiny shape, queue busy): kforge_fmha "
                  f"{meta['host_us_kforge']:.0f} µs (Python checks, torch allocations, ctypes, C-side pointer checks), "
                  f"SDPA {meta['host_us_sdpa']:.0f} µs.")
@@ -419,6 +419,7 @@ def main(argv=None) -> int:
             "heads": args.heads, "runs": args.runs, "warmup": args.warmup,
             "interleave": args.interleave,
             "order": args.order,
+            "command": " ".join(["python", "benchmarks/fmha_vs_sdpa.py", *(sys.argv[1:] if argv is None else argv)]),
             "python": platform.python_version(), "paths": args.paths,
             "date": __import__("datetime").datetime.now(__import__("datetime").timezone.utc)
             .strftime("%Y-%m-%d %H:%M UTC")}
