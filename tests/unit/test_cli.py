@@ -157,3 +157,13 @@ variants = [{ cuda = "13.0" }]
     rows = {t["id"]: t["variants"] for t in json.loads(out.stdout)}
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
     assert rows["demo-release"] == rows["demo-sm80"] == [f"cu130-{py}"] and rows["demo-sm90"] == []
+
+
+def test_targets_has_a_header_and_marks_other_hosts_and_what_ci_leaves_out() -> None:
+    out = kforge("targets").stdout.splitlines()
+    assert out[0].split() == ["TARGET", "ARCHS", "PLATFORM", "NOTE"]
+    rows = {line.split()[0]: line for line in out[1:-1]}
+    assert "needs a windows-amd64 host" in rows["flash-attn-sm120-windows"]
+    assert "not in CI" in rows["flash-attn-release"]  # an arch set: a fat release build, run by hand
+    assert "needs" not in rows["fmha-sm90"] and "not in CI" not in rows["fmha-sm90"]
+    assert out[-1].startswith("(this host: ")
