@@ -12,7 +12,6 @@ pure function that applies the configuration cascade:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +23,7 @@ from packaging.version import Version
 
 from kforge.build.host import HostFacts
 from kforge.build.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
-from kforge.build.jobs import JobChoice, choose_jobs, order_line
+from kforge.build.jobs import JobChoice, choose_jobs, jobs_sentence, order_line
 from kforge.build.profiles import JobProfile, for_arch_count
 from kforge.build.toolchain import host_include_env
 from kforge.config.forge import normalise_env_value
@@ -410,17 +409,6 @@ def _toolchain(forge: Forge, project: Project, target: Target, host: HostFacts,
 def _from(options: PlanOptions, name: str) -> str:
     """The name a user wrote an option under, for errors (the flag; the variable says the same)."""
     return BY_NAME[name].flag
-
-
-def jobs_sentence(choice: JobChoice) -> str:
-    """The job choice in one short sentence (``kforge -v plan`` shows the model's details)."""
-    head = re.match(r"^\d+ jobs? x \d+ nvcc threads? \([^)]*\)", choice.reason)
-    said = head.group(0) if head else choice.reason.split(":", 1)[0]
-    if choice.predicted_seconds is not None:
-        said += f", about {max(1, round(choice.predicted_seconds / 60))} min predicted"
-    if "WARNING" in choice.reason:
-        said += "; WARNING: it may not fit in memory"
-    return said + " (kforge -v plan: why)"
 
 
 def _cuda_action(forge: Forge, target: Target, host: HostFacts, cuda: Version, native: bool, same: bool) -> str:

@@ -39,6 +39,7 @@ one unit at one thread fits (then 1 x 1, which may still be OOM-killed: the reas
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from kforge.build.host import Resources
@@ -260,3 +261,14 @@ def order_line(choice: JobChoice) -> str:
                 f"measured on this host yet; longest {name}, {seconds:.0f} s uncontended)")
     return (f"longest first, through kforge's ninja shim: {len(choice.order)} measured units "
             f"(longest {name}, {seconds:.0f} s uncontended)")
+
+
+def jobs_sentence(choice: JobChoice) -> str:
+    """The job choice in one short sentence (``kforge -v plan`` shows the model's details)."""
+    head = re.match(r"^\d+ jobs? x \d+ nvcc threads? \([^)]*\)", choice.reason)
+    said = head.group(0) if head else choice.reason.split(":", 1)[0]
+    if choice.predicted_seconds is not None:
+        said += f", about {max(1, round(choice.predicted_seconds / 60))} min predicted"
+    if "WARNING" in choice.reason:
+        said += "; WARNING: it may not fit in memory"
+    return said + " (kforge -v plan: why)"
