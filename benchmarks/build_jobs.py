@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kforge.build import jobs, measure, report, toolchain
+from kforge.build import jobs, measure, profiles, report, toolchain
 from kforge.build import run as buildrun
 from kforge.build.host import detect_resources
 
@@ -275,7 +275,7 @@ def main() -> int:
 
     up_jobs, up_threads, free_gb = upstream_choice()
     cache = args.work / "kforge-cache"
-    profile = jobs.load_profile(cache, "flash-attn", 1)
+    profile = profiles.load_profile(cache, "flash-attn", 1)
     choice = jobs.choose_jobs(host, profile, units=len(args.units))
     results["upstream_choice"] = {"max_jobs": up_jobs, "nvcc_threads": up_threads, "free_gib": free_gb}
     results["kforge_choice"] = {"max_jobs": choice.max_jobs, "nvcc_threads": choice.nvcc_threads,
@@ -324,7 +324,7 @@ def main() -> int:
     if cc:
         results["ccache_cold_stats"] = ccache_stats(env_cc)
     measured = measure.read_measures(vb / "units.jsonl")
-    updated = jobs.record(cache, "flash-attn", 1, measured)
+    updated = profiles.record(cache, "flash-attn", 1, measured)
     results["profile_after"] = {"peak_rss_per_unit": updated.peak_rss_per_unit, "unit_seconds": updated.unit_seconds,
                                 "samples": updated.samples, "source": updated.source}
     save()

@@ -5,7 +5,7 @@ What it takes:
 * unit times: ``--report report.json`` (a build report, from ``kforge build`` or ``benchmarks/build_full.py``:
   the measured seconds of every unit), divided by the contention factor of the job count it ran at
   (``--measured-at-jobs``, with the default curve of :mod:`kforge.build.makespan` or ``--host-json``);
-  without a report, flash-attn's seed from ``kforge.build.jobs.SEEDS`` (the unit times of one H200 build);
+  without a report, flash-attn's seed from ``kforge.build.profiles.SEEDS`` (the unit times of one H200 build);
 * the cluster: ``--hosts`` build servers of ``--jobs`` slots each, every unit slowed by ``c(jobs)``;
 * overheads, which are GUESSES unless you measured them: ``--overhead`` seconds per unit on the client
   and the wire (default 3 s: ``nvcc -E`` of one flash-attn unit took 2.4 s on a 2-core machine, plus
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kforge.build import jobs, makespan  # noqa: E402
+from kforge.build import makespan, profiles  # noqa: E402
 from kforge.build.makespan import Cluster, Contention, default_curve, simulate_cluster  # noqa: E402
 
 
@@ -40,9 +40,9 @@ def unit_times(args: argparse.Namespace, curve: Contention) -> tuple[list[tuple[
         units = [(Path(u["output"]).name, float(u["seconds"]) / factor) for u in data["units"]]
         return units, (f"measured: {len(units)} units of {args.report}, divided by c({args.measured_at_jobs}) = "
                        f"{factor:.2f}")
-    seed = jobs.SEEDS["flash-attn"]
+    seed = profiles.SEEDS["flash-attn"]
     units = [(f"{glob}#{i}", seconds) for glob, seconds, n in seed.seed_units for i in range(n)]
-    return units, ("flash-attn's seed (kforge.build.jobs.SEEDS): the 73 unit times of one H200 build at 16 jobs, "
+    return units, ("flash-attn's seed (kforge.build.profiles.SEEDS): the 73 unit times of one H200 build at 16 jobs, "
                    "divided by the default c(16)")
 
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))  # kforge_testkit, kforge_gitfixtures, kforge_doctor_builders
 
 from kforge.build.host import HostFacts, Resources, detect_host  # noqa: E402
-from kforge.build.jobs import load_profile  # noqa: E402
+from kforge.build.profiles import load_profile  # noqa: E402
 from kforge.config.forge import load_forge  # noqa: E402
 from kforge.config.targets import parse_target  # noqa: E402
 from kforge.cuda.arch import parse_arch  # noqa: E402

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kforge import buildinputs, doctor, locking, preflight
 from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
-from kforge.build import environment, jobs, report, toolchain
+from kforge.build import environment, profiles, report, toolchain
 from kforge.build import order as buildorder
 from kforge.build import venv as buildenv
 from kforge.build.host import HostFacts
@@ -253,7 +253,7 @@ def build_step(plan: Plan, run: Run, done: Done) -> BuildResult:
         run.log.warning(f"a compile unit ran out of memory; the build was retried with MAX_JOBS={result.retried_with_jobs}")
     if result.units:
         ran_with = result.retried_with_jobs or plan.jobs.max_jobs
-        jobs.record(run.cache_dir, plan.project.name, len(plan.archs), result.units, jobs=ran_with,
+        profiles.record(run.cache_dir, plan.project.name, len(plan.archs), result.units, jobs=ran_with,
                     cpus=run.host.cpus)
     run.log.info(f"built {result.artifact.name} in {result.seconds:.0f} s, peak RSS {result.peak_rss / 2**30:.2f} GiB")
     return result

@@ -23,9 +23,11 @@ from packaging.version import Version
 
 from kforge.build.host import HostFacts
 from kforge.build.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
-from kforge.build.jobs import JobChoice, JobProfile, choose_jobs, for_arch_count, order_line
+from kforge.build.jobs import JobChoice, choose_jobs, jobs_sentence, order_line
+from kforge.build.profiles import JobProfile, for_arch_count
 from kforge.build.toolchain import host_include_env
-from kforge.config.forge import BACKEND_NAMES, ArchKnob, Forge, GpuTests, Platform, Project, normalise_env_value
+from kforge.config.forge import normalise_env_value
+from kforge.config.model import BACKEND_NAMES, ArchKnob, Forge, GpuTests, Platform, Project
 from kforge.config.options import BY_NAME, PlanOptions, parse_value
 from kforge.config.repairpolicy import RepairPolicy, default_policy
 from kforge.config.source import GitSource, LocalSource, SdistSource, Source
@@ -81,7 +83,7 @@ class Plan:
     archs: tuple[Arch, ...]  # as the build will name them (after the project's variant rule)
     env: Mapping[str, str]
     nvcc_flags: tuple[str, ...]
-    backend: str  # one of kforge.config.forge.BACKEND_NAMES
+    backend: str  # one of kforge.config.model.BACKEND_NAMES
     build_dir: str
     build_isolation: bool
     jobs: JobChoice  # MAX_JOBS and the nvcc thread count, and every variable that carries it (jobs.thread_vars)
@@ -99,6 +101,7 @@ class Plan:
     provisioning: Provisioning | None = None  # per part: present, or how kforge provisions it
     index_url: str | None = None  # where a provisioned environment installs from (None: uv's default)
     find_links: str | None = None  # offline wheels for a provisioned environment
+    uv: str | None = None  # the host's uv (a plan with a variant environment needs it)
     repairer: str = "auditwheel"  # kforge.wheels.repair.REPAIRERS: auditwheel (Linux) or delvewheel (Windows)
     ninja_shim: bool = False  # kforge's ninja shim goes in front (a POSIX host, not a container): jobs.order applies
 
@@ -161,8 +164,8 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def render(self) -> str:
-        """The plan as ``kforge plan`` prints it (and ``kforge build`` logs it)."""
+    def render(self, *, verbose: bool = False) -> str:
+        """The plan as ``kforge plan`` prints it (and ``kforge build`` logs it); ``verbose``: the job model's details."""
         tc = self.toolchain
         isolation = "isolated" if self.build_isolation else (
             "no build isolation: uses the variant environment's packages" if self.provisioning and self.provisioning.env_needed
@@ -187,7 +190,10 @@ class Plan:
             *([f"  build env   uv environment in the kforge cache with {', '.join(self.provisioning.requirements) or 'no packages'}"
                + (f" (offline from {self.find_links})" if self.find_links else f" (from {self.index_url or 'uv default index'})")]
               if self.provisioning and self.provisioning.env_needed else []),
-            f"  jobs        MAX_JOBS={self.jobs.max_jobs} {threads}: {self.jobs.reason}",
+            *(["  uv          NOT FOUND, and this plan makes a uv environment: pip install uv (kforge's dev extra has it)"]
+              if self.provisioning and self.provisioning.env_needed and not self.uv else []),
+            f"  jobs        MAX_JOBS={self.jobs.max_jobs} {threads}: "
+            + (self.jobs.reason if verbose else jobs_sentence(self.jobs)),
             f"  order       {order_line(self.jobs)}",
             f"  version     +{self.local_version}" if self.local_version else "  version     no local label",
             f"  repair      {self.repairer}, policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
@@ -257,7 +263,7 @@ def make_plan(
 ) -> Plan:
     """Resolve everything a build of ``target`` will do. Raises before anything runs.
 
-    ``job_profile`` is the project's measured compile-unit profile (``kforge.build.jobs.load_profile``).
+    ``job_profile`` is the project's measured compile-unit profile (``kforge.build.profiles.load_profile``).
     """
     options = options or PlanOptions()
     project = forge.project(target.project)
@@ -300,7 +306,7 @@ def make_plan(
                                   host_torch=host.torch_version, cuda_how=toolchain.action,
                                   cuda_present=toolchain.uses_installed, build_requires=project.build_requires),
         index_url=options.index_url, find_links=options.find_links,
-        repairer=repairer_name(platform.os),
+        repairer=repairer_name(platform.os), uv=host.uv,
         ninja_shim=platform.os != "windows" and backend != "cibuildwheel",  # a sh script on this host's PATH
     )
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from kforge import buildinputs
-from kforge.build import jobs
+from kforge.build import jobs, profiles
 from kforge.build.host import HostFacts
-from kforge.config.forge import Forge
+from kforge.config.model import Forge
 from kforge.config.options import PlanOptions
 from kforge.config.releasematrix import expand, parse_selector, select
 from kforge.config.source import GitSource, SdistSource
@@ -153,7 +153,7 @@ def source_identity(plan: Plan, cache_dir: Path) -> str:
 
 def estimate(plan: Plan, cache_dir: Path) -> tuple[float | None, str]:
     """Compile seconds from the project's measured unit times (kforge.build.jobs), or None where nothing was measured."""
-    profile = jobs.load_profile(cache_dir, plan.project.name, len(plan.archs))
+    profile = profiles.load_profile(cache_dir, plan.project.name, len(plan.archs))
     if profile.source.startswith("seed"):
         return None, f"nothing measured here; the {profile.source.split(':', 1)[1].strip()} seed is another machine's"
     if not profile.source.startswith("measured"):
@@ -197,7 +197,7 @@ def plan_release(forge: Forge, project_name: str, host: HostFacts, options: Plan
         opts = replace(options, cuda=f"{v.cuda.major}.{v.cuda.minor}", cuda_from="the release matrix",
                        torch=str(v.torch) if v.torch is not None else None, python=v.python)
         plan = make_plan(forge, target, host, opts,
-                         job_profile=jobs.load_profile(cache_dir, project.name, 1))
+                         job_profile=profiles.load_profile(cache_dir, project.name, 1))
         key = repr(plan.source)
         if key not in identities:
             identities[key] = source_identity(plan, cache_dir)

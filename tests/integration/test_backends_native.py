@@ -19,7 +19,7 @@ import pytest
 from kforge_testkit import forge_toml
 
 from kforge.backends import BuildRequest, BuildResult, get_backend
-from kforge.build.jobs import load_profile
+from kforge.build.profiles import load_profile
 from kforge.build.report import parse_ninja_log
 from kforge.config.forge import load_forge
 from kforge.config.targets import parse_target

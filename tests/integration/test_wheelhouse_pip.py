@@ -102,7 +102,7 @@ def test_pip_installs_from_file_url_and_http_server(wheels: dict[str, Path], tmp
 _PUBLISHER = """
 import sys
 from pathlib import Path
-from kforge import wheelhouse
+from kforge.wheels import wheelhouse
 from kforge.wheels.wheelhouse import Manifest
 root, wheel, version = sys.argv[1:4]
 t0 = __import__("time").time()

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from kforge_testkit import write_forge_toml  # noqa: E402
 
 from kforge.build.host import HostFacts, Resources
-from kforge.build.jobs import JobProfile
+from kforge.build.profiles import JobProfile
 from kforge.config.forge import load_forge
 from kforge.config.targets import parse_target
 from kforge.cuda.enforce import install, plan_enforcement, scan_build_scripts, summarize

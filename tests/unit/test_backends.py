@@ -28,8 +28,10 @@ from kforge.backends._runner import (
 from kforge.backends.cmake import CmakeBackend, pack
 from kforge.backends.native import NativeBackend
 from kforge.build.host import HostFacts, Resources
-from kforge.build.jobs import JobChoice, load_profile
-from kforge.config.forge import BACKEND_NAMES, load_forge
+from kforge.build.jobs import JobChoice
+from kforge.build.profiles import load_profile
+from kforge.config.forge import load_forge
+from kforge.config.model import BACKEND_NAMES
 from kforge.config.targets import parse_target
 from kforge.errors import BuildError
 from kforge.plan import PlanOptions, make_plan
@@ -120,6 +122,28 @@ def test_live_progress_prints_units_elapsed_and_eta_as_plain_lines():
         "building x: 4/4 units, 1:20 elapsed, ETA 0:00",
     ]
     assert live.seen is not None and (live.seen.done, live.seen.total) == (4, 4)
+
+
+def test_live_progress_shows_no_eta_until_units_or_a_profile_measured_it():
+    from rich.console import Console
+
+    def lines(expected):  # noqa: ANN001, ANN202
+        now = [0.0]
+        buf = io.StringIO()
+        live = LiveProgress("b", console=Console(file=buf, force_terminal=False, width=200), clock=lambda: now[0],
+                            expected=expected)
+        with live:
+            now[0] += 40
+            live.feed("[1/12] Building CUDA object a.o")  # one quick unit says nothing about the long ones
+            now[0] += 40
+            live.feed("[2/12] Building CUDA object b.o")  # nor do two of twelve (a quarter is three)
+            now[0] += 40
+            live.feed("[12/12] Linking")
+        return buf.getvalue().splitlines()
+
+    assert lines(None) == ["b: 1/12 units, 0:40 elapsed", "b: 2/12 units, 1:20 elapsed",
+                           "b: 12/12 units, 2:00 elapsed, ETA 0:00"]
+    assert lines(100.0)[:2] == ["b: 1/12 units, 0:40 elapsed, ETA 1:00", "b: 2/12 units, 1:20 elapsed, ETA 0:20"]
 
 
 def test_fmt_seconds():

@@ -23,7 +23,7 @@ from kforge.backends.cibuildwheel import (
     quote,
 )
 from kforge.build.host import HostFacts, Resources
-from kforge.build.jobs import load_profile
+from kforge.build.profiles import load_profile
 from kforge.config.forge import load_forge
 from kforge.config.targets import parse_target
 from kforge.errors import BuildError, ConfigError

@@ -178,3 +178,13 @@ def test_a_cuda_version_of_four_parts_is_refused() -> None:
     out = kforge("plan", "flashinfer-sm120", "--cuda", "12.8.1.2")
     assert out.returncode == ToolchainError.exit_code and "Traceback" not in out.stderr
     assert "'12.8.1.2' is not a CUDA version" in out.stderr and "MAJOR.MINOR" in out.stderr
+
+
+def test_targets_has_a_header_and_marks_other_hosts_and_what_ci_leaves_out() -> None:
+    out = kforge("targets").stdout.splitlines()
+    assert out[0].split() == ["TARGET", "ARCHS", "PLATFORM", "NOTE"]
+    rows = {line.split()[0]: line for line in out[1:-1]}
+    assert "needs a windows-amd64 host" in rows["flash-attn-sm120-windows"]
+    assert "not in CI" in rows["flash-attn-release"]  # an arch set: a fat release build, run by hand
+    assert "needs" not in rows["fmha-sm90"] and "not in CI" not in rows["fmha-sm90"]
+    assert out[-1].startswith("(this host: ")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kforge.config import forge as config
-from kforge.config import releasematrix
+from kforge.config import model, releasematrix
 from kforge.config.forge import load_forge, normalise_env_value
 from kforge.config.source import GitSource, SdistSource
 from kforge.errors import ConfigError
@@ -128,8 +128,8 @@ def test_docs_list_every_key_of_the_schema() -> None:
     """docs/forge-toml.md names every field of the dataclasses the file is read into."""
     page = (ROOT / "docs" / "forge-toml.md").read_text()
     words = {w for span in re.findall(r"`([^`]+)`", page) for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", span)}  # words in code
-    tables = (config.ToolchainsTable, config.Platform, config.ProjectTable, config.SourceTable, config.ArchKnob,
-              config.GpuTests, config.Profile, config.RuleTable, GitSource, SdistSource,
+    tables = (config.ToolchainsTable, model.Platform, config.ProjectTable, config.SourceTable, model.ArchKnob,
+              model.GpuTests, model.Profile, config.RuleTable, GitSource, SdistSource,
               releasematrix.ReleaseTable, releasematrix.VariantTable, releasematrix.ReleaseRuleTable)
     missing = [f"{cls.__name__}.{f.name}" for cls in tables for f in dataclasses.fields(cls)
                if f.name != "name" and f.name not in words]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kforge.config import forge as config
-from kforge.config.forge import DEFAULT_CI_RUNNERS, CiSettings, load_forge
+from kforge.config.forge import load_forge
+from kforge.config.model import DEFAULT_CI_RUNNERS, CiSettings
 from kforge.cuda.arch import parse_arch
 from kforge.errors import ConfigError
 

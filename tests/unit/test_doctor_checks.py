@@ -231,3 +231,9 @@ def test_exact_sass_only_leaves_ptx_to_the_upstream() -> None:
     found = [(f.code, f.arch) for f in check(rep, expect_archs=["sm_90", "compute_90"], exact=True, exact_ptx=False)]
     assert found == [("extra-arch", "sm_75")]  # no missing-ptx compute_90, no extra-ptx compute_75
     assert check(binary("sm_90"), expect_archs=["sm_90", "compute_90"], exact=True, exact_ptx=False) == []
+
+
+def test_render_text_explains_its_marks_in_a_legend() -> None:
+    text = render_text(wheel(binary("sm_90a", "compute_90a", path="pkg/k.so")))
+    legend = next(line for line in text.splitlines() if "SASSz" in line)
+    assert "compressed" in legend and "PTX" in legend and "(rdc)" in legend

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from kforge.cuda.arch import ARCH_LIMITS
+from kforge.cuda.limits import ARCH_LIMITS
 from kforge.doctor.model import KernelResources
 from kforge.doctor.resources import (
     EIATTR_MAX_THREADS,

@@ -9,7 +9,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from kforge.build.host import HostFacts, Resources
-from kforge.build.jobs import load_profile
+from kforge.build.profiles import load_profile
 from kforge.config.forge import load_forge
 from kforge.config.targets import parse_target
 from kforge.gputest import GpuTestOutcome, PytestCounts, prepare_test_tree, pytest_environment, read_junit

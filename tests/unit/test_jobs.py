@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from kforge.build import jobs, makespan
+from kforge.build import jobs, makespan, profiles
 from kforge.build.host import Resources
-from kforge.build.jobs import GB, JobChoice, JobProfile
+from kforge.build.jobs import JobChoice
 from kforge.build.measure import UnitMeasure
+from kforge.build.profiles import GB, JobProfile
 from kforge.errors import BuildError
 
 # ---------------------------------------------------------------------------- choose_jobs
 
-FA = jobs.SEEDS["flash-attn"]
+FA = profiles.SEEDS["flash-attn"]
 
 
 def _host(cpus: int, avail_gb: float) -> Resources:
@@ -41,7 +42,7 @@ def test_upstream_default_would_have_picked_eight() -> None:
 @pytest.mark.parametrize("archs", [1, 2, 3, 5])
 def test_choice_never_exceeds_memory_or_cores(cpus: int, avail: float, archs: int) -> None:
     host = _host(cpus, avail)
-    profile = jobs.load_profile(Path("/nonexistent"), "flash-attn", archs)
+    profile = profiles.load_profile(Path("/nonexistent"), "flash-attn", archs)
     choice = jobs.choose_jobs(host, profile)
     assert choice.max_jobs >= 1 and choice.nvcc_threads >= 1
     threads_used = min(choice.nvcc_threads, archs)
@@ -55,7 +56,7 @@ def test_choice_never_exceeds_memory_or_cores(cpus: int, avail: float, archs: in
 
 
 def test_memory_bound_multi_arch_build_spends_spare_cores_on_threads() -> None:
-    profile = jobs.load_profile(Path("/nonexistent"), "flash-attn", 3)
+    profile = profiles.load_profile(Path("/nonexistent"), "flash-attn", 3)
     choice = jobs.choose_jobs(_host(16, 40), profile)
     assert choice.nvcc_threads > 1
     assert "memory-bound" in choice.reason
@@ -63,13 +64,13 @@ def test_memory_bound_multi_arch_build_spends_spare_cores_on_threads() -> None:
 
 
 def test_threads_beyond_arch_count_are_never_chosen() -> None:
-    profile = jobs.load_profile(Path("/nonexistent"), "flash-attn", 2)
+    profile = profiles.load_profile(Path("/nonexistent"), "flash-attn", 2)
     for avail in (8, 15, 30, 60, 200):
         assert jobs.choose_jobs(_host(32, avail), profile).nvcc_threads <= 2
 
 
 def test_few_units_use_threads_for_the_tail() -> None:
-    profile = jobs.load_profile(Path("/nonexistent"), "flash-attn", 4)
+    profile = profiles.load_profile(Path("/nonexistent"), "flash-attn", 4)
     many = jobs.choose_jobs(_host(16, 125), profile)
     few = jobs.choose_jobs(_host(16, 125), profile, units=2)
     assert many.nvcc_threads == 1
@@ -105,49 +106,49 @@ def test_env_and_halving() -> None:
 
 
 def test_unknown_project_gets_a_stated_default(tmp_path: Path) -> None:
-    p = jobs.load_profile(tmp_path, "newproj", 2)
+    p = profiles.load_profile(tmp_path, "newproj", 2)
     assert p.samples == 0 and "default guess" in p.source
-    assert p.peak_rss_per_unit == jobs.DEFAULT_PEAK_RSS
+    assert p.peak_rss_per_unit == profiles.DEFAULT_PEAK_RSS
 
 
 def test_flash_attn_seed_comes_from_upstream_facts(tmp_path: Path) -> None:
-    p = jobs.load_profile(tmp_path, "flash-attn", 1)
+    p = profiles.load_profile(tmp_path, "flash-attn", 1)
     assert p.peak_rss_per_unit == int(6.3 * GB)
     assert p.unit_seconds == pytest.approx(9678 / 73)
     assert "seed" in p.source
-    three = jobs.load_profile(tmp_path, "flash-attn", 3)
+    three = profiles.load_profile(tmp_path, "flash-attn", 3)
     assert three.peak_rss_per_unit == p.peak_rss_per_unit  # memory does not grow with archs
     assert three.unit_seconds > p.unit_seconds  # time does, at one thread
 
 
 def test_record_then_load_round_trips_and_is_atomic(tmp_path: Path) -> None:
     units = [UnitMeasure("a.o", 10.0, 2 * GB), UnitMeasure("b.o", 30.0, 3 * GB), UnitMeasure("c.o", 20.0, GB)]
-    p = jobs.record(tmp_path, "fmha", 2, units)
+    p = profiles.record(tmp_path, "fmha", 2, units)
     assert p.peak_rss_per_unit == 3 * GB
     assert p.unit_seconds == pytest.approx(20.0)
     assert p.samples == 3 and p.source.startswith("measured")
-    again = jobs.load_profile(tmp_path, "fmha", 2)
+    again = profiles.load_profile(tmp_path, "fmha", 2)
     assert again.peak_rss_per_unit == 3 * GB and again.samples == 3
     data = json.loads((tmp_path / "jobs" / "fmha.json").read_text())
     assert data["project"] == "fmha" and "2" in data["arch_counts"]
     assert not list((tmp_path / "jobs").glob("*.tmp"))
     # a second, lighter build keeps the heavier peak (history max), counts samples
-    p2 = jobs.record(tmp_path, "fmha", 2, [UnitMeasure("a.o", 5.0, GB)])
+    p2 = profiles.record(tmp_path, "fmha", 2, [UnitMeasure("a.o", 5.0, GB)])
     assert p2.peak_rss_per_unit == 3 * GB and p2.samples == 4
 
 
 def test_record_normalises_threaded_peaks_and_skips_failures(tmp_path: Path) -> None:
-    beta = jobs.DEFAULT_BETA
+    beta = profiles.DEFAULT_BETA
     units = [UnitMeasure("a.o", 10.0, int(2 * GB * (1 + beta * 3)), nvcc_threads=4),
              UnitMeasure("bad.o", 1.0, 50 * GB, returncode=1)]
-    p = jobs.record(tmp_path, "proj", 4, units)
+    p = profiles.record(tmp_path, "proj", 4, units)
     assert p.peak_rss_per_unit == pytest.approx(2 * GB, rel=1e-6)
-    assert jobs.record(tmp_path, "other", 1, [UnitMeasure("x.o", 1.0, 0)]).samples == 0
+    assert profiles.record(tmp_path, "other", 1, [UnitMeasure("x.o", 1.0, 0)]).samples == 0
 
 
 def test_measured_profile_for_other_arch_count_is_rescaled(tmp_path: Path) -> None:
-    jobs.record(tmp_path, "fmha", 1, [UnitMeasure("a.o", 10.0, 2 * GB)])
-    p = jobs.load_profile(tmp_path, "fmha", 3)
+    profiles.record(tmp_path, "fmha", 1, [UnitMeasure("a.o", 10.0, 2 * GB)])
+    p = profiles.load_profile(tmp_path, "fmha", 3)
     assert p.arch_count == 3 and "rescaled" in p.source
     assert p.peak_rss_per_unit == 2 * GB and p.unit_seconds > 10.0
 
@@ -155,7 +156,7 @@ def test_measured_profile_for_other_arch_count_is_rescaled(tmp_path: Path) -> No
 def test_corrupt_profile_file_falls_back(tmp_path: Path) -> None:
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "flash-attn.json").write_text("{not json")
-    assert "seed" in jobs.load_profile(tmp_path, "flash-attn", 1).source
+    assert "seed" in profiles.load_profile(tmp_path, "flash-attn", 1).source
 
 
 def test_profile_dataclass_is_frozen() -> None:
@@ -165,7 +166,7 @@ def test_profile_dataclass_is_frozen() -> None:
 
 
 def test_damaged_profile_file_counts_as_not_measured(tmp_path) -> None:
-    from kforge.build.jobs import load_profile
+    from kforge.build.profiles import load_profile
 
     path = tmp_path / "jobs" / "fmha.json"
     path.parent.mkdir()
@@ -187,12 +188,12 @@ def test_record_keeps_unit_times_and_learns_the_host_contention(tmp_path: Path) 
     def build(scale: float) -> list[UnitMeasure]:
         return [UnitMeasure(f"/scratch{scale}/build/temp.x/csrc/u{i}.o", (10.0 + i) * scale, 4 * GB) for i in range(32)]
 
-    first = jobs.record(tmp_path, "flash-attn", 1, build(1.0), jobs=8, cpus=16)
+    first = profiles.record(tmp_path, "flash-attn", 1, build(1.0), jobs=8, cpus=16)
     assert first.contention is None  # one load seen: the default curve still applies
     assert dict(jobs.unit_times(first, 16))["build/temp.x/csrc/u7.o"] == pytest.approx(17.0)
-    second = jobs.record(tmp_path, "flash-attn", 1, build(1.43), jobs=16, cpus=16)
+    second = profiles.record(tmp_path, "flash-attn", 1, build(1.43), jobs=16, cpus=16)
     assert second.contention is not None and second.contention.factor(16) == pytest.approx(1.43)
-    loaded = jobs.load_profile(tmp_path, "flash-attn", 1)
+    loaded = profiles.load_profile(tmp_path, "flash-attn", 1)
     assert loaded.contention == second.contention and loaded.unit_count == 32
     # the latest build's times, divided by this host's factor at its load: back to the uncontended times
     assert dict(jobs.unit_times(loaded, 16))["build/temp.x/csrc/u7.o"] == pytest.approx(17.0)
@@ -201,7 +202,7 @@ def test_record_keeps_unit_times_and_learns_the_host_contention(tmp_path: Path) 
 
 
 def test_record_without_jobs_keeps_no_unit_times(tmp_path: Path) -> None:
-    p = jobs.record(tmp_path, "x", 1, [UnitMeasure("a.o", 5.0, GB)])
+    p = profiles.record(tmp_path, "x", 1, [UnitMeasure("a.o", 5.0, GB)])
     assert p.unit_builds == () and jobs.unit_times(p, 4) == ()
 
 
@@ -243,7 +244,7 @@ def test_threads_pay_only_with_more_than_one_arch() -> None:
 
 
 def test_plan_line_says_upstream_order_until_measured(tmp_path: Path) -> None:
-    unknown = jobs.load_profile(tmp_path, "no-such-project", 1)
+    unknown = profiles.load_profile(tmp_path, "no-such-project", 1)
     assert "upstream's" in jobs.order_line(jobs.choose_jobs(_host(16, 125), unknown))
     seeded = jobs.order_line(jobs.choose_jobs(_host(16, 125), FA))
     assert "seed's 73 unit times" in seeded and "longest flash_fwd_split_hdim64_fp16_sm80.o" in seeded
@@ -278,8 +279,8 @@ def test_a_build_with_fewer_units_than_two_per_job_teaches_no_contention(tmp_pat
     # fmha has 7 units: under MAX_JOBS=16 it never ran 16 at once. Recording it at 16 and at 8 jobs with equal
     # times once made host.json say "no slowdown at 16 jobs", and flash-attn's plan then predicted 647 s.
     units = [UnitMeasure(f"/s/build/u{i}.o", 10.0 + i, GB) for i in range(7)]
-    jobs.record(tmp_path, "fmha", 1, units, jobs=16, cpus=16)
-    small = jobs.record(tmp_path, "fmha", 1, units, jobs=8, cpus=16)
+    profiles.record(tmp_path, "fmha", 1, units, jobs=16, cpus=16)
+    small = profiles.record(tmp_path, "fmha", 1, units, jobs=8, cpus=16)
     assert len(small.unit_builds) == 2 and small.contention is None  # kept for the order, not for contention
     assert not (tmp_path / "jobs" / "host.json").exists()
     assert small.samples == 14  # the units still count for memory and time per unit

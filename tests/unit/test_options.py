@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kforge.config import options
-from kforge.config.forge import BACKEND_NAMES
+from kforge.config.model import BACKEND_NAMES
 from kforge.config.options import OPTIONS, PlanOptions
 from kforge.errors import ConfigError
 

@@ -11,7 +11,7 @@ import pytest
 from packaging.version import Version
 
 from kforge.build.host import HostFacts, Resources
-from kforge.build.jobs import JobProfile, load_profile
+from kforge.build.profiles import JobProfile, load_profile
 from kforge.build.run import run_with_oom_retry
 from kforge.config.forge import load_forge
 from kforge.config.targets import parse_target
@@ -347,3 +347,24 @@ def test_builds_that_differ_in_archs_never_share_a_label(forge) -> None:
     ids = ["fmha-sm80", "fmha-sm90", "fmha-sm80+sm90", "fmha-release", "fmha-sm120", "fmha-sm86+sm89"]
     labels = [plan_for(forge, i).local_version for i in ids]
     assert len(set(labels)) == len(ids), dict(zip(ids, labels, strict=True))
+
+
+def test_the_jobs_line_is_one_short_sentence_and_verbose_gives_the_model(forge):
+    plan = plan_for(forge, "flash-attn-sm90")
+    line = next(s for s in plan.render().splitlines() if s.strip().startswith("jobs "))
+    assert line.endswith("(kforge -v plan: why)") and "GB/unit" not in line and len(line) < 140
+    assert f"MAX_JOBS={plan.jobs.max_jobs}" in line and "nvcc thread" in line
+    detailed = next(s for s in plan.render(verbose=True).splitlines() if s.strip().startswith("jobs "))
+    assert plan.jobs.reason in detailed
+
+
+def test_a_plan_that_needs_uv_says_so_when_uv_is_missing(forge):
+    target = parse_target(forge, "flash-attn-sm90", "linux-x86_64")
+    wanted = PlanOptions(torch="2.9.1", python="3.10")
+    missing = make_plan(forge, target, host(python="3.12"), wanted, job_profile=profile("flash-attn"))
+    assert missing.provisioning is not None and missing.provisioning.env_needed
+    assert "uv          NOT FOUND" in missing.render() and "pip install uv" in missing.render()
+    found = make_plan(forge, target, host(python="3.12", uv="/usr/bin/uv"), wanted,
+                      job_profile=profile("flash-attn"))
+    assert "NOT FOUND" not in found.render()
+    assert "NOT FOUND" not in plan_for(forge, "flash-attn-sm90").render()  # no uv environment: no word of uv

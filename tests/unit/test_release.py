@@ -12,7 +12,7 @@ from kforge_testkit import forge_toml
 from packaging.version import Version
 
 from kforge import buildinputs, release
-from kforge.build import jobs as kjobs
+from kforge.build import profiles
 from kforge.build.host import HostFacts, Resources
 from kforge.build.measure import UnitMeasure
 from kforge.config.forge import load_forge
@@ -335,7 +335,7 @@ def test_an_arch_set_in_the_matrix_builds_the_sets_target(setup, tmp_path):
 def test_estimate_is_the_longest_first_schedule_once_units_were_measured(setup, tmp_path):
     forge, host = setup
     units = [UnitMeasure(f"/t/build/k{i}.o", 10.0 * (i + 1), 2**30) for i in range(4)]  # 10, 20, 30, 40 s
-    kjobs.record(tmp_path / "cache", "tiny", 1, units, jobs=1, cpus=2)
+    profiles.record(tmp_path / "cache", "tiny", 1, units, jobs=1, cpus=2)
     rplan = _plan(forge, host, tmp_path)
     item = rplan.items[0]
     # 2 cpus, the default curve: c(2) = 1.73; 2 lanes, longest first: 40+10 | 30+20 -> 50 s x 1.73

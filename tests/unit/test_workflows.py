@@ -21,7 +21,8 @@ from kforge.ci.workflows import (
     workflow_data,
     write_workflow,
 )
-from kforge.config.forge import CiSettings, load_forge
+from kforge.config.forge import load_forge
+from kforge.config.model import CiSettings
 from kforge.config.targets import expand_matrix
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,6 +27,7 @@ from kforge.build.measure import UnitMeasure, read_measures
 from kforge.build.report import NinjaProgress, ProgressState
 from kforge.build.run import run_with_oom_retry
 from kforge.errors import BuildError
+from kforge.plan import Plan
 
 #: How often (seconds) progress is printed as a plain line when the console is not a terminal (CI logs).
 PLAIN_INTERVAL = 30.0
@@ -48,12 +49,18 @@ def fmt_seconds(seconds: float | None) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+def expected_seconds(plan: Plan) -> float | None:
+    """The plan's predicted build time where it comes from measured unit times (this host's, or the seed's)."""
+    return plan.jobs.predicted_seconds if plan.jobs.order_from in ("measured", "seed") else None
+
+
 class LiveProgress:
     """A rich progress bar fed by build output lines; plain lines every 30 s when not on a terminal."""
 
     def __init__(self, label: str, *, enabled: bool = True, console: Any = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, expected: float | None = None) -> None:
         self.label = label
+        self.expected = expected  # the plan's predicted seconds, from measured unit times (None: no profile)
         self.enabled = enabled
         self._clock = clock
         self._console = console
@@ -74,11 +81,11 @@ class LiveProgress:
         if self._console.is_terminal:
             self._progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("units"),
-                TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
+                TimeElapsedColumn(), TextColumn("{task.fields[eta]}"),
                 console=self._console, transient=False,
             )
             self._progress.start()
-            self._task = self._progress.add_task(self.label, total=None, eta="?")
+            self._task = self._progress.add_task(self.label, total=None, eta="")
         self._last_plain = self._clock()
         return self
 
@@ -94,16 +101,29 @@ class LiveProgress:
         if not self.enabled:
             return
         if self._progress is not None:
-            self._progress.update(self._task, completed=state.done, total=state.total, eta=fmt_seconds(state.eta))
+            eta = self.eta(state)
+            self._progress.update(self._task, completed=state.done, total=state.total,
+                                  eta=f"ETA {fmt_seconds(eta)}" if eta is not None else "")
         elif self._console is not None and (
             self._clock() - self._last_plain >= PLAIN_INTERVAL or state.done == state.total
         ):
             self._last_plain = self._clock()
             self._console.print(self.plain(state), highlight=False)
 
+    def eta(self, state: ProgressState) -> float | None:
+        """Seconds left, only where something was measured: the rate of this build's units once a quarter of them
+        (and at least two) are done, else the plan's prediction from measured unit times; else no ETA at all
+        (one quick unit of seven said "ETA 3:43" for a build that ended 19 s later)."""
+        if state.eta is not None and state.done >= max(2, state.total / 4):
+            return state.eta
+        if self.expected is not None:
+            return max(0.0, self.expected - state.elapsed)
+        return None
+
     def plain(self, state: ProgressState) -> str:
-        return (f"{self.label}: {state.done}/{state.total} units, {fmt_seconds(state.elapsed)} elapsed, "
-                f"ETA {fmt_seconds(state.eta)}")
+        eta = self.eta(state)
+        return (f"{self.label}: {state.done}/{state.total} units, {fmt_seconds(state.elapsed)} elapsed"
+                + (f", ETA {fmt_seconds(eta)}" if eta is not None else ""))
 
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:

@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from kforge import __version__
 from kforge.backends import BuildRequest, BuildResult
-from kforge.backends._runner import BuildLog, LiveProgress, place, run_step, which
+from kforge.backends._runner import BuildLog, LiveProgress, expected_seconds, place, run_step, which
 from kforge.build.image import OFFICIAL_IMAGE, ensure_image, image_pythons, is_kforge_image, podman_env
 from kforge.errors import BuildError, ToolchainError
 from kforge.wheels.platformtag import wheel_tag
@@ -339,7 +339,7 @@ class CibuildwheelBackend:
         )
         env = {**request.env, **generated, **extra}
         log_path = work / "build.log"
-        with BuildLog(log_path) as log, LiveProgress(f"building {plan.id}", enabled=request.progress) as live:
+        with BuildLog(log_path) as log, LiveProgress(f"building {plan.id}", enabled=request.progress, expected=expected_seconds(plan)) as live:
             outcome = run_step(self.command(request, stage), env=env, choice=plan.jobs, log=log,
                                label=f"cibuildwheel of {plan.id}", work_dir=work, cwd=Path(request.tree), live=live)
         wheels = sorted(stage.glob("*.whl"))

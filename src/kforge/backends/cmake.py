@@ -25,6 +25,7 @@ from kforge.backends._runner import (
     BuildLog,
     LiveProgress,
     StepOutcome,
+    expected_seconds,
     find_ninja_logs,
     measuring_launcher,
     read_units,
@@ -92,7 +93,7 @@ class CmakeBackend:
 
             out = step(self.configure_command(request, cmake, build_dir, prefix, units_log), "cmake configure", choice)
             peak = max(peak, out.peak_rss)
-            with LiveProgress(f"building {plan.id}", enabled=request.progress) as live:
+            with LiveProgress(f"building {plan.id}", enabled=request.progress, expected=expected_seconds(plan)) as live:
                 out = step(lambda c: [cmake, "--build", str(build_dir), "--parallel", str(c.max_jobs)],
                            "cmake build", out.choice, live=live)
             peak, retried = max(peak, out.peak_rss), out.retried_with_jobs

@@ -30,6 +30,7 @@ from kforge.backends._runner import (
     LAUNCHER_LANGS,
     BuildLog,
     LiveProgress,
+    expected_seconds,
     find_ninja_logs,
     measuring_launcher,
     peak_command,
@@ -98,7 +99,7 @@ class NativeBackend:
         env = self.build_env(request, units_log)
         log_path = work / "build.log"
         since = time.time()
-        with BuildLog(log_path) as log, LiveProgress(f"building {plan.id}", enabled=request.progress) as live:
+        with BuildLog(log_path) as log, LiveProgress(f"building {plan.id}", enabled=request.progress, expected=expected_seconds(plan)) as live:
             outcome = run_step(self.command(request, wheel_dir), env=env, choice=plan.jobs,
                                log=log, label=f"pip wheel of {plan.id}", work_dir=work, cwd=Path(request.tree),
                                live=live)

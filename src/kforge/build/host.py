@@ -20,6 +20,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from kforge.build import toolchain
+from kforge.build.venv import find_uv
 from kforge.cuda.arch import Arch, host_arch
 from kforge.errors import KforgeError, ToolchainError
 
@@ -155,6 +156,7 @@ class HostFacts:
     torch_version: Version | None = None
     gpu_arch: Arch | None = None  # the first visible GPU, if any
     gpu_name: str | None = None
+    uv: str | None = None  # uv's path, which a variant environment is made with (None: not found)
 
     @property
     def cpus(self) -> int:
@@ -226,7 +228,11 @@ def detect_host(environ: Mapping[str, str], *, python: str | None = None, probe_
     if probe_torch:
         facts = with_torch(facts, python or sys.executable)
     gpu, name = detect_gpu()
-    return facts.with_(gpu_arch=gpu, gpu_name=name)
+    try:
+        uv: str | None = find_uv(environ)
+    except ToolchainError:
+        uv = None
+    return facts.with_(gpu_arch=gpu, gpu_name=name, uv=uv)
 
 
 def with_torch(facts: HostFacts, python: str) -> HostFacts:

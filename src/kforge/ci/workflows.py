@@ -25,8 +25,8 @@ import yaml
 from packaging.version import Version
 
 from kforge.build.host import HostFacts, Resources
-from kforge.build.jobs import DEFAULT_PEAK_RSS, DEFAULT_UNIT_SECONDS, JobProfile
-from kforge.config.forge import Forge, Platform, Project
+from kforge.build.profiles import DEFAULT_PEAK_RSS, DEFAULT_UNIT_SECONDS, JobProfile
+from kforge.config.model import Forge, Platform, Project
 from kforge.config.targets import Target, expand_matrix
 from kforge.fsutil import atomic_write_text
 from kforge.plan import make_plan

@@ -12,9 +12,10 @@ from pathlib import Path
 from rich.console import Console
 
 from kforge.build.host import HostFacts, detect_host, with_torch
-from kforge.build.jobs import load_profile
+from kforge.build.profiles import load_profile
 from kforge.config import options
-from kforge.config.forge import Forge, find_root, load_forge
+from kforge.config.forge import find_root, load_forge
+from kforge.config.model import Forge
 from kforge.config.targets import parse_target
 from kforge.fsutil import cache_dir
 from kforge.plan import Plan, PlanOptions, make_plan

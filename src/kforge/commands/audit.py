@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from kforge.commands._common import cache_dir, forge_from_args
-from kforge.config.forge import Forge, Project
+from kforge.config.model import Forge, Project
 from kforge.errors import SourceError
 from kforge.sources import audit
 from kforge.sources import sdist as _sdist

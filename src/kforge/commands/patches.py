@@ -10,7 +10,7 @@ from rich.table import Table
 
 from kforge.build.host import platform_name
 from kforge.commands._common import cache_dir, console, forge_from_args
-from kforge.config.forge import Forge, Project
+from kforge.config.model import Forge, Project
 from kforge.config.source import GitSource, SdistSource
 from kforge.cuda.arch import parse_arch
 from kforge.errors import PatchError, SourceError

@@ -17,5 +17,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args, args.target)
-    print(plan.to_json() if args.json else plan.render())
+    print(plan.to_json() if args.json else plan.render(verbose=args.verbose))
     return 0

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kforge.commands._common import cache_dir, console, forge_from_args
-from kforge.config.forge import Forge, Project
+from kforge.config.model import Forge, Project
 from kforge.config.source import GitSource, SdistSource, Source
 from kforge.errors import SourceError
 from kforge.sources import kit, pinrefs

@@ -7,6 +7,7 @@ import json
 import sys
 
 from kforge.build.host import platform_name
+from kforge.ci.workflows import ci_targets
 from kforge.commands._common import forge_from_args
 from kforge.config.releasematrix import expand
 from kforge.config.targets import expand_matrix
@@ -38,6 +39,18 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([{"id": t.id, "project": t.project, "arch": t.arch_names, "archs": [a.sm for a in t.archs],
                            "platform": t.platform, "variants": variants(t)} for t in targets], indent=2))
     else:
-        for t in targets:
-            print(f"{t.id:36} {t.arch_names:9} {t.platform}")
+        print_table(targets, here=platform_name(), in_ci={c.session_id for c in ci_targets(forge)})
     return 0
+
+
+def print_table(targets, *, here: str, in_ci: set[str]) -> None:  # type: ignore[no-untyped-def]
+    """One row per target, with a header, and a note where a target needs another host or CI leaves it out."""
+    wid = max([len("TARGET"), *(len(t.id) for t in targets)])
+    war = max([len("ARCHS"), *(len(t.arch_names) for t in targets)])
+    wpl = max([len("PLATFORM"), *(len(t.platform) for t in targets)])
+    print(f"{'TARGET':{wid}}  {'ARCHS':{war}}  {'PLATFORM':{wpl}}  NOTE")
+    for t in targets:
+        notes = ([f"needs a {t.platform} host"] if t.platform != here else []) + ([] if t.id in in_ci else ["not in CI"])
+        print(f"{t.id:{wid}}  {t.arch_names:{war}}  {t.platform:{wpl}}  {', '.join(notes)}".rstrip())
+    print(f"(this host: {here}. CI builds each single-arch target that can build, on the platforms it has "
+          "runners for; `kforge plan TARGET` says what a build will do)")

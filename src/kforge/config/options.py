@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from kforge.config.forge import BACKEND_NAMES
+from kforge.config.model import BACKEND_NAMES
 from kforge.errors import ConfigError
 
 _YES = ("1", "true", "yes")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kforge.config.forge import Forge, Project
+from kforge.config.model import Forge, Project
 from kforge.cuda.arch import Arch, parse_arch
 from kforge.errors import ArchError, KforgeError, TargetError, did_you_mean
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from packaging.version import Version
 
-from kforge.config.forge import Project
+from kforge.config.model import Project
 from kforge.cuda.arch import Arch
 
 

@@ -196,7 +196,7 @@ def render_disable_flags(
 
 
 class KnobSpec(Protocol):
-    """What a renderer reads from one ``arch_knobs`` entry (:class:`kforge.config.forge.ArchKnob` is one)."""
+    """What a renderer reads from one ``arch_knobs`` entry (:class:`kforge.config.model.ArchKnob` is one)."""
 
     @property
     def format(self) -> str: ...

@@ -32,6 +32,7 @@ def render_text(report: WheelReport | BinaryReport | Sequence[WheelReport | Bina
         cuda = [b for b in binaries if b.is_cuda]
         if cuda:
             console.print(_arch_table(cuda))
+            console.print(LEGEND)
         elif binaries:
             console.print("no CUDA device code in any binary")
         else:
@@ -48,6 +49,11 @@ def render_text(report: WheelReport | BinaryReport | Sequence[WheelReport | Bina
     for f in findings:
         console.print(f"[{STYLE.get(f.severity, '')}]{f.severity}[/]: {f.message}")
     return buf.getvalue()
+
+
+#: What the arch table's cells mean, printed under it.
+LEGEND = ("  SASS: machine code for that arch; PTX: portable code the driver compiles for newer GPUs;\n"
+          "  z (SASSz, PTXz): stored compressed; (rdc): relocatable, still to be device-linked; -: none")
 
 
 def _kernel_lines(b: BinaryReport) -> list[str]:

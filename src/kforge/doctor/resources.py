@@ -20,7 +20,7 @@ from the binary itself, without a GPU:
   name (the longest match wins). Kernels without a declaration are judged on static memory only, and
   the report says that their dynamic shared memory is unknown.
 
-The limits come from :data:`kforge.cuda.arch.ARCH_LIMITS`. :func:`resource_findings` turns a binary's
+The limits come from :data:`kforge.cuda.limits.ARCH_LIMITS`. :func:`resource_findings` turns a binary's
 kernels into findings: ``kernel-over-limit`` (error: shared memory, registers per thread, registers
 for the declared block size, threads per block), ``stub-sass`` (error: every kernel with real code
 elsewhere is a stub for this arch) and ``stub-kernels`` (info: some are; normal for multi-arch
@@ -38,7 +38,7 @@ import zstandard
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from kforge.cuda.arch import ARCH_LIMITS, ArchLimits
+from kforge.cuda.limits import ARCH_LIMITS, ArchLimits
 from kforge.doctor.fatbin import FatbinFormatError
 from kforge.doctor.model import SASS, FatbinEntry, Finding, KernelResources
 

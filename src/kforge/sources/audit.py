@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from kforge.config.forge import Project
+from kforge.config.model import Project
 from kforge.errors import SourceError
 from kforge.sources.upstream import run_git
 
