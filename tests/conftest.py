@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -66,7 +67,15 @@ def own_caches(tmp_path_factory: pytest.TempPathFactory):
         for name, sub in CACHE_VARIABLES.items():
             mp.setenv(name, str(base / sub))
         mp.setenv("UV_NO_CONFIG", "1")
+        # an sccache client reaches its daemon by port: never a machine's daemon (4226) with that daemon's cache
+        mp.setenv("SCCACHE_SERVER_PORT", str(_free_port()))
         yield base
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
