@@ -225,9 +225,11 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
     isolate_git(env, plan.work_dir)
     assert done.source is not None
     epoch = reproducible.source_epoch(plan.root, plan.source, done.source)
-    env.update(reproducible.build_env(plan.project.name, epoch, env))
+    repro = plan_reproducibility(plan)
+    env.update(reproducible.build_env(repro, epoch, env))
     run.log.info(f"reproducible: SOURCE_DATE_EPOCH={env.get('SOURCE_DATE_EPOCH', 'unset')} ({epoch.origin}), "
-                 f"NVCC_APPEND_FLAGS={env['NVCC_APPEND_FLAGS']}")
+                 f"NVCC_APPEND_FLAGS={env['NVCC_APPEND_FLAGS']}"
+                 + "".join(f", {v}={env[v]}" for v in repro.host_vars if repro.path_maps and v in env))
     python = build_python(run, done)
     torch = run.services.detect_torch(python) if plan.project.torch_abi else None
     if plan.project.torch_abi and torch is None:
@@ -255,15 +257,24 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
     return ToolchainResult(MappingProxyType(env), nvcc, torch, wrapper, order)
 
 
+def plan_reproducibility(plan: Plan) -> reproducible.Reproducibility:
+    """The plan's seed and path maps (a plan made by hand, without them, gets the seed alone)."""
+    return plan.reproducible or reproducible.Reproducibility(seed=plan.project.name, path_maps=(),
+                                                             platform_os=plan.platform_os, device_maps=False,
+                                                             unmapped="the plan has no path maps")
+
+
 def install_enforcement(plan: Plan, env: dict[str, str], nvcc: toolchain.Nvcc, cache: toolchain.CacheSetup | None,
                         tree: Path | None, say: Callable[[str], None]) -> archenforce.WrapperSetup | None:
     """Route every nvcc call of the build through kforge's wrapper (kforge.archenforce), unless the plan says off."""
     enforce = plan.enforce
     if enforce is None or enforce.mode == "off" or os.name != "posix" or plan.backend == "cibuildwheel":
         return None
+    repro = plan_reproducibility(plan)
     setup = archenforce.install(enforce, nvcc=nvcc.path, cuda_home=nvcc.home, dest=plan.work_dir / "nvcc-wrap",
                                 launcher=cache.path if cache is not None else None,
-                                short_deps=cache is not None and cache.tool == "ccache", env=env)
+                                short_deps=cache is not None and cache.tool == "ccache", env=env,
+                                path_maps=tuple((m.old, m.new) for m in repro.path_maps) if repro.device_maps else ())
     env.update(setup.env)
     found = archenforce.scan_build_scripts(tree) if tree is not None else ()
     say(f"arch enforcement {enforce.mode}: every nvcc step gets {enforce.contents()}"

@@ -34,6 +34,7 @@ from kforge.jobs import JobChoice, JobProfile, choose_jobs, for_arch_count, orde
 from kforge.options import BY_NAME, PlanOptions, parse_value
 from kforge.platformtag import parse_tag
 from kforge.repairpolicy import RepairPolicy, default_policy
+from kforge.reproducible import Reproducibility, plan_reproducibility
 from kforge.series import PatchContext, Series, load_series, series_hash
 from kforge.sources import GitSource, LocalSource, SdistSource, Source
 from kforge.targets import Target
@@ -99,6 +100,7 @@ class Plan:
     provisioning: Provisioning | None = None  # per part: present, or how kforge provisions it
     index_url: str | None = None  # where a provisioned environment installs from (None: uv's default)
     find_links: str | None = None  # offline wheels for a provisioned environment
+    reproducible: Reproducibility | None = None  # kforge.reproducible: seed and path maps every build of it gets
 
     @property
     def id(self) -> str:
@@ -153,6 +155,7 @@ class Plan:
             "variant": self.variant.id if self.variant else None,
             "provisioning": {**self.provisioning.to_dict(), "index_url": self.index_url, "find_links": self.find_links}
             if self.provisioning else None,
+            "reproducible": self.reproducible.to_dict() if self.reproducible else None,
         }
 
     def to_json(self) -> str:
@@ -197,6 +200,9 @@ class Plan:
             held = "every CUDA binary holds exactly" if self.enforce.exact else "every CUDA binary holds at least"
             lines += [f"  binaries    {held} {self.enforce.contents()} (the doctor checks it)",
                       f"  enforce     {self.enforce.describe()}"]
+        if self.reproducible is not None:  # kforge.reproducible: what makes two builds of this plan byte-identical
+            first, *more = self.reproducible.describe()
+            lines += [f"  repro       {first}", *(f"              {line}" for line in more)]
         lines += [
             "  env",
         ]
@@ -274,6 +280,7 @@ def make_plan(
     selected = Series(series.directory, series.select(ctx), series.header)
     kind, pin = _source(project)
     nvcc_flags = render_gencode(archs)
+    enforce = _enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads)
     return Plan(
         target=target, project=project, root=forge.root, work_dir=work_root(forge.root) / target.id,
         profile=profile, source=project.source, source_kind=kind, source_pin=pin,
@@ -290,13 +297,16 @@ def make_plan(
         gpu_tests=project.gpu_tests,
         image=_image(backend, platform.os, options),
         platform_tag=_platform_tag(project, platform.os, options),
-        enforce=_enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads),
+        enforce=enforce,
         variant=variant,
         provisioning=provisioning(variant, torch_abi=project.torch_abi, build_isolation=project.build_isolation
                                   and options.build_isolation is not False, host_python=host.python,
                                   host_torch=host.torch_version, cuda_how=toolchain.action,
                                   cuda_present=toolchain.uses_installed, build_requires=project.build_requires),
         index_url=options.index_url, find_links=options.find_links,
+        # the nvcc wrapper (installed unless enforcement is off; a POSIX script outside containers) maps device paths
+        reproducible=plan_reproducibility(project.name, forge.root, platform.os, device=enforce.mode != "off"
+                                          and platform.os != "windows" and backend != "cibuildwheel"),
     )
 
 
