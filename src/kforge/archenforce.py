@@ -29,7 +29,6 @@ import kforge
 from kforge.fsutil import atomic_write_text
 from kforge.nvccwrap import MODES, Config, Policy, policy_from_flags
 
-
 #: Build scripts the plan scans for hard-coded arch flags (up to two folders below the build dir).
 SCRIPT_NAMES = ("setup.py", "CMakeLists.txt", "build.py", "pyproject.toml", "meson.build")
 SKIP_DIRS = frozenset({"third_party", "3rdparty", "cutlass", "external", "externals", "tests", "test", "docs",

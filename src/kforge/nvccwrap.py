@@ -21,7 +21,8 @@ script that runs ``python -I <boot> <config> "$@"``, which lands in :func:`main`
 * Path maps (``Config.path_maps``, the plan's ``-ffile-prefix-map`` pairs; :mod:`kforge.reproducible`):
   nvcc has no prefix map for device code, so in every device step an input ``.cu`` under a mapped
   folder is passed relative to the step's folder (the fatbin names each image after nvcc's input
-  argument), and nvcc's host compiler becomes a shim (``-ccbin``, :func:`host_compiler_main`) that
+  argument) and cudafe++ gets its mapped path (``-Xcudafe --orig_src_path_name``: it hashes the
+  path nvcc gives it into the names of internal-linkage device symbols), and nvcc's host compiler becomes a shim (``-ccbin``, :func:`host_compiler_main`) that
   runs the real one and maps the line markers of what it preprocesses (cicc names device files
   after them; ``-ffile-prefix-map`` leaves line markers as they are).
 
@@ -406,6 +407,7 @@ def map_device_step(argv: Sequence[str], maps: Sequence[tuple[str, str]], cwd: s
     out: list[str] = []
     real = environ.get("NVCC_CCBIN") or None
     cwd_root = _under(cwd, maps)
+    sources: list[str] = []  # the .cu inputs' absolute paths
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -418,11 +420,17 @@ def map_device_step(argv: Sequence[str], maps: Sequence[tuple[str, str]], cwd: s
             out += [word, argv[i + 1]]
             i += 2
             continue
-        if (not word.startswith("-") and word.endswith(".cu") and os.path.isabs(word)
-                and cwd_root is not None and _under(word, maps) == cwd_root):
-            word = os.path.relpath(word, cwd)
+        if not word.startswith("-") and word.endswith(".cu"):
+            full = os.path.normpath(os.path.join(cwd, word))
+            sources.append(full)
+            if os.path.isabs(word) and cwd_root is not None and _under(word, maps) == cwd_root:
+                word = os.path.relpath(word, cwd)
         out.append(word)
         i += 1
+    if len(sources) == 1 and _under(sources[0], maps):
+        # nvcc hands cudafe++ the input's absolute path, and cudafe++ hashes it into the module id that names
+        # every internal-linkage device symbol (_INTERNAL_<hash>_...): the mapped path, given last, wins
+        out += ["-Xcudafe", f"--orig_src_path_name={map_path(sources[0], maps)}"]
     real = real or "gcc"  # nvcc's own default on Linux
     if os.path.isdir(real):  # -ccbin may name the folder that holds gcc
         real = os.path.join(real, "gcc")

@@ -19,8 +19,8 @@ from kforge.nvccwrap import (
     map_device_step,
     map_line_markers,
     map_path,
-    real_compiler,
     policy_from_flags,
+    real_compiler,
     rewrite,
     short_dependency_flags,
     split_gencode,
@@ -186,11 +186,16 @@ def test_a_device_step_gets_relative_inputs_and_the_shim_for_the_host_compiler()
             "-MF", "/tmp/a/x/src/dep.cu", "/other/z.cu"]
     out, env, name = map_device_step(argv, MAPS, "/tmp/a/x/b", "/shims", {})
     assert out == ["-I/tmp/a/x/src", "-c", "../src/k.cu", "-o", "/tmp/a/x/b/k.o", "-MF", "/tmp/a/x/src/dep.cu",
-                   "/other/z.cu", "-ccbin", "/shims/g++-12"]
+                   "/other/z.cu", "-ccbin", "/shims/g++-12"]  # two inputs: cudafe++'s path is left to nvcc
     assert name == "g++-12" and env["KFORGE_HOSTCC"] == "/usr/bin/g++-12" and json.loads(env["KFORGE_PATH_MAPS"]) == [list(MAPS[0])]
     # nvcc's default host compiler, NVCC_CCBIN, and a step whose folder is outside the map (inputs stay absolute)
     out, env, name = map_device_step(["-c", "/tmp/a/x/k.cu"], MAPS, "/elsewhere", "/shims", {})
-    assert out == ["-c", "/tmp/a/x/k.cu", "-ccbin", "/shims/gcc"] and env["KFORGE_HOSTCC"] == "gcc"
+    assert out == ["-c", "/tmp/a/x/k.cu", "-Xcudafe", "--orig_src_path_name=/kforge/k.cu", "-ccbin", "/shims/gcc"]
+    assert env["KFORGE_HOSTCC"] == "gcc"
+    # a relative input (setuptools builds in the tree): cudafe++ still gets the mapped absolute path
+    assert map_device_step(["-c", "csrc/k.cu"], MAPS, "/tmp/a/x/p", "/s", {})[0][:4] == [
+        "-c", "csrc/k.cu", "-Xcudafe", "--orig_src_path_name=/kforge/p/csrc/k.cu"]
+    assert "-Xcudafe" not in map_device_step(["-c", "/other/k.cu"], MAPS, "/tmp/a/x", "/s", {})[0]
     _, env, _ = map_device_step(["--compiler-bindir=clang++", "-c", "k.cu"], MAPS, "/tmp/a/x", "/s", {"NVCC_CCBIN": "g++"})
     assert env["KFORGE_HOSTCC"] == "clang++"
     assert map_device_step(["-c", "k.cu"], MAPS, "/tmp/a/x", "/s", {"NVCC_CCBIN": "g++"})[1]["KFORGE_HOSTCC"] == "g++"
@@ -210,7 +215,7 @@ def test_the_wrapper_maps_device_steps_and_the_shim_maps_what_it_preprocesses(tm
     assert main([config.to_json(), "-c", str(root / "src" / "k.cu"), "-o", "k.o"], env) == 0
     _, argv, child_env = ran[-1]
     assert argv == ["/cuda/bin/nvcc", "-c", "../src/k.cu", "-o", "k.o", "-frandom-seed=k", *PLAN_FLAGS,
-                    "-ccbin", str(tmp_path / "hostcc" / "g++")]
+                    "-Xcudafe", "--orig_src_path_name=/kforge/src/k.cu", "-ccbin", str(tmp_path / "hostcc" / "g++")]
     assert "NVCC_CCBIN" not in child_env and "NVCC_APPEND_FLAGS" not in child_env and child_env["KFORGE_HOSTCC"] == "g++"
     shim = (tmp_path / "hostcc" / "g++").read_text()
     assert os.access(tmp_path / "hostcc" / "g++", os.X_OK) and '--host-compiler "$0"' in shim and "boot.py" in shim
