@@ -8,6 +8,7 @@ results, the cmake path, the lock's work dir, and the GPU-test step's skip/fail/
 from __future__ import annotations
 
 import json
+import shlex
 import time
 import zipfile
 from pathlib import Path
@@ -135,6 +136,13 @@ def test_the_whole_chain_with_fakes_publishes_a_verified_wheel_and_runs_gpu_test
     # kforge's nvcc wrapper (a shadow CUDA home, kforge.archenforce) comes first, then the toolkit's bin
     assert request.env["PATH"].split(":")[:2] == [str(plan.work_dir / "nvcc-wrap" / "cuda" / "bin"), str(tmp_path / "cuda" / "bin")]
     assert request.env["PYTORCH_NVCC"] == request.env["CUDA_HOME"] + "/bin/nvcc"
+    # what the plan's reproducibility part says (kforge plan --json) is what the build got: seed and path maps
+    repro = plan.to_dict()["reproducible"]
+    assert repro["path_maps"] == [[str(plan.root), "/kforge"]] and repro["device_maps"]
+    assert request.env["NVCC_APPEND_FLAGS"].split() == repro["nvcc_append_flags"]
+    assert request.env["CFLAGS"].split() == request.env["CXXFLAGS"].split() == repro["host_flags"]["CFLAGS"]
+    wrapper = json.loads(shlex.split(Path(request.env["PYTORCH_NVCC"]).read_text().splitlines()[-1])[-2])
+    assert wrapper["path_maps"] == repro["path_maps"]  # the nvcc wrapper maps device code by the same map
     assert [s for s in run.log.timings] == ["preflight", "source", "patches", "toolchain", "build", "report", "repair", "doctor",
                                            "publish"]
     done = outcome.done
