@@ -19,12 +19,15 @@ script that runs ``python -I <boot> <config> "$@"``, which lands in :func:`main`
   ``-lib``, compiles of non-CUDA sources, and calls without input files.
 * Mode ``check`` runs the command as given and only records what ``on`` would change.
 * Path maps (``Config.path_maps``, the plan's ``-ffile-prefix-map`` pairs; :mod:`kforge.reproducible`):
-  nvcc has no prefix map for device code, so in every device step an input ``.cu`` under a mapped
-  folder is passed relative to the step's folder (the fatbin names each image after nvcc's input
-  argument) and cudafe++ gets its mapped path (``-Xcudafe --orig_src_path_name``: it hashes the
-  path nvcc gives it into the names of internal-linkage device symbols), and nvcc's host compiler becomes a shim (``-ccbin``, :func:`host_compiler_main`) that
-  runs the real one and maps the line markers of what it preprocesses (cicc names device files
-  after them; ``-ffile-prefix-map`` leaves line markers as they are).
+  nvcc has no prefix map for device code, so in every device step (:func:`map_device_step`)
+
+  - an input ``.cu`` under a mapped folder is passed relative to the step's folder (the fatbin
+    names each image after nvcc's input argument);
+  - cudafe++ gets the input's mapped path (``-Xcudafe --orig_src_path_name``): it hashes the path
+    nvcc gives it into the names of internal-linkage device symbols (``_INTERNAL_<hash>_``);
+  - nvcc's host compiler becomes a shim (``-ccbin``, :func:`host_compiler_main`) that runs the real
+    one and maps the line markers of what it preprocesses: cicc names device files after them, and
+    ``-ffile-prefix-map`` leaves line markers as they are.
 
 Every step that asked for something other than what runs is appended to a JSON-lines log;
 the pipeline summarises it once per build. This module imports only the standard library:
@@ -353,7 +356,8 @@ class Config:
                         archs=tuple(PlanArch(v, s, bool(p)) for v, s, p in d.get("archs", ())))
         return cls(policy=policy, nvcc=d["nvcc"], launcher=d.get("launcher"), log=d.get("log"),
                    short_deps=bool(d.get("short_deps")),
-                   path_maps=tuple((str(o), str(n)) for o, n in d.get("path_maps", ())), shim_dir=d.get("shim_dir"), boot=d.get("boot"))
+                   path_maps=tuple((str(o), str(n)) for o, n in d.get("path_maps", ())), shim_dir=d.get("shim_dir"),
+                   boot=d.get("boot"))
 
 
 # ---------------------------------------------------------------------------- path maps for device code
@@ -403,7 +407,8 @@ def map_line_markers(text: str, maps: Sequence[tuple[str, str]], cwd: str) -> st
 def map_device_step(argv: Sequence[str], maps: Sequence[tuple[str, str]], cwd: str, shim_dir: str,
                     environ: Mapping[str, str]) -> tuple[list[str], dict[str, str], str]:
     """A device step's nvcc arguments with its ``.cu`` inputs relative to ``cwd`` (where both lie in one mapped
-    folder) and the host compiler replaced by the shim. Returns (argv, environment for nvcc, shim name). Pure."""
+    folder), cudafe++'s path for a single ``.cu`` input mapped, and the host compiler replaced by the shim.
+    Returns (argv, environment for nvcc, shim name). Pure."""
     out: list[str] = []
     real = environ.get("NVCC_CCBIN") or None
     cwd_root = _under(cwd, maps)
