@@ -305,8 +305,12 @@ def make_plan(
                                   cuda_present=toolchain.uses_installed, build_requires=project.build_requires),
         index_url=options.index_url, find_links=options.find_links,
         # the nvcc wrapper (installed unless enforcement is off; a POSIX script outside containers) maps device paths
-        reproducible=plan_reproducibility(project.name, forge.root, platform.os, device=enforce.mode != "off"
-                                          and platform.os != "windows" and backend != "cibuildwheel"),
+        reproducible=plan_reproducibility(
+            project.name, forge.root, platform.os,
+            device=enforce.mode != "off" and platform.os != "windows" and backend != "cibuildwheel",
+            no_device="the cibuildwheel backend builds in its container, at /project in every Linux build; "
+            "kforge's nvcc wrapper does not reach it" if backend == "cibuildwheel"
+            else "arch_enforce = off: kforge's nvcc wrapper is not installed"),
     )
 
 

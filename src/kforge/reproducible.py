@@ -103,6 +103,7 @@ class Reproducibility:
     platform_os: str
     device_maps: bool  # kforge's nvcc wrapper is installed, so device code gets the maps too
     unmapped: str = ""  # why there are no maps (for the plan)
+    no_device: str = "kforge's nvcc wrapper is not installed for this build"  # why device code is not mapped
     host_vars: tuple[str, ...] = field(default=("CFLAGS", "CXXFLAGS"))
 
     @property
@@ -126,7 +127,7 @@ class Reproducibility:
         lines.append(f"NVCC_APPEND_FLAGS += {' '.join(self.nvcc_flags[1:])}")
         lines.append("device code: " + ("kforge's nvcc wrapper maps the preprocessor's line markers, the "
                                         "fatbin's file names and cudafe++'s module ids" if self.device_maps else
-                                        "not mapped (kforge's nvcc wrapper is not installed for this build)"))
+                                        f"not mapped ({self.no_device})"))
         return lines
 
     def to_dict(self) -> dict[str, object]:
@@ -145,13 +146,15 @@ def path_maps(root: Path) -> tuple[tuple[PathMap, ...], str]:
     return (PathMap(old, MAPPED_ROOT),), ""
 
 
-def plan_reproducibility(project: str, root: Path, platform_os: str, *, device: bool) -> Reproducibility:
+def plan_reproducibility(project: str, root: Path, platform_os: str, *, device: bool,
+                         no_device: str = "") -> Reproducibility:
+    """``device``: kforge's nvcc wrapper runs in this build (``no_device`` says why not)."""
     if platform_os == "windows":  # cl.exe has no -ffile-prefix-map (and nvcc passes -Xcompiler to it)
         return Reproducibility(seed=project, path_maps=(), platform_os=platform_os, device_maps=False,
                                unmapped="MSVC has no -ffile-prefix-map")
     maps, why = path_maps(root)
     return Reproducibility(seed=project, path_maps=maps, platform_os=platform_os, device_maps=device and bool(maps),
-                           unmapped=why)
+                           unmapped=why, **({"no_device": no_device} if no_device else {}))
 
 
 def _has_prefix_map(flags: str) -> bool:

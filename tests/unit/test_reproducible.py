@@ -90,3 +90,9 @@ def test_a_root_no_flag_can_carry_and_windows_get_no_maps_and_say_why():
     assert "paths not mapped: the root '/tmp/my work/x' holds ' '" in "\n".join(spaced.describe())
     win = plan_reproducibility("fmha", Path("/w"), "windows", device=False)
     assert win.path_maps == () and "MSVC" in win.unmapped
+
+
+def test_the_plan_says_why_device_code_is_not_mapped():
+    off = plan_reproducibility("fmha", Path("/w"), "linux", device=False, no_device="arch_enforce = off: no wrapper")
+    assert off.path_maps and not off.device_maps
+    assert off.describe()[-1] == "device code: not mapped (arch_enforce = off: no wrapper)"
