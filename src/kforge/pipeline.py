@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kforge import buildinputs, doctor, locking, preflight
 from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
-from kforge.build import environment, profiles, report, toolchain
+from kforge.build import environment, profiles, report, reproducible, toolchain
 from kforge.build import order as buildorder
 from kforge.build import venv as buildenv
 from kforge.build.host import HostFacts
@@ -224,7 +224,14 @@ def toolchain_step(plan: Plan, run: Run, done: Done) -> ToolchainResult:
 def environment_layers(plan: Plan) -> environment.Layers:
     return environment.Layers(project=plan.project.name, root=plan.root, work_dir=plan.work_dir, source=plan.source,
                               enforce=plan.enforce, order=plan.jobs.order, order_from=plan.jobs.order_from,
-                              ninja_shim=plan.ninja_shim, backend=plan.backend)
+                              ninja_shim=plan.ninja_shim, backend=plan.backend, reproducible=reproducibility_of(plan))
+
+
+def reproducibility_of(plan: Plan) -> reproducible.Reproducibility:
+    """The plan's seed and path maps (a plan made by hand, without them, gets the seed alone)."""
+    return plan.reproducible or reproducible.Reproducibility(seed=plan.project.name, path_maps=(),
+                                                             platform_os=plan.platform_os, device_maps=False,
+                                                             unmapped="the plan has no path maps")
 
 
 def judgement(plan: Plan) -> Judgement:

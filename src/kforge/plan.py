@@ -25,6 +25,7 @@ from kforge.build.host import HostFacts
 from kforge.build.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
 from kforge.build.jobs import JobChoice, choose_jobs, jobs_sentence, order_line
 from kforge.build.profiles import JobProfile, for_arch_count
+from kforge.build.reproducible import Reproducibility, plan_reproducibility, wrapper_reach
 from kforge.build.toolchain import host_include_env
 from kforge.config.forge import normalise_env_value
 from kforge.config.model import BACKEND_NAMES, ArchKnob, Forge, GpuTests, Platform, Project
@@ -104,6 +105,7 @@ class Plan:
     uv: str | None = None  # the host's uv (a plan with a variant environment needs it)
     repairer: str = "auditwheel"  # kforge.wheels.repair.REPAIRERS: auditwheel (Linux) or delvewheel (Windows)
     ninja_shim: bool = False  # kforge's ninja shim goes in front (a POSIX host, not a container): jobs.order applies
+    reproducible: Reproducibility | None = None  # kforge.build.reproducible: seed and path maps every build of it gets
 
     @property
     def id(self) -> str:
@@ -159,6 +161,7 @@ class Plan:
             "variant": self.variant.id if self.variant else None,
             "provisioning": {**self.provisioning.to_dict(), "index_url": self.index_url, "find_links": self.find_links}
             if self.provisioning else None,
+            "reproducible": self.reproducible.to_dict() if self.reproducible else None,
         }
 
     def to_json(self) -> str:
@@ -206,10 +209,10 @@ class Plan:
             held = "every CUDA binary holds exactly" if self.enforce.exact else "every CUDA binary holds at least"
             lines += [f"  binaries    {held} {self.enforce.contents()} (the doctor checks it)",
                       f"  enforce     {self.enforce.describe()}"]
-        lines += [
-            "  env",
-        ]
-        lines += [f"    {key}={value}" for key, value in self.env.items()]
+        if self.reproducible is not None:  # kforge.build.reproducible: what makes two builds of this plan byte-identical
+            first, *more = self.reproducible.describe()
+            lines += [f"  repro       {first}", *(f"              {line}" for line in more)]
+        lines += ["  env", *(f"    {key}={value}" for key, value in self.env.items())]
         if self.gpu_tests:
             lines.append(f"  gpu tests   {' '.join(self.gpu_tests.paths)} {' '.join(self.gpu_tests.args)}".rstrip())
         return "\n".join(lines)
@@ -283,6 +286,7 @@ def make_plan(
     selected = Series(series.directory, series.select(ctx), series.header)
     kind, pin = _source(project)
     nvcc_flags = render_gencode(archs)
+    enforce = _enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads)
     return Plan(
         target=target, project=project, root=forge.root, work_dir=work_root(forge.root) / target.id,
         profile=profile, source=project.source, source_kind=kind, source_pin=pin,
@@ -299,7 +303,7 @@ def make_plan(
         gpu_tests=project.gpu_tests,
         image=_image(backend, platform.os, options),
         platform_tag=_platform_tag(project, platform.os, options),
-        enforce=_enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads),
+        enforce=enforce,
         variant=variant,
         provisioning=provisioning(variant, torch_abi=project.torch_abi, build_isolation=project.build_isolation
                                   and options.build_isolation is not False, host_python=host.python,
@@ -308,6 +312,9 @@ def make_plan(
         index_url=options.index_url, find_links=options.find_links,
         repairer=repairer_name(platform.os), uv=host.uv,
         ninja_shim=platform.os != "windows" and backend != "cibuildwheel",  # a sh script on this host's PATH
+        # the nvcc wrapper (installed unless enforcement is off; a POSIX script outside containers) maps device paths
+        reproducible=plan_reproducibility(project.name, forge.root, platform.os,
+                                          **wrapper_reach(backend, enforce.mode, platform.os)),
     )
 
 

@@ -1,17 +1,22 @@
-"""kforge.cuda.nvccwrap: every spelling of nvcc's arch flags rewritten to the plan's; host-only steps untouched."""
+"""kforge.cuda.nvccwrap: every spelling of nvcc's arch flags rewritten to the plan's; host-only steps untouched; device
+paths mapped by the plan's prefix maps (relative .cu inputs, a host-compiler shim that maps line markers)."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
+from kforge.cuda.devicepaths import companion, map_line_markers, map_path, real_compiler
 from kforge.cuda.nvccwrap import (
     Config,
     Policy,
     fold_env_flags,
     main,
+    map_device_step,
     policy_from_flags,
     rewrite,
     short_dependency_flags,
@@ -150,3 +155,89 @@ def test_main_rewrites_logs_and_execs(tmp_path: Path, monkeypatch: pytest.Monkey
     # the build's NVCC_THREADS (an OOM retry halves it) wins over the plan's count
     assert main([config.to_json(), "-c", "k.cu", "-t", "8"], {"NVCC_THREADS": "1"}) == 0
     assert ran[-1][1][-2:] == ["--threads", "1"]
+
+
+MAPS = (("/tmp/a/x", "/kforge"),)
+
+
+def test_paths_are_mapped_by_the_longest_matching_folder() -> None:
+    maps = (("/w", "/kforge"), ("/w/.cache", "/cache"))
+    assert map_path("/w/src/a.cu", maps) == "/kforge/src/a.cu" and map_path("/w", maps) == "/kforge"
+    assert map_path("/w/.cache/inc/x.h", maps) == "/cache/inc/x.h"
+    assert map_path("/wx/a.cu", maps) == "/wx/a.cu" and map_path("/usr/include/a.h", maps) == "/usr/include/a.h"
+
+
+def test_line_markers_are_mapped_and_relative_ones_read_against_the_folder() -> None:
+    text = ('# 0 "/tmp/a/x/.kforge/work/t/src/k.cu"\n# 0 "<built-in>"\n# 1 "/usr/include/stdc-predef.h" 1 3 4\n'
+            '# 12 "../src/h.cuh" 2\n#line 7 "/tmp/a/x/src/k.cu"\nconst char* f = "/tmp/a/x/not-a-marker";\n'
+            '# 3 "rel.h"\n')
+    out = map_line_markers(text, MAPS, "/tmp/a/x/build")
+    assert out == ('# 0 "/kforge/.kforge/work/t/src/k.cu"\n# 0 "<built-in>"\n# 1 "/usr/include/stdc-predef.h" 1 3 4\n'
+                   '# 12 "/kforge/src/h.cuh" 2\n#line 7 "/kforge/src/k.cu"\nconst char* f = "/tmp/a/x/not-a-marker";\n'
+                   '# 3 "/kforge/build/rel.h"\n')
+    assert map_line_markers('# 3 "rel.h"\n', MAPS, "/elsewhere") == '# 3 "rel.h"\n'  # outside every map: as it was
+
+
+def test_a_device_step_gets_relative_inputs_and_the_shim_for_the_host_compiler() -> None:
+    argv = ["-ccbin", "/usr/bin/g++-12", "-I/tmp/a/x/src", "-c", "/tmp/a/x/src/k.cu", "-o", "/tmp/a/x/b/k.o",
+            "-MF", "/tmp/a/x/src/dep.cu", "/other/z.cu"]
+    out, env, name = map_device_step(argv, MAPS, "/tmp/a/x/b", "/shims", {})
+    assert out == ["-I/tmp/a/x/src", "-c", "../src/k.cu", "-o", "/tmp/a/x/b/k.o", "-MF", "/tmp/a/x/src/dep.cu",
+                   "/other/z.cu", "-ccbin", "/shims/g++-12"]  # two inputs: cudafe++'s path is left to nvcc
+    assert name == "g++-12" and env["KFORGE_HOSTCC"] == "/usr/bin/g++-12" and json.loads(env["KFORGE_PATH_MAPS"]) == [list(MAPS[0])]
+    # nvcc's default host compiler, NVCC_CCBIN, and a step whose folder is outside the map (inputs stay absolute)
+    out, env, name = map_device_step(["-c", "/tmp/a/x/k.cu"], MAPS, "/elsewhere", "/shims", {})
+    assert out == ["-c", "/tmp/a/x/k.cu", "-Xcudafe", "--orig_src_path_name=/kforge/k.cu", "-ccbin", "/shims/gcc"]
+    assert env["KFORGE_HOSTCC"] == "gcc"
+    # a relative input (setuptools builds in the tree): cudafe++ still gets the mapped absolute path
+    assert map_device_step(["-c", "csrc/k.cu"], MAPS, "/tmp/a/x/p", "/s", {})[0][:4] == [
+        "-c", "csrc/k.cu", "-Xcudafe", "--orig_src_path_name=/kforge/p/csrc/k.cu"]
+    assert "-Xcudafe" not in map_device_step(["-c", "/other/k.cu"], MAPS, "/tmp/a/x", "/s", {})[0]
+    _, env, _ = map_device_step(["--compiler-bindir=clang++", "-c", "k.cu"], MAPS, "/tmp/a/x", "/s", {"NVCC_CCBIN": "g++"})
+    assert env["KFORGE_HOSTCC"] == "clang++"
+    assert map_device_step(["-c", "k.cu"], MAPS, "/tmp/a/x", "/s", {"NVCC_CCBIN": "g++"})[1]["KFORGE_HOSTCC"] == "g++"
+
+
+def test_the_wrapper_maps_device_steps_and_the_shim_maps_what_it_preprocesses(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[tuple[str, list[str], dict[str, str]]] = []
+    monkeypatch.setattr("os.execvpe", lambda exe, argv, env: ran.append((exe, list(argv), dict(env))))
+    root, build = tmp_path / "ck", tmp_path / "ck" / "build"
+    build.mkdir(parents=True)
+    monkeypatch.chdir(build)
+    config = Config(policy=SM90, nvcc="/cuda/bin/nvcc", log=None, path_maps=((str(root), "/kforge"),),
+                    shim_dir=str(tmp_path / "hostcc"), boot=str(tmp_path / "boot.py"))
+    assert Config.from_json(config.to_json()) == config
+    env = {"NVCC_APPEND_FLAGS": "-frandom-seed=k", "NVCC_CCBIN": "g++"}
+    assert main([config.to_json(), "-c", str(root / "src" / "k.cu"), "-o", "k.o"], env) == 0
+    _, argv, child_env = ran[-1]
+    assert argv == ["/cuda/bin/nvcc", "-c", "../src/k.cu", "-o", "k.o", "-frandom-seed=k", *PLAN_FLAGS,
+                    "-Xcudafe", "--orig_src_path_name=/kforge/src/k.cu", "-ccbin", str(tmp_path / "hostcc" / "g++")]
+    assert "NVCC_CCBIN" not in child_env and "NVCC_APPEND_FLAGS" not in child_env and child_env["KFORGE_HOSTCC"] == "g++"
+    shim = (tmp_path / "hostcc" / "g++").read_text()
+    assert os.access(tmp_path / "hostcc" / "g++", os.X_OK) and '--host-compiler "$0"' in shim and "boot.py" in shim
+    main([config.to_json(), "-ccbin", "/opt/gcc-12", "-c", str(root / "src" / "k.cu")], env)
+    assert {p.name for p in (tmp_path / "hostcc").iterdir()} == {"g++", "gcc-12", "g++-12"}  # nvcc links with g++-12
+    assert main([config.to_json(), "--version"], env) == 0 and ran[-1][1] == ["/cuda/bin/nvcc", "--version"]
+    # the shim: a fake compiler that preprocesses (writes line markers under the checkout) through the real path
+    fake = tmp_path / "fakecc.py"
+    fake.write_text("import sys\nout = sys.argv[sys.argv.index('-o') + 1]\n"
+                    f"open(out, 'w').write('# 1 \"{root}/src/k.cu\"\\n# 2 \"../src/h.cuh\" 1\\nint x;\\n')\n")
+    shim_env = {"KFORGE_HOSTCC": sys.executable, "KFORGE_PATH_MAPS": json.dumps([[str(root), "/kforge"]])}
+    python = Path(sys.executable).name
+    assert main(["--host-compiler", f"/s/{python}", str(fake), "-E", "-x", "c++", "k.cu", "-o", str(build / "k.ii")],
+                shim_env) == 0
+    assert (build / "k.ii").read_text() == '# 1 "/kforge/src/k.cu"\n# 2 "/kforge/src/h.cuh" 1\nint x;\n'
+    # a compile (no -E) is left as the compiler wrote it; a failing compiler's status comes through
+    assert main(["--host-compiler", f"/s/{python}", str(fake), "-c", "k.cu", "-o", str(build / "k.o")], shim_env) == 0
+    assert (build / "k.o").read_text().startswith(f'# 1 "{root}/src/k.cu"')
+    assert main(["--host-compiler", f"/s/{python}", "-c", "raise SystemExit(3)"], shim_env) == 3
+    assert main(["--host-compiler"], shim_env) == 2
+
+
+def test_a_shim_runs_the_real_compiler_or_its_sibling_of_the_shims_name() -> None:
+    assert real_compiler("/shims/gcc-12", "/opt/bin/gcc-12") == "/opt/bin/gcc-12"
+    assert real_compiler("/shims/g++-12", "/opt/bin/gcc-12") == "/opt/bin/g++-12"
+    assert real_compiler("/shims/g++", "gcc") == "g++"
+    assert [companion(n) for n in ("gcc", "gcc-12", "clang", "clang++", "cc", "icpx")] == [
+        "g++", "g++-12", "clang++", None, "c++", None]

@@ -44,6 +44,7 @@ class Layers:
     order_from: str  # plan.jobs.order_from
     ninja_shim: bool
     backend: str
+    reproducible: reproducible.Reproducibility  # plan.reproducible: the seed and the path maps
 
 
 def assemble(environ: Mapping[str, str], plan_env: Mapping[str, str], layers: Layers, nvcc: toolchain.Nvcc,
@@ -53,9 +54,11 @@ def assemble(environ: Mapping[str, str], plan_env: Mapping[str, str], layers: La
     env["PATH"] = prepend_path(nvcc.home / "bin", env.get("PATH"))
     isolate_git(env, layers.work_dir)
     epoch = reproducible.source_epoch(layers.root, layers.source, prepared)
-    env.update(reproducible.build_env(layers.project, epoch, env))
+    repro = layers.reproducible
+    env.update(reproducible.build_env(repro, epoch, env))
     say(f"reproducible: SOURCE_DATE_EPOCH={env.get('SOURCE_DATE_EPOCH', 'unset')} ({epoch.origin}), "
-        f"NVCC_APPEND_FLAGS={env['NVCC_APPEND_FLAGS']}")
+        f"NVCC_APPEND_FLAGS={env['NVCC_APPEND_FLAGS']}"
+        + "".join(f", {v}={env[v]}" for v in repro.host_vars if repro.path_maps and v in env))
     cache = toolchain.compiler_cache(env, wrapper_dir=layers.work_dir / "cc-wrappers", nvcc=nvcc.path)
     if cache is not None:
         env.update(cache.env)
@@ -82,7 +85,9 @@ def install_wrapper(layers: Layers, env: dict[str, str], nvcc: toolchain.Nvcc, c
         return None
     setup = archenforce.install(enforce, nvcc=nvcc.path, cuda_home=nvcc.home, dest=layers.work_dir / "nvcc-wrap",
                                 launcher=cache.path if cache is not None else None,
-                                short_deps=cache is not None and cache.tool == "ccache", env=env)
+                                short_deps=cache is not None and cache.tool == "ccache", env=env,
+                                path_maps=tuple((m.old, m.new) for m in layers.reproducible.path_maps)
+                                if layers.reproducible.device_maps else ())
     env.update(setup.env)
     found = enforce.hardcoded  # the plan scanned the build scripts once
     say(f"arch enforcement {enforce.mode}: every nvcc step gets {enforce.contents()}"

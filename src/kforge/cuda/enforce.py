@@ -220,20 +220,25 @@ def write_wrapper(path: Path, config: Config, boot: Path, *, python: str = sys.e
 
 
 def install(enforcement: ArchEnforcement, *, nvcc: Path, cuda_home: Path, dest: Path, launcher: Path | None = None,
-            short_deps: bool = False, env: Mapping[str, str] | None = None) -> WrapperSetup:
-    """Write the wrapper under ``dest`` and return the environment that routes every nvcc call through it."""
+            short_deps: bool = False, env: Mapping[str, str] | None = None,
+            path_maps: Sequence[tuple[str, str]] = ()) -> WrapperSetup:
+    """Write the wrapper under ``dest`` and return the environment that routes every nvcc call through it.
+
+    ``path_maps`` ((old, new) folders: the plan's, kforge.build.reproducible) make it map device code's paths too."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     boot = boot_file(dest)
     log = dest / "rewrites.jsonl"
     log.unlink(missing_ok=True)
     policy = enforcement.policy
+    maps = tuple((str(o), str(n)) for o, n in path_maps)
+    mapping = {"path_maps": maps, "shim_dir": str(dest / "hostcc"), "boot": str(boot)} if maps else {}
     config = Config(policy=policy, nvcc=str(nvcc), launcher=str(launcher) if launcher else None, log=str(log),
-                    short_deps=short_deps)
+                    short_deps=short_deps, **mapping)
     shadow = _shadow_home(Path(cuda_home), dest / "cuda")
     wrapper = write_wrapper(shadow / "bin" / "nvcc", config, boot)
     direct = write_wrapper(dest / "direct" / "nvcc",
-                           Config(policy=policy, nvcc=str(nvcc), launcher=None, log=str(log)), boot)
+                           Config(policy=policy, nvcc=str(nvcc), launcher=None, log=str(log), **mapping), boot)
     path = (env or {}).get("PATH", os.environ.get("PATH", ""))
     out = {
         "CUDA_HOME": str(shadow),

@@ -18,10 +18,20 @@ script that runs ``python -I <boot> <config> "$@"``, which lands in :func:`main`
 * Host-only steps pass untouched: ``-E``, ``-M``/``-MM``, ``--version``, ``--list-gpu-*``,
   ``-lib``, compiles of non-CUDA sources, and calls without input files.
 * Mode ``check`` runs the command as given and only records what ``on`` would change.
+* Path maps (``Config.path_maps``, the plan's ``-ffile-prefix-map`` pairs; :mod:`kforge.build.reproducible`):
+  nvcc has no prefix map for device code, so in every device step (:func:`map_device_step`)
+
+  - an input ``.cu`` under a mapped folder is passed relative to the step's folder (the fatbin
+    names each image after nvcc's input argument);
+  - cudafe++ gets the input's mapped path (``-Xcudafe --orig_src_path_name``): it hashes the path
+    nvcc gives it into the names of internal-linkage device symbols (``_INTERNAL_<hash>_``);
+  - nvcc's host compiler becomes a shim (``-ccbin``, :func:`host_compiler_main`) that runs the real
+    one and maps the line markers of what it preprocesses: cicc names device files after them, and
+    ``-ffile-prefix-map`` leaves line markers as they are.
 
 Every step that asked for something other than what runs is appended to a JSON-lines log;
-the pipeline summarises it once per build. This module imports only the standard library:
-it runs once per compile unit.
+the pipeline summarises it once per build. This module imports only the standard library and
+:mod:`kforge.cuda.devicepaths` (the host-compiler shim's half): it runs once per compile unit.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+
+from kforge.cuda.devicepaths import HOSTCC_ENV, MAPS_ENV, ensure_shim, host_compiler_main, map_path, under
 
 MODES = ("on", "check", "off")
 
@@ -325,12 +337,17 @@ class Config:
     launcher: str | None = None  # ccache/sccache, run in front of nvcc
     log: str | None = None  # JSON-lines file of the steps that were (or, in check mode, would be) rewritten
     short_deps: bool = False  # spell torch's long dependency flags short (-MD/-MF) so ccache can cache them
+    path_maps: tuple[tuple[str, str], ...] = ()  # (old, new) folder pairs device code is mapped by (see above)
+    shim_dir: str | None = None  # where the host-compiler shims are written (needed with path_maps)
+    boot: str | None = None  # the boot file the shims run (kforge.cuda.enforce.boot_file)
 
     def to_json(self) -> str:
         return json.dumps({
             "mode": self.policy.mode, "threads": self.policy.threads,
             "archs": [[a.virtual, a.sass, a.ptx] for a in self.policy.archs],
             "nvcc": self.nvcc, "launcher": self.launcher, "log": self.log, "short_deps": self.short_deps,
+            **({"path_maps": [list(m) for m in self.path_maps], "shim_dir": self.shim_dir, "boot": self.boot}
+               if self.path_maps else {}),
         }, separators=(",", ":"))
 
     @classmethod
@@ -339,7 +356,55 @@ class Config:
         policy = Policy(mode=d["mode"], threads=d.get("threads"),
                         archs=tuple(PlanArch(v, s, bool(p)) for v, s, p in d.get("archs", ())))
         return cls(policy=policy, nvcc=d["nvcc"], launcher=d.get("launcher"), log=d.get("log"),
-                   short_deps=bool(d.get("short_deps")))
+                   short_deps=bool(d.get("short_deps")),
+                   path_maps=tuple((str(o), str(n)) for o, n in d.get("path_maps", ())), shim_dir=d.get("shim_dir"),
+                   boot=d.get("boot"))
+
+
+# ---------------------------------------------------------------------------- path maps for device code
+
+_CCBIN = ("-ccbin", "--compiler-bindir")
+
+
+def map_device_step(argv: Sequence[str], maps: Sequence[tuple[str, str]], cwd: str, shim_dir: str,
+                    environ: Mapping[str, str]) -> tuple[list[str], dict[str, str], str]:
+    """A device step's nvcc arguments with its ``.cu`` inputs relative to ``cwd`` (where both lie in one mapped
+    folder), cudafe++'s path for a single ``.cu`` input mapped, and the host compiler replaced by the shim.
+    Returns (argv, environment for nvcc, shim name). Pure."""
+    out: list[str] = []
+    real = environ.get("NVCC_CCBIN") or None
+    cwd_root = under(cwd, maps)
+    sources: list[str] = []  # the .cu inputs' absolute paths
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        name, value, nxt = _option(argv, i, _CCBIN)
+        if name:
+            real = value or real
+            i = nxt
+            continue
+        if word in _VALUE_OPTIONS and i + 1 < len(argv):
+            out += [word, argv[i + 1]]
+            i += 2
+            continue
+        if not word.startswith("-") and word.endswith(".cu"):
+            full = os.path.normpath(os.path.join(cwd, word))
+            sources.append(full)
+            if os.path.isabs(word) and cwd_root is not None and under(word, maps) == cwd_root:
+                word = os.path.relpath(word, cwd)
+        out.append(word)
+        i += 1
+    if len(sources) == 1 and under(sources[0], maps):
+        # nvcc hands cudafe++ the input's absolute path, and cudafe++ hashes it into the module id that names
+        # every internal-linkage device symbol (_INTERNAL_<hash>_...): the mapped path, given last, wins
+        out += ["-Xcudafe", f"--orig_src_path_name={map_path(sources[0], maps)}"]
+    real = real or "gcc"  # nvcc's own default on Linux
+    if os.path.isdir(real):  # -ccbin may name the folder that holds gcc
+        real = os.path.join(real, "gcc")
+    name = os.path.basename(real) or "gcc"
+    shim = os.path.join(shim_dir, name)
+    env = {HOSTCC_ENV: real, MAPS_ENV: json.dumps([list(m) for m in maps])}
+    return [*out, "-ccbin", shim], env, name
 
 
 def short_dependency_flags(argv: Sequence[str]) -> list[str]:
@@ -375,6 +440,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     """``<config json> <nvcc args...>``: rewrite, log, then exec (launcher) nvcc."""
     args = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if environ is None else environ)
+    if args[:1] == ["--host-compiler"]:
+        return host_compiler_main(args[1:], env)
     if not args:
         sys.stderr.write("kforge nvcc wrapper: no configuration given (this script is written by kforge)\n")
         return 2
@@ -396,6 +463,18 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                     fh.write(record(result, config.policy.mode) + "\n")
             except OSError as exc:
                 sys.stderr.write(f"kforge nvcc wrapper: cannot write {config.log}: {exc}\n")
+    if config.path_maps and config.shim_dir and config.boot and is_device_step(_parse(fold_env_flags(nvcc_args, env))):
+        nvcc_args, extra, name = map_device_step(fold_env_flags(nvcc_args, env), config.path_maps, os.getcwd(),
+                                                 config.shim_dir, env)
+        env.pop("NVCC_PREPEND_FLAGS", None)
+        env.pop("NVCC_APPEND_FLAGS", None)
+        env.pop("NVCC_CCBIN", None)
+        env.update(extra)
+        try:
+            ensure_shim(config.shim_dir, name, python=sys.executable, boot=config.boot)
+        except OSError as exc:
+            sys.stderr.write(f"kforge nvcc wrapper: cannot write the host-compiler shim in {config.shim_dir}: {exc}\n")
+            return 1
     if config.short_deps:
         nvcc_args = short_dependency_flags(nvcc_args)
     command = ([config.launcher] if config.launcher else []) + [config.nvcc, *nvcc_args]
