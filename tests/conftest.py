@@ -20,6 +20,8 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))  # kforge_testkit, kforge_gitfixtures, kforge_doctor_builders
 
+from kforge_testkit import CACHE_VARIABLES  # noqa: E402
+
 from kforge.build.host import HostFacts, Resources, detect_host  # noqa: E402
 from kforge.build.profiles import load_profile  # noqa: E402
 from kforge.config.forge import load_forge  # noqa: E402
@@ -47,12 +49,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if os.environ.get("KFORGE_REQUIRE_GPU") == "1":
         pytest.fail("KFORGE_REQUIRE_GPU=1 but this machine has no NVIDIA GPU (nvidia-smi found none)", pytrace=False)
     pytest.skip("no NVIDIA GPU on this machine (nvidia-smi found none); KFORGE_REQUIRE_GPU=1 makes this a failure")
-
-
-# Every cache a test can fill or read: kforge's own, uv's, pip's, sccache's and ccache's. XDG_CACHE_HOME covers
-# the ones that fall back to it; UV_NO_CONFIG keeps a machine's uv.toml (an index, offline mode) out of the tests.
-CACHE_VARIABLES = {"XDG_CACHE_HOME": "xdg", "KFORGE_CACHE": "kforge", "UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip",
-                   "SCCACHE_DIR": "sccache", "CCACHE_DIR": "ccache"}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conftest import CACHE_VARIABLES
+from kforge_testkit import CACHE_VARIABLES
 
 
 def test_every_cache_lives_in_the_session_folder(own_caches: Path) -> None:
