@@ -25,6 +25,7 @@ from kforge_testkit import CACHE_VARIABLES  # noqa: E402
 from kforge.build.host import HostFacts, Resources, detect_host  # noqa: E402
 from kforge.build.profiles import load_profile  # noqa: E402
 from kforge.config.forge import load_forge  # noqa: E402
+from kforge.config.options import OPTIONS  # noqa: E402
 from kforge.config.targets import parse_target  # noqa: E402
 from kforge.cuda.arch import parse_arch  # noqa: E402
 from kforge.plan import PlanOptions, make_plan  # noqa: E402
@@ -51,6 +52,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     pytest.skip("no NVIDIA GPU on this machine (nvidia-smi found none); KFORGE_REQUIRE_GPU=1 makes this a failure")
 
 
+#: kforge's build options (the KFORGE_* of kforge.config.options) and its compiler-cache choice, as a used
+#: machine's shell may set them; KFORGE_TEST_WHEELHOUSE, KFORGE_REQUIRE_GPU and KFORGE_FMHA_* are the suite's own.
+MACHINE_SETTINGS = frozenset({o.env for o in OPTIONS} | {"KFORGE_COMPILER_CACHE", "KFORGE_DEBUG", "KFORGE_STATUS_FILE"})
+
+
 @pytest.fixture(scope="session", autouse=True)
 def own_caches(tmp_path_factory: pytest.TempPathFactory):
     """The session's caches, empty at its start: a used developer machine and a fresh CI machine run the same suite.
@@ -60,8 +66,12 @@ def own_caches(tmp_path_factory: pytest.TempPathFactory):
     """
     base = tmp_path_factory.mktemp("caches")
     with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name in MACHINE_SETTINGS or name.startswith(("SCCACHE_", "CCACHE_", "UV_")):
+                mp.delenv(name)  # a machine's build options, remote cache or index never reach the tests
         for name, sub in CACHE_VARIABLES.items():
             mp.setenv(name, str(base / sub))
+        mp.setenv("CCACHE_CONFIGPATH", str(base / "ccache.conf"))  # not the machine's ~/.config/ccache
         mp.setenv("UV_NO_CONFIG", "1")
         # an sccache client reaches its daemon by port: never a machine's daemon (4226) with that daemon's cache
         mp.setenv("SCCACHE_SERVER_PORT", str(_free_port()))

@@ -298,6 +298,7 @@ def repair_step(plan: Plan, run: Run, done: Done) -> tuple[RepairedWheel, ...]:
     out = []
     for wheel in wheels:
         fixed = run.services.repair_wheel(wheel, plan.work_dir / "repaired", platform=plan.platform_os,
+                                          repairer=plan.repairer,
                                           policy=plan.repair_policy, platform_policy=plan.platform_tag,
                                           lib_paths=[home / "lib64", home / "lib"],
                                           python=run.python, env=done.toolchain.env)

@@ -314,7 +314,7 @@ def make_plan(
         ninja_shim=platform.os != "windows" and backend != "cibuildwheel",  # a sh script on this host's PATH
         # the nvcc wrapper (installed unless enforcement is off; a POSIX script outside containers) maps device paths
         reproducible=plan_reproducibility(project.name, forge.root, platform.os,
-                                          **wrapper_reach(backend, enforce.mode, platform.os)),
+                                          **wrapper_reach(enforce.wrapper, backend, enforce.mode)),
     )
 
 

@@ -86,6 +86,10 @@ def _graph(src: Path = SRC) -> dict[str, set[str]]:
                     continue
                 for alias in node.names:
                     out.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module)
+            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+                  and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+                  and node.args[0].value.startswith("kforge.")):
+                out.add(node.args[0].value)  # importlib.import_module("kforge.x") is an import too
         graph[me] = {m for m in out if m != me}
         assert graph[me] <= set(known), f"{rel} imports a kforge module that does not exist: {graph[me] - set(known)}"
     return graph

@@ -69,7 +69,9 @@ class FakeBackend:
         return BuildResult(wheel, "wheel", 0.1, 1 << 30, (), request.work_dir / "log", None, units=units)
 
 
-def fake_repair(wheel: Path, out_dir: Path, *, platform, policy, platform_policy, lib_paths, python, env) -> RepairResult:  # noqa: ANN001
+def fake_repair(wheel: Path, out_dir: Path, *, platform, repairer, policy, platform_policy, lib_paths, python,  # noqa: ANN001
+                env) -> RepairResult:
+    assert repairer == {"linux": "auditwheel", "windows": "delvewheel"}[platform]  # the plan's choice reached the step
     out_dir.mkdir(parents=True, exist_ok=True)
     fixed = out_dir / wheel.name.replace("linux_x86_64", "manylinux_2_28_x86_64")
     fixed.write_bytes(wheel.read_bytes())

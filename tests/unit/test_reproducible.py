@@ -70,9 +70,11 @@ def test_the_env_fixes_the_seed_and_keeps_what_the_user_set():
                    "CFLAGS": "-ffile-prefix-map=/w/ckout=/kforge",
                    "CXXFLAGS": "-O2 -ffile-prefix-map=/w/ckout=/kforge"}
     mine = build_env(repro, Epoch(1700000000, "x"),
-                     {"SOURCE_DATE_EPOCH": "1", "NVCC_APPEND_FLAGS": "-frandom-seed=me -Xcompiler=-fdebug-prefix-map=/a=/b",
-                      "CFLAGS": "-fmacro-prefix-map=/a=/b", "CXXFLAGS": "-ffile-prefix-map=/a=/c"})
-    assert mine == {}
+                     {"SOURCE_DATE_EPOCH": "1", "NVCC_APPEND_FLAGS": "-frandom-seed=me -Xcompiler=-fdebug-prefix-map=/w/ckout=/b",
+                      "CFLAGS": "-fmacro-prefix-map=/w/ckout=/b", "CXXFLAGS": "-ffile-prefix-map=/w/ckout=/c"})
+    assert mine == {}  # the user's own seed and maps of the checkout win
+    other = build_env(repro, Epoch(None, "none"), {"CFLAGS": "-fdebug-prefix-map=/opt/conda/src=/usr/src/conda"})
+    assert other["CFLAGS"] == "-fdebug-prefix-map=/opt/conda/src=/usr/src/conda -ffile-prefix-map=/w/ckout=/kforge"
 
 
 def test_the_plan_maps_the_checkout_to_one_name_whatever_its_folder():

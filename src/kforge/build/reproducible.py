@@ -158,19 +158,23 @@ def plan_reproducibility(project: str, root: Path, platform_os: str, *, device: 
                            unmapped=why, **({"no_device": no_device} if no_device else {}))
 
 
-def wrapper_reach(backend: str, enforce_mode: str, platform_os: str) -> dict[str, bool | str]:
-    """Whether kforge's nvcc wrapper, which maps device code's paths, runs in a build (and why not):
-    the ``device`` and ``no_device`` of :func:`plan_reproducibility`."""
+def wrapper_reach(wrapper: bool, backend: str, enforce_mode: str) -> dict[str, bool | str]:
+    """The ``device`` and ``no_device`` of :func:`plan_reproducibility`: whether kforge's nvcc wrapper, which maps
+    device code's paths, runs in the build (``ArchEnforcement.wrapper``, the plan's decision), and why not."""
+    if wrapper:
+        return {"device": True}
     if backend == "cibuildwheel":
         return {"device": False, "no_device": "the cibuildwheel backend builds in its container, at /project in every "
                                               "Linux build; kforge's nvcc wrapper does not reach it"}
     if enforce_mode == "off":
         return {"device": False, "no_device": "arch_enforce = off: kforge's nvcc wrapper is not installed"}
-    return {"device": platform_os != "windows"}
+    return {"device": False, "no_device": "kforge's nvcc wrapper does not run on this platform"}
 
 
-def _has_prefix_map(flags: str) -> bool:
-    return any(f in flags for f in _PREFIX_FLAGS)
+def _maps_the_root(flags: str, repro: Reproducibility) -> bool:
+    """A prefix map of the plan's own folder is already in ``flags`` (the user's wins); maps of other folders
+    combine with kforge's (conda's ``-fdebug-prefix-map=$SRC_DIR=...``, say), so they don't stop it."""
+    return any(f"{flag}={m.old}=" in flags for flag in _PREFIX_FLAGS for m in repro.path_maps)
 
 
 def build_env(repro: Reproducibility, epoch: Epoch, environ: Mapping[str, str]) -> dict[str, str]:
@@ -180,11 +184,11 @@ def build_env(repro: Reproducibility, epoch: Epoch, environ: Mapping[str, str]) 
         out["SOURCE_DATE_EPOCH"] = str(epoch.seconds)
     flags = environ.get("NVCC_APPEND_FLAGS", "")
     add = [f for f in repro.nvcc_flags if not (f.startswith("-frandom-seed") and "-frandom-seed" in flags)
-           and not (f.startswith("-Xcompiler=") and _has_prefix_map(flags))]
+           and not (f.startswith("-Xcompiler=") and _maps_the_root(flags, repro))]
     if add:
         out["NVCC_APPEND_FLAGS"] = " ".join(([flags.strip()] if flags.strip() else []) + add)
     for var in repro.host_vars if repro.path_maps else ():
         have = environ.get(var, "")
-        if not _has_prefix_map(have):
+        if not _maps_the_root(have, repro):
             out[var] = " ".join(([have.strip()] if have.strip() else []) + list(repro.host_flags))
     return out

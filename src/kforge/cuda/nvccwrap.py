@@ -155,7 +155,7 @@ def _codes(value: str) -> tuple[str, ...]:
 
 
 def policy_from_flags(flags: Sequence[str], *, mode: str = "on", threads: int | None = None) -> Policy:
-    """The policy for a plan's ``-gencode=arch=X,code=Y`` flags (as :func:`kforge.cuda.arch.render_gencode` writes them)."""
+    """The policy for a plan's ``-gencode=arch=X,code=Y`` flags (as :func:`kforge.cuda.render.render_gencode` writes them)."""
     if mode not in MODES:
         raise ValueError(f"arch enforcement mode {mode!r} is not one of {', '.join(MODES)}")
     order: list[str] = []

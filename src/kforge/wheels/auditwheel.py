@@ -14,7 +14,7 @@ from kforge.config.repairpolicy import RepairPolicy
 from kforge.errors import RepairError
 from kforge.fsutil import prepend_path
 from kforge.wheels import platformtag
-from kforge.wheels.repair import (
+from kforge.wheels.repairkit import (
     _ELF_OR_PE,
     Prepared,
     RepairResult,

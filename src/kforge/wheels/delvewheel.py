@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kforge.config.repairpolicy import RepairPolicy
-from kforge.wheels.repair import Prepared, RepairResult
+from kforge.wheels.repairkit import Prepared, RepairResult
 
 
 class Delvewheel:

@@ -12,48 +12,39 @@ also rewrites a built wheel's version with a local label (``+cu130torch2.11``), 
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
-from wheel.wheelfile import WheelFile
 
 from kforge.config.repairpolicy import RepairPolicy, default_policy, unmangle
-from kforge.doctor.wheel import BINARY_NAME, inspect_wheel
+from kforge.doctor.wheel import inspect_wheel
 from kforge.errors import RepairError
 from kforge.fsutil import prepend_path
+from kforge.wheels.auditwheel import Auditwheel
+from kforge.wheels.delvewheel import Delvewheel
+from kforge.wheels.repairkit import (
+    _ELF_OR_PE,
+    Prepared,
+    RepairResult,
+    _copy_through,
+    _RelabelledWheel,
+    _tail,
+    _wheel_members,
+    platform_tag,
+)
 
 __all__ = [  # the policy is re-exported: callers that repair use one module
     "RepairPolicy", "RepairResult", "apply_local_version", "default_policy", "platform_tag", "repair_wheel", "unmangle",
 ]
-
-_ELF_OR_PE = BINARY_NAME  # the doctor's rule for "a binary in a wheel"
-
-
-@dataclass(frozen=True)
-class RepairResult:
-    """The repaired wheel, the platform tag it reached, and what the tool did."""
-
-    wheel: Path
-    tag: str
-    excluded: tuple[str, ...]
-    grafted: tuple[str, ...]
-    log: str
-    repaired: bool = True
-    command: tuple[str, ...] = field(default=(), repr=False)
-    notes: tuple[str, ...] = ()  # what kforge changed before the tool ran (e.g. purelib -> platlib)
-
 
 #: ``runner(cmd, env) -> (exit code, combined output)``; tests and dry runs can pass their own.
 Runner = Callable[[Sequence[str], dict[str, str]], tuple[int, str]]
@@ -85,32 +76,26 @@ class Repairer(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Prepared:
-    wheel: Path
-    members: list[str]
-    plat: str | None
-    notes: tuple[str, ...] = ()
-
-
-#: wheel platform -> (module, class): one sibling module per repairer, chosen by the plan (Plan.repairer)
-REPAIRERS: Mapping[str, tuple[str, str]] = {
-    "linux": ("kforge.wheels.auditwheel", "Auditwheel"),
-    "windows": ("kforge.wheels.delvewheel", "Delvewheel"),
-}
+#: wheel platform -> its repairer: one sibling module each; the plan records the choice (Plan.repairer)
+REPAIRERS: Mapping[str, type[Repairer]] = {"linux": Auditwheel, "windows": Delvewheel}
 
 
 def repairer_name(platform: str) -> str:
     """``auditwheel`` or ``delvewheel``: the repairer a wheel of ``platform`` goes through (the plan records it)."""
-    return REPAIRERS[platform][0].rpartition(".")[2] if platform in REPAIRERS else "none"
+    return REPAIRERS[platform].name if platform in REPAIRERS else "none"
 
 
-def repairer_for(platform: str) -> Repairer:
-    if platform not in REPAIRERS:
-        raise RepairError(f"unknown repair platform '{platform}'", why="kforge repairs 'linux' and 'windows' wheels",
-                          fix="pass platform='linux' or 'windows'")
-    module, cls = REPAIRERS[platform]
-    return getattr(importlib.import_module(module), cls)()
+def repairer_for(platform: str, name: str | None = None) -> Repairer:
+    """The repairer called ``name`` (the plan's choice), else the one for ``platform``."""
+    by_name = {cls.name: cls for cls in REPAIRERS.values()}
+    if name is not None and name in by_name:
+        return by_name[name]()
+    if name is not None or platform not in REPAIRERS:
+        raise RepairError(f"unknown repairer '{name}' for platform '{platform}'" if name else
+                          f"unknown repair platform '{platform}'",
+                          why="kforge repairs 'linux' wheels with auditwheel and 'windows' wheels with delvewheel",
+                          fix="pass platform='linux' or 'windows' (repairer 'auditwheel' or 'delvewheel')")
+    return REPAIRERS[platform]()
 
 
 def repair_wheel(
@@ -119,6 +104,7 @@ def repair_wheel(
     *,
     platform: str,
     policy: RepairPolicy,
+    repairer: str | None = None,
     plat: str | None = None,
     platform_policy: str | None = None,
     lib_paths: Sequence[Path | str] = (),
@@ -139,7 +125,7 @@ def repair_wheel(
     """
     wheel = Path(wheel)
     out_dir = Path(out_dir)
-    tool = repairer_for(platform)
+    tool = repairer_for(platform, repairer)
     members = _wheel_members(wheel)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not any(_ELF_OR_PE.search(m) for m in members):
@@ -178,44 +164,9 @@ def _take_one(tmp: Path, out_dir: Path, tool: str, wheel: Path, cmd: Sequence[st
     return final
 
 
-def platform_tag(wheel_name: str) -> str:
-    """The platform tag of a wheel file name, preferring the PEP 600 ``manylinux_x_y`` spelling."""
-    try:
-        _, _, _, tags = parse_wheel_filename(wheel_name)
-    except InvalidWheelFilename as exc:
-        raise RepairError(f"'{wheel_name}' is not a wheel file name", why=str(exc), fix="pass a .whl built by the build step") from exc
-    plats = sorted({t.platform for t in tags})
-    pep600 = [p for p in plats if p.startswith("manylinux_")]
-    return (pep600 or plats)[0]
-
-
-def _copy_through(wheel: Path, out_dir: Path, why: str) -> RepairResult:
-    final = out_dir / wheel.name
-    if final.resolve() != wheel.resolve():
-        fd, tmp = tempfile.mkstemp(prefix=".kforge-repair-", suffix=".whl", dir=out_dir)
-        os.close(fd)
-        shutil.copyfile(wheel, tmp)
-        os.replace(tmp, final)
-    return RepairResult(wheel=final, tag=platform_tag(final.name), excluded=(), grafted=(), log=why, repaired=False)
-
-
-def _wheel_members(wheel: Path) -> list[str]:
-    if not wheel.is_file():
-        raise RepairError(f"no wheel at {wheel}", why="the file does not exist", fix="build the wheel first, or pass the path the build step printed")
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            return zf.namelist()
-    except zipfile.BadZipFile as exc:
-        raise RepairError(f"{wheel.name} is not a wheel", why=f"it is not a zip archive ({exc})", fix="pass a .whl built by the build step") from exc
-
-
 def _excluded_needed(wheel: Path, policy: RepairPolicy) -> tuple[str, ...]:
     report = inspect_wheel(wheel)
     return tuple(sorted({lib for b in report.binaries for lib in b.needed if policy.excludes(lib)}))
-
-
-def _tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def _tool_error(tool: str, wheel: Path, cmd: Sequence[str], code: int, log: str) -> RepairError:
@@ -296,21 +247,6 @@ def apply_local_version(wheel: Path | str, label: str | None, *, out_dir: Path |
                 dst.writestr(out, data)
         os.replace(staged, target)
     return target
-
-
-class _RelabelledWheel(WheelFile):
-    """:class:`WheelFile` whose RECORD gets the date of the wheel it was made from, not the clock's,
-    so relabelling the same wheel twice gives the same bytes."""
-
-    record_date: tuple[int, int, int, int, int, int] = (1980, 1, 1, 0, 0, 0)
-
-    def writestr(self, zinfo_or_arcname: str | zipfile.ZipInfo, data: bytes | str, compress_type: int | None = None) -> None:
-        if zinfo_or_arcname == self.record_path:  # WheelFile.close() writes RECORD by name
-            info = zipfile.ZipInfo(self.record_path, date_time=self.record_date)
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zinfo_or_arcname = info
-        super().writestr(zinfo_or_arcname, data, compress_type)
 
 
 def _set_metadata_version(data: bytes, version: str) -> bytes:
