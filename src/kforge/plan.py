@@ -340,7 +340,8 @@ def _platform_tag(project: Project, platform_os: str, options: PlanOptions) -> s
 
 def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str, flags: tuple[str, ...],
                  threads: int) -> ArchEnforcement:
-    """Arch enforcement (kforge.cuda.enforce), with the build scripts scanned where the source is on disk."""
+    """Arch enforcement (kforge.cuda.enforce), with the build scripts scanned where the source is on disk (as checked
+    out, before the patch series: what the wrapper really rewrote is in the build log)."""
     src = project.source
     tree, note = None, ""
     if isinstance(src, (GitSource, LocalSource)):
@@ -348,7 +349,7 @@ def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str,
     elif project.git is not None:  # an sdist build: the same upstream's submodule, if checked out, tells
         tree = forge.root / project.git.path / project.build_dir
     else:
-        note = "the sdist is scanned when fetched: the build log lists what the wrapper rewrote"
+        note = "the sdist is not on disk before the build: the build log lists what the wrapper rewrote"
     return plan_enforcement(project.arch_enforce, flags, threads, backend=backend, platform_os=platform_os,
                             scripts_dir=tree, scan_note=note)
 

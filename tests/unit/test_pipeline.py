@@ -8,6 +8,7 @@ results, the cmake path, the lock's work dir, and the GPU-test step's skip/fail/
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import zipfile
 from pathlib import Path
@@ -135,7 +136,7 @@ def test_the_whole_chain_with_fakes_publishes_a_verified_wheel_and_runs_gpu_test
     assert request.env["TINY_THREADS"] == request.env["NVCC_THREADS"] == "3"  # --env reached the project's variable
     assert request.tree == outcome.done.source.tree and request.forge_pythons == plan.pythons
     # kforge's nvcc wrapper (a shadow CUDA home, kforge.cuda.enforce) comes first, then the toolkit's bin
-    assert request.env["PATH"].split(":")[:2] == [str(plan.work_dir / "nvcc-wrap" / "cuda" / "bin"), str(tmp_path / "cuda" / "bin")]
+    assert request.env["PATH"].split(os.pathsep)[:2] == [str(plan.work_dir / "nvcc-wrap" / "cuda" / "bin"), str(tmp_path / "cuda" / "bin")]
     assert request.env["PYTORCH_NVCC"] == request.env["CUDA_HOME"] + "/bin/nvcc"
     # what the plan's reproducibility part says (kforge plan --json) is what the build got: seed and path maps
     repro = plan.to_dict()["reproducible"]
