@@ -70,5 +70,7 @@ def plan_and_host(args: argparse.Namespace, target_text: str, *, environ: Mappin
         host = with_torch(host, sys.executable)
     cli = {opt.name: getattr(args, opt.name, None) for opt in options.OPTIONS}
     opts = PlanOptions.from_cascade(environ, **cli, env=options.parse_env_pairs(args.env))
-    profile = load_profile(cache_dir(environ), target.project, 1)
+    project = forge.projects[target.project]
+    build_profile = opts.profile if opts.profile in project.profiles else project.default_profile  # else: make_plan says
+    profile = load_profile(cache_dir(environ), target.project, 1, build_profile)
     return make_plan(forge, target, host, opts, job_profile=profile), host
