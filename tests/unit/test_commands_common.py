@@ -64,4 +64,4 @@ def test_the_plan_reads_the_job_profile_of_the_build_profile_it_builds(tmp_path:
     assert "measured (1 builds)" in minimal.jobs.reason
     args.profile = None  # the default profile, full: nothing measured for it yet
     full, _ = _common.plan_and_host(args, "flash-attn3-standalone-sm90", environ=environ, host=bare)
-    assert full.profile == "full" and "seed: FA3 fwd unit" in full.jobs.reason
+    assert full.profile == "full" and "seed: FA3 fwd units" in full.jobs.reason

@@ -6,7 +6,6 @@ import json
 import re
 
 import pytest
-
 from kforge_doctor_builders import tiny_elf
 
 from kforge.config.repairpolicy import default_policy

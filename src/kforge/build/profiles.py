@@ -118,19 +118,22 @@ SEEDS: dict[str, JobProfile] = {
         seed_units=_FA2_SEED_UNITS,
     ),
     # FA3's forward units, which is all the standalone library compiles (plus combine, prepare_scheduler and the
-    # API, all smaller). Measured with /usr/bin/time -v on kforge's 2-core build machine (AMD EPYC, no GPU, nvcc
-    # 13.0.88, 2026-11-27): flash_fwd_hdim128_bf16_sm90.cu for sm_90a alone, 6,572,204 KiB (6.27 GiB) peak RSS,
-    # 252 s wall (244 s CPU). The same 6.27 GiB was the largest unit of every flash-attn3 minimal build on the
-    # nvidia-h100-x1 and nvidia-h200 hosts (2026-11-23 and 11-27, docs/verified.md). The full profile's hdim
-    # 96/192/256 and FP8 units were not measured: its first build here measures them (kept apart from minimal's).
+    # API, all smaller). Measured one at a time with /usr/bin/time -v on kforge's 2-core build machine (AMD EPYC,
+    # no GPU, nvcc 13.0.88, sm_90a only, -DFLASHATTENTION_DISABLE_BACKWARD, 2026-11-27):
+    #   flash_fwd_hdim128_bf16_sm90.cu        6,572,204 KiB (6.27 GiB) peak RSS, 252.2 s wall
+    #   flash_fwd_hdim128_bf16_split_sm90.cu  6,452,672 KiB (6.15 GiB) peak RSS, 243.1 s wall
+    # The same 6.27 GiB was the largest unit of every flash-attn3 minimal build on the nvidia-h100-x1 and
+    # nvidia-h200 hosts (2026-11-23 and 11-27, docs/verified.md). The full profile's hdim 96/192/256 and FP8
+    # units were not measured: its first build measures them (kept apart from minimal's, kforge.build.profiles).
     "flash-attn3-standalone": JobProfile(
         project="flash-attn3-standalone",
         arch_count=1,
         peak_rss_per_unit=6_572_204 * 1024,
-        unit_seconds=252.0,
-        unit_seconds_max=252.0,
+        unit_seconds=(252.16 + 243.08) / 2,
+        unit_seconds_max=252.16,
         samples=0,
-        source="seed: FA3 fwd unit hdim128 bf16 sm_90a, 6.27 GiB peak RSS, 252 s (nvcc 13.0, 2-core host, 2026-11-27)",
+        source="seed: FA3 fwd units hdim128 bf16 (+split) sm_90a, 6.27 GiB peak RSS, 248 s (nvcc 13.0, 2-core host, "
+               "2026-11-27)",
     ),
 }
 
