@@ -44,7 +44,7 @@ from kforge.sources.series import PatchContext, Series, load_series, series_hash
 from kforge.wheels.platformtag import parse_tag
 from kforge.wheels.repair import repairer_name
 
-__all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
+__all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan", "profile_name"]
 
 #: The lowest CUDA kforge can provision from PyPI (12.x ships ptxas only, no nvcc).
 PROVISIONABLE_FROM = Version("13.0")
@@ -272,7 +272,7 @@ def make_plan(
     project = forge.project(target.project)
     require_current_knowledge(project)
     platform = forge.platforms[target.platform]
-    profile = _profile_name(project, options.profile)
+    profile = profile_name(project, options.profile)
     toolchain, archs = _toolchain(forge, project, target, host, options)
     jobs = _jobs(project, host, options, job_profile, len(archs), project.units(profile))
     variant = Variant(cuda=Version(f"{toolchain.cuda.major}.{toolchain.cuda.minor}"), python=toolchain.python,
@@ -354,13 +354,13 @@ def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str,
                             scripts_dir=tree, scan_note=note)
 
 
-def _profile_name(project: Project, asked: str | None) -> str | None:
+def profile_name(project: Project, asked: str | None) -> str | None:
+    """The build profile a build uses (``--profile``, else the project's default); an unknown one is an error."""
     name = asked if asked is not None else project.default_profile
     if name is not None and name not in project.profiles:
-        known = ", ".join(project.profiles) or "none"
         raise TargetError(
             f"{project.name} has no build profile '{name}'{did_you_mean(name, project.profiles)}",
-            why=f"its profiles are: {known}",
+            why=f"its profiles are: {', '.join(project.profiles) or 'none'}",
             fix="pick one of those, or drop --profile (and unset KFORGE_PROFILE, which applies to every target)",
         )
     return name

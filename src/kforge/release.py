@@ -35,7 +35,7 @@ from kforge.errors import ConfigError, KforgeError, PublishError
 from kforge.fsutil import atomic_write_text, work_root
 from kforge.gputest import GpuTestOutcome
 from kforge.pipeline import BuildOutcome, Run, run_build
-from kforge.plan import Plan, make_plan
+from kforge.plan import Plan, make_plan, profile_name
 from kforge.sources import upstream as sources
 from kforge.wheels import wheelhouse
 
@@ -196,9 +196,8 @@ def plan_release(forge: Forge, project_name: str, host: HostFacts, options: Plan
         v = build.variant
         opts = replace(options, cuda=f"{v.cuda.major}.{v.cuda.minor}", cuda_from="the release matrix",
                        torch=str(v.torch) if v.torch is not None else None, python=v.python)
-        build_profile = opts.profile if opts.profile in project.profiles else project.default_profile
-        plan = make_plan(forge, target, host, opts,
-                         job_profile=profiles.load_profile(cache_dir, project.name, 1, build_profile))
+        plan = make_plan(forge, target, host, opts, job_profile=profiles.load_profile(
+            cache_dir, project.name, 1, profile_name(project, opts.profile)))
         key = repr(plan.source)
         if key not in identities:
             identities[key] = source_identity(plan, cache_dir)
