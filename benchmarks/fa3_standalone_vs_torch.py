@@ -19,7 +19,8 @@ over --host-rounds rounds; the median over all calls. Columns: flash_attn_standa
 flash_attn_func on torch's default stream in each stream mode ("side": its own stream, ordered
 by events; "legacy": the default stream through cudaStreamLegacy) and on a stream of the caller's;
 FA3's flash_attn_interface.flash_attn_func; and fa3s_fwd itself through ctypes with an args
-struct and workspace built once (what any binding costs at the least).
+struct and workspace built once (what any binding costs at the least), the same with a NULL
+workspace (the library allocates it on the stream), and fa3s_fwd_workspace_size alone.
 
     python benchmarks/fa3_standalone_vs_torch.py --out docs/benchmarks/fa3-standalone
     python benchmarks/fa3_standalone_vs_torch.py --standalone-only   # without the FA3 wheel
@@ -89,7 +90,8 @@ def _diff(x) -> str:
 
 def render(meta: dict, rows: list[dict], host: dict) -> str:
     lines = ["## flash_attn_standalone vs FlashAttention-3 (torch wheel)", ""]
-    lines.append(f"Device: **{meta['device']}** ({meta['sms']} SMs); torch {meta['torch']}, CUDA {meta['cuda']}; "
+    lines.append(f"Device: **{meta['device']}** ({meta['sms']} SMs, host kernel {meta.get('kernel', '?')}); "
+                 f"torch {meta['torch']}, CUDA {meta['cuda']}; "
                  f"flash_attn_standalone profile {meta['profile']} ({meta['archs']}); FA3 wheel "
                  f"{meta.get('fa3_version') or 'not run'}; {meta['date']}.")
     lines.append("")
@@ -173,9 +175,12 @@ def bench_shape(fas, fa3, seqlen: int, causal: bool, args) -> dict:
     return make_row(shape, timed, diff, args.max_diff)
 
 
-def raw_call(fas, q, out):
+def raw_call(fas, q, out, workspace: str = "given"):
     """fa3s_fwd through ctypes with everything built once: the args struct, its pointer, the
-    workspace and the stream (the current one, or cudaStreamLegacy for torch's default)."""
+    workspace and the stream (the current one, or cudaStreamLegacy for torch's default).
+    workspace "given": a buffer of fa3s_fwd_workspace_size bytes, made once; "null": NULL, so
+    the library allocates it on the stream every call; "size": the call is
+    fa3s_fwd_workspace_size alone (what asking for the size costs)."""
     args = fas.fwd_args()
     b, s, h, d = q.shape
     args.dtype = int(fas.DType.BF16)
@@ -186,10 +191,15 @@ def raw_call(fas, q, out):
     workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
     ws_ptr = workspace.data_ptr() if nbytes else None
     stream = torch.cuda.current_stream().cuda_stream or fas.CUDA_STREAM_LEGACY
-    ref, fwd = ctypes.byref(args), fas.library().fa3s_fwd
+    ref, lib = ctypes.byref(args), fas.library()
+    fwd, size_of = lib.fa3s_fwd, lib.fa3s_fwd_workspace_size
+    if workspace == "null":
+        ws_ptr, nbytes = None, 0
+    size = ctypes.c_size_t(0)
+    size_ref = ctypes.byref(size)
 
     def call():
-        status = fwd(ref, ws_ptr, nbytes, stream)
+        status = size_of(ref, size_ref) if workspace == "size" else fwd(ref, ws_ptr, nbytes, stream)
         if status:
             raise fas.FA3SError(status, fas.last_error())
 
@@ -218,8 +228,12 @@ def host_columns(fas, fa3, heads: int, head_dim: int) -> dict:
             lambda: _stream_mode(fas, "legacy"), lambda: fas.flash_attn_func(q, q, q)),
         "standalone flash_attn_func, caller's stream": (
             lambda: torch.cuda.stream(user), lambda: fas.flash_attn_func(q, q, q)),
-        "fa3s_fwd through ctypes, args built once": (
+        "fa3s_fwd through ctypes, args and workspace built once": (
             contextlib.nullcontext, raw_call(fas, q, torch.empty_like(q))),
+        "fa3s_fwd through ctypes, args built once, workspace NULL": (
+            contextlib.nullcontext, raw_call(fas, q, torch.empty_like(q), "null")),
+        "fa3s_fwd_workspace_size through ctypes": (
+            contextlib.nullcontext, raw_call(fas, q, torch.empty_like(q), "size")),
     }
     if fa3 is not None:
         cols["FA3 flash_attn_interface.flash_attn_func"] = (
@@ -303,7 +317,7 @@ def main(argv=None) -> int:
             "fa3_version": _fa3_version(fa3), "stream_mode": fas.default_stream_mode(),
             "tokens": args.tokens, "heads": args.heads, "head_dim": args.head_dim, "runs": args.runs,
             "warmup": args.warmup, "order": args.order, "num_splits": args.num_splits,
-            "max_diff": args.max_diff, "python": platform.python_version(),
+            "max_diff": args.max_diff, "python": platform.python_version(), "kernel": platform.release(),
             "command": " ".join(["python", "benchmarks/fa3_standalone_vs_torch.py",
                                  *(sys.argv[1:] if argv is None else argv)]),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
