@@ -117,38 +117,29 @@ SEEDS: dict[str, JobProfile] = {
         unit_count=73,
         seed_units=_FA2_SEED_UNITS,
     ),
-    # FA3's forward units, which is all the standalone library compiles (plus combine, prepare_scheduler and the
-    # API, all smaller). Measured one at a time with /usr/bin/time -v on kforge's 2-core build machine (AMD EPYC,
-    # no GPU, nvcc 13.0.88, sm_90a only, -DFLASHATTENTION_DISABLE_BACKWARD, 2026-11-27):
+    # FA3's forward units: the whole of the standalone library (plus combine, prepare_scheduler and the API, all
+    # smaller) and most of the torch extension (which adds backward units). Measured one at a time with
+    # /usr/bin/time -v on kforge's 2-core build machine (AMD EPYC, no GPU, nvcc 13.0.88, sm_90a only,
+    # -DFLASHATTENTION_DISABLE_BACKWARD, 2026-11-27):
     #   flash_fwd_hdim128_bf16_sm90.cu        6,572,204 KiB (6.27 GiB) peak RSS, 252.2 s wall
     #   flash_fwd_hdim128_bf16_split_sm90.cu  6,452,672 KiB (6.15 GiB) peak RSS, 243.1 s wall
     # The same 6.27 GiB was the largest unit of every flash-attn3 minimal build on the nvidia-h100-x1 and
-    # nvidia-h200 hosts (2026-11-23 and 11-27, docs/verified.md). The full profile's hdim 96/192/256 and FP8
-    # units were not measured: its first build measures them (kept apart from minimal's, kforge.build.profiles).
-    # The torch extension compiles the same forward units (plus backward ones) and had no seed: kforge's 3 GiB
-    # default would plan about 9 jobs of 6.27 GiB on a 32 GB machine. The peak is the largest unit of its minimal
-    # builds on the nvidia-h100-x1 and nvidia-h200 hosts (docs/verified.md); the unit time is the forward unit's
-    # from this 2-core machine (next entry), until a build measures its own.
-    "flash-attn3": JobProfile(
-        project="flash-attn3",
-        arch_count=1,
-        peak_rss_per_unit=6_572_204 * 1024,
-        unit_seconds=(252.16 + 243.08) / 2,
-        unit_seconds_max=252.16,
-        samples=0,
-        source="seed: largest flash-attn3 minimal unit 6.27 GiB (H100/H200 builds); FA3 fwd unit 248 s (nvcc 13.0, "
-               "2-core host, 2026-11-27)",
-    ),
-    "flash-attn3-standalone": JobProfile(
-        project="flash-attn3-standalone",
-        arch_count=1,
-        peak_rss_per_unit=6_572_204 * 1024,
-        unit_seconds=(252.16 + 243.08) / 2,
-        unit_seconds_max=252.16,
-        samples=0,
-        source="seed: FA3 fwd units hdim128 bf16 (+split) sm_90a, 6.27 GiB peak RSS, 248 s (nvcc 13.0, 2-core host, "
-               "2026-11-27)",
-    ),
+    # nvidia-h200 hosts (docs/verified.md); without a seed the torch extension got kforge's 3 GiB default (about
+    # 9 jobs of 6.27 GiB on a 32 GB machine). The full profile's hdim 96/192/256 and FP8 units were not measured:
+    # a first build measures them (kept apart from minimal's per build profile).
+    **{
+        project: JobProfile(
+            project=project,
+            arch_count=1,
+            peak_rss_per_unit=6_572_204 * 1024,
+            unit_seconds=(252.16 + 243.08) / 2,
+            unit_seconds_max=252.16,
+            samples=0,
+            source="seed: FA3 fwd units hdim128 bf16 (+split) sm_90a, 6.27 GiB peak RSS, 248 s (nvcc 13.0, 2-core "
+                   "host, 2026-11-27)",
+        )
+        for project in ("flash-attn3", "flash-attn3-standalone")
+    },
 }
 
 
