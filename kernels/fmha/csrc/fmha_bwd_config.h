@@ -1,0 +1,62 @@
+// Tile shapes of the portable backward kernel (fmha_bwd_kernel.cuh), per (head_dim_qk,
+// head_dim_v). Plain C++17, read by the C API (fmha_api.cpp: workspace sizes, the supported
+// pairs) and by nvcc alike.
+//
+// One CTA owns BLOCK_N keys of one (kv head, batch) pair and loops over query blocks of BLOCK_M
+// rows (and over the query heads of its GQA group). Each 16-key slab of the block belongs to
+// SPLIT warps (BLOCK_N = 16 * WARPS / SPLIT), which hold its dK and dV accumulators in registers:
+// SPLIT 1, one warp with whole rows ((head_dim_qk + head_dim_v) / 2 floats a thread); SPLIT 2, two
+// warps with half the columns each (half that), for the wide head dims, where whole rows leave
+// too few registers (255 a thread) for the rest. Shared memory per CTA (2-byte elements): K and V
+// of the key block, Q and dO of two query blocks (double buffered), dS^T (and with SPLIT 2 also
+// P^T) of one block with rows padded by 8 elements, and LSE / D of two query blocks. Every pair
+// fits sm_120's 99 KiB (101,376 bytes) per block; README.md has the ptxas table.
+#pragma once
+
+namespace kforge_fmha {
+
+struct BwdTile {
+  int head_dim_qk, head_dim_v;
+  int warps;        // warps per CTA
+  int split;        // warps per 16-key slab (1 or 2): BLOCK_N = 16 * warps / split
+  int block_m;      // query rows per step
+  int query_slice;  // query columns of S^T / dP^T a warp holds in registers at once
+};
+
+inline constexpr BwdTile kBwdTiles[] = {
+    {64, 64, 8, 1, 64, 64},
+    {128, 128, 4, 1, 32, 32},
+    {192, 128, 8, 2, 32, 16},
+    {128, 192, 8, 2, 32, 16},
+};
+inline constexpr int kNumBwdTiles = sizeof(kBwdTiles) / sizeof(kBwdTiles[0]);
+
+// The row of a (head_dim_qk, head_dim_v) pair, or nullptr: the pairs the backward (and the
+// forward's d_qk != d_v kernels) support.
+constexpr const BwdTile* bwd_tile(int head_dim_qk, int head_dim_v) {
+  for (int i = 0; i < kNumBwdTiles; ++i) {
+    if (kBwdTiles[i].head_dim_qk == head_dim_qk && kBwdTiles[i].head_dim_v == head_dim_v) {
+      return &kBwdTiles[i];
+    }
+  }
+  return nullptr;
+}
+
+// Shared memory of the main kernel, for 2-byte elements.
+constexpr int bwd_smem_bytes(const BwdTile& t) {
+  const int bn = 16 * t.warps / t.split;
+  return 2 * (bn * (t.head_dim_qk + t.head_dim_v)               // K, V
+              + 2 * t.block_m * (t.head_dim_qk + t.head_dim_v)  // Q, dO (two buffers)
+              + t.split * bn * (t.block_m + 8))                 // dS^T (and P^T)
+         + 4 * 2 * 2 * t.block_m;                               // LSE, D (two buffers)
+}
+
+constexpr bool bwd_tiles_fit_sm120() {
+  for (int i = 0; i < kNumBwdTiles; ++i) {
+    if (bwd_smem_bytes(kBwdTiles[i]) > 101376) return false;
+  }
+  return true;
+}
+static_assert(bwd_tiles_fit_sm120(), "a backward tile is over sm_120's 99 KiB per block");
+
+}  // namespace kforge_fmha
