@@ -95,14 +95,15 @@ struct FwdConfig<128> {
 };
 
 // d_qk != d_v (the portable kernel only; FlashMLA-style prefill has (192, 128)). (192, 128):
-// hdim 128's tiles with wider Q and K rows (68 KiB of shared memory). (128, 192): one 16-row slab
-// per warp (64 query rows), so the O accumulators (24 n-tiles) stay at 96 registers.
+// 128 query rows as 8 warps of one 16-row slab (with hdim 128's two slabs per warp, the wider
+// Q K^T spills on sm_80), 32-key tiles, 68 KiB of shared memory. (128, 192): 4 warps of one slab
+// (64 query rows), so the O accumulators (24 n-tiles) stay at 96 registers.
 template <>
 struct FwdConfig<192, 128> {
-  static constexpr int kMTiles = 2;
+  static constexpr int kMTiles = 1;
   static constexpr int kBlockN = 32;
   static constexpr bool kQInRegs = false;
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = 8;
   static constexpr int kStages = 1;
   static constexpr int kSlice = 32;
 };
