@@ -189,6 +189,52 @@ def check_case(name, q, k, v, dout, causal, scale, *, varlen=None, deterministic
         report(name, "bits", 0.0 if same else float("inf"), 0.0, "(two deterministic runs)")
 
 
+def bench() -> None:
+    """A rough timing (not the issue's benchmark): the backward alone (kforge: preprocess + main +
+    convert; SDPA: its flash backward through autograd), median of 20 after 3 warm-ups, CUDA
+    events, bf16, batch x seqlen = 16384 tokens, 16 heads."""
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(20):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        return sorted(times)[len(times) // 2]
+
+    dtype, h = torch.bfloat16, 16
+    for d_qk, d_v in ((128, 128), (64, 64), (192, 128)):
+        for seqlen in (2048, 8192):
+            for causal in (False, True):
+                b = 16384 // seqlen
+                q = rand(b, seqlen, h, d_qk, dtype=dtype)
+                k = rand(b, seqlen, h, d_qk, dtype=dtype)
+                v = rand(b, seqlen, h, d_v, dtype=dtype)
+                g = rand(b, seqlen, h, d_v, dtype=dtype)
+                scale = 1.0 / math.sqrt(d_qk)
+                o, lse = fwd_v2(q, k, v, causal, scale)
+                ms = timed(lambda: _api.bwd_torch(q, k, v, o, g, lse, softmax_scale=scale,
+                                                  causal=causal))
+                flops = 2.5 * 2 * b * h * seqlen * seqlen * (d_qk + d_v) * (0.5 if causal else 1.0)
+                line = (f"bench bf16 d=({d_qk},{d_v}) seqlen {seqlen:5d} "
+                        f"{'causal' if causal else 'full  '}: kforge bwd {ms:7.3f} ms "
+                        f"{flops / ms / 1e9:6.1f} TFLOP/s")
+                if d_qk == d_v:
+                    qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_(True) for t in (q, k, v))
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                             scale=scale)
+                    gt = g.transpose(1, 2)
+                    ref_ms = timed(lambda: torch.autograd.grad(out, (qt, kt, vt), gt,
+                                                               retain_graph=True))
+                    line += f"; SDPA flash bwd {ref_ms:7.3f} ms ({ref_ms / ms:.2f}x kforge's speed)"
+                print(line, flush=True)
+
+
 def rand(*shape, dtype, device="cuda"):
     return torch.randn(*shape, dtype=torch.float32, device=device).to(dtype)
 
@@ -197,6 +243,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bench", action="store_true", help="only a rough backward timing")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     if not torch.cuda.is_available():
@@ -206,6 +253,9 @@ def main() -> int:
     print(f"device {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
           f"torch {torch.__version__}, library {_lib.library_path()} "
           f"(archs {kforge_fmha.built_archs()})", flush=True)
+    if args.bench:
+        bench()
+        return 0
     t0 = time.time()
 
     # (batch, seqlen_q, seqlen_k, heads, heads_k)
