@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import itertools
 import math
 import os
@@ -217,8 +218,8 @@ def bench() -> None:
                 g = rand(b, seqlen, h, d_v, dtype=dtype)
                 scale = 1.0 / math.sqrt(d_qk)
                 o, lse = fwd_v2(q, k, v, causal, scale)
-                ms = timed(lambda: _api.bwd_torch(q, k, v, o, g, lse, softmax_scale=scale,
-                                                  causal=causal))
+                ms = timed(functools.partial(_api.bwd_torch, q, k, v, o, g, lse,
+                                             softmax_scale=scale, causal=causal))
                 flops = 2.5 * 2 * b * h * seqlen * seqlen * (d_qk + d_v) * (0.5 if causal else 1.0)
                 line = (f"bench bf16 d=({d_qk},{d_v}) seqlen {seqlen:5d} "
                         f"{'causal' if causal else 'full  '}: kforge bwd {ms:7.3f} ms "
@@ -229,8 +230,8 @@ def bench() -> None:
                         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
                                                              scale=scale)
                     gt = g.transpose(1, 2)
-                    ref_ms = timed(lambda: torch.autograd.grad(out, (qt, kt, vt), gt,
-                                                               retain_graph=True))
+                    ref_ms = timed(functools.partial(torch.autograd.grad, out, (qt, kt, vt), gt,
+                                                     retain_graph=True))
                     line += f"; SDPA flash bwd {ref_ms:7.3f} ms ({ref_ms / ms:.2f}x kforge's speed)"
                 print(line, flush=True)
 
