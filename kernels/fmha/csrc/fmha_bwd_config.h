@@ -23,9 +23,39 @@ struct BwdTile {
   int query_slice;  // query columns of S^T / dP^T a warp holds in registers at once
 };
 
+// The rows' (warps, split, block_m, query_slice), overridable one by one for tuning sweeps:
+// KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS} with PAIR 64 or 128 (pass the
+// same -D to the CUDA and the C++ compiler: the API sizes the workspace from this table).
+#ifndef KFORGE_FMHA_BWD_64_WARPS
+#define KFORGE_FMHA_BWD_64_WARPS 8
+#endif
+#ifndef KFORGE_FMHA_BWD_64_SPLIT
+#define KFORGE_FMHA_BWD_64_SPLIT 1
+#endif
+#ifndef KFORGE_FMHA_BWD_64_BM
+#define KFORGE_FMHA_BWD_64_BM 64
+#endif
+#ifndef KFORGE_FMHA_BWD_64_QS
+#define KFORGE_FMHA_BWD_64_QS 64
+#endif
+#ifndef KFORGE_FMHA_BWD_128_WARPS
+#define KFORGE_FMHA_BWD_128_WARPS 4
+#endif
+#ifndef KFORGE_FMHA_BWD_128_SPLIT
+#define KFORGE_FMHA_BWD_128_SPLIT 1
+#endif
+#ifndef KFORGE_FMHA_BWD_128_BM
+#define KFORGE_FMHA_BWD_128_BM 32
+#endif
+#ifndef KFORGE_FMHA_BWD_128_QS
+#define KFORGE_FMHA_BWD_128_QS 32
+#endif
+
 inline constexpr BwdTile kBwdTiles[] = {
-    {64, 64, 8, 1, 64, 64},
-    {128, 128, 4, 1, 32, 32},
+    {64, 64, KFORGE_FMHA_BWD_64_WARPS, KFORGE_FMHA_BWD_64_SPLIT, KFORGE_FMHA_BWD_64_BM,
+     KFORGE_FMHA_BWD_64_QS},
+    {128, 128, KFORGE_FMHA_BWD_128_WARPS, KFORGE_FMHA_BWD_128_SPLIT, KFORGE_FMHA_BWD_128_BM,
+     KFORGE_FMHA_BWD_128_QS},
     {192, 128, 8, 2, 32, 16},
     {128, 192, 8, 2, 32, 16},
 };

@@ -224,7 +224,10 @@ def bench() -> None:
         return sorted(times)[len(times) // 2]
 
     dtype, h = torch.bfloat16, 16
-    for d_qk, d_v in ((128, 128), (64, 64), (192, 128)):
+    pairs = ((128, 128), (64, 64), (192, 128))
+    if os.environ.get("BWD_BENCH_PAIRS"):  # e.g. "128,64": the pairs whose d_qk is listed
+        pairs = tuple(x for x in pairs if str(x[0]) in os.environ["BWD_BENCH_PAIRS"].split(","))
+    for d_qk, d_v in pairs:
         for seqlen in (2048, 8192):
             for causal in (False, True):
                 b = 16384 // seqlen
