@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
+#include "fmha_bwd_config.h"
 #include "fmha_params.h"
 #include "fmha_paths.h"
 #include "kforge_fmha.h"
@@ -111,26 +113,44 @@ kforge_fmha_status check_stride(const char* name, const char* dim, int64_t strid
 
 struct Shapes {
   kforge_fmha_dtype dtype;
-  int head_dim;
+  int head_dim;    // of Q and K
+  int head_dim_v;  // of V and O
   int batch, seqlen_q, seqlen_k, num_heads, num_heads_k;
   float softmax_scale;
 };
 
-kforge_fmha_status check_common(const Shapes& s, const void* q, const void* k, const void* v,
-                                const void* o, const float* lse) {
-  if (s.dtype != KFORGE_FMHA_FP16 && s.dtype != KFORGE_FMHA_BF16) {
+struct NamedPtr {
+  const char* name;
+  const void* ptr;
+};
+
+// The dtype and the head-dim pair: (64, 64), (128, 128), and d_qk != d_v as (192, 128) and
+// (128, 192) (fmha_bwd_config.h's rows; the forward's sm_90a kernels take 64 and 128 only).
+kforge_fmha_status check_dtype_dims(kforge_fmha_dtype dtype, int head_dim, int head_dim_v) {
+  if (dtype != KFORGE_FMHA_FP16 && dtype != KFORGE_FMHA_BF16) {
     return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
                 "dtype %d is not supported; use KFORGE_FMHA_FP16 (0) or KFORGE_FMHA_BF16 (1)",
-                static_cast<int>(s.dtype));
+                static_cast<int>(dtype));
   }
-  if (s.head_dim != 64 && s.head_dim != 128) {
-    return fail(KFORGE_FMHA_ERROR_UNSUPPORTED, "head_dim %d is not supported; use 64 or 128",
-                s.head_dim);
+  if (kforge_fmha::bwd_tile(head_dim, head_dim_v) == nullptr) {
+    if (head_dim == head_dim_v) {
+      return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                  "head_dim %d is not supported; use 64 or 128 (or, with a head_dim_v argument, "
+                  "the (head_dim_qk, head_dim_v) pairs (192, 128) and (128, 192))",
+                  head_dim);
+    }
+    return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                "(head_dim_qk, head_dim_v) = (%d, %d) is not supported; the supported pairs are "
+                "(64, 64), (128, 128), (192, 128) and (128, 192)",
+                head_dim, head_dim_v);
   }
-  const struct {
-    const char* name;
-    const void* ptr;
-  } ptrs[] = {{"q", q}, {"k", k}, {"v", v}, {"o", o}};
+  return KFORGE_FMHA_SUCCESS;
+}
+
+kforge_fmha_status check_common(const Shapes& s, std::initializer_list<NamedPtr> ptrs,
+                                const float* lse) {
+  kforge_fmha_status st = check_dtype_dims(s.dtype, s.head_dim, s.head_dim_v);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
   for (const auto& p : ptrs) {
     if (p.ptr == nullptr) {
       return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "%s is NULL", p.name);
@@ -351,6 +371,14 @@ bool hopper_path(int major, int minor) {
   return major == 9 && minor == 0 && built_with_90a() && sm90_wanted();
 }
 
+// d_qk != d_v: the portable kernel only.
+template <typename T, int HDIM, int HDIM_V>
+cudaError_t dispatch_qkv(const kforge_fmha::FwdParams& p, bool causal, cudaStream_t stream) {
+  g_last_kernel = "mma_sync";
+  return causal ? kforge_fmha::launch_fwd<T, HDIM, true, HDIM_V>(p, stream)
+                : kforge_fmha::launch_fwd<T, HDIM, false, HDIM_V>(p, stream);
+}
+
 template <typename T, int HDIM>
 cudaError_t dispatch_causal(const kforge_fmha::FwdParams& p, bool causal, int major, int minor,
                             int path, cudaStream_t stream) {
@@ -375,10 +403,61 @@ cudaError_t dispatch_causal(const kforge_fmha::FwdParams& p, bool causal, int ma
                 : kforge_fmha::launch_fwd<T, HDIM, false>(p, stream);
 }
 
+// The status of a launch's cudaError_t.
+kforge_fmha_status launch_status(cudaError_t err, int major, int minor) {
+  if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
+      err == cudaErrorUnsupportedPtxVersion) {
+    return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                "this build of kforge_fmha has no kernel for the current GPU (compute capability "
+                "%d.%d); it was built for CUDA archs [%s]; rebuild with "
+                "CMAKE_CUDA_ARCHITECTURES including %d%d (%s)",
+                major, minor, KFORGE_FMHA_ARCHS, major, minor, cudaGetErrorString(err));
+  }
+  if (err != cudaSuccess) {
+    return fail(KFORGE_FMHA_ERROR_CUDA, "kernel launch failed: %s (%s)", cudaGetErrorString(err),
+                cudaGetErrorName(err));
+  }
+  return ok();
+}
+
+template <typename T>
+cudaError_t dispatch_dims(const Shapes& s, const kforge_fmha::FwdParams& p, bool causal, int major,
+                          int minor, int path, cudaStream_t stream) {
+  if (s.head_dim == 192) return dispatch_qkv<T, 192, 128>(p, causal, stream);
+  if (s.head_dim_v == 192) return dispatch_qkv<T, 128, 192>(p, causal, stream);
+  return s.head_dim == 64 ? dispatch_causal<T, 64>(p, causal, major, minor, path, stream)
+                          : dispatch_causal<T, 128>(p, causal, major, minor, path, stream);
+}
+
+// Checks the driver and GPU, that every set pointer is GPU memory, and makes the device that owns
+// the first pointer current. This library links its own (static) CUDA runtime, whose current
+// device is not the caller's (torch.cuda.set_device does not reach it).
+kforge_fmha_status use_device(std::initializer_list<NamedPtr> ptrs, int* major, int* minor) {
+  kforge_fmha_status st = check_device(major, minor);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
+  for (const auto& p : ptrs) {
+    if (p.ptr == nullptr) continue;
+    st = check_device_pointer(p.name, p.ptr);
+    if (st != KFORGE_FMHA_SUCCESS) return st;
+  }
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, ptrs.begin()->ptr) == cudaSuccess && attr.device >= 0) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != attr.device) {
+      cudaError_t err = cudaSetDevice(attr.device);
+      if (err != cudaSuccess) {
+        return fail(KFORGE_FMHA_ERROR_CUDA, "cudaSetDevice(%d) failed: %s", attr.device,
+                    cudaGetErrorString(err));
+      }
+      st = check_device(major, minor);
+      if (st != KFORGE_FMHA_SUCCESS) return st;
+    }
+  }
+  return KFORGE_FMHA_SUCCESS;
+}
+
 kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                        cudaStream_t stream) {
-  const void* ptrs[] = {p.q, p.k, p.v, p.o, p.lse, p.cu_seqlens_q, p.cu_seqlens_k};
-  const char* names[] = {"q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k"};
   // The path choice is an argument like the others: checked before any CUDA call.
   const char* path_raw = nullptr;
   int path = sm90_path(&path_raw);
@@ -402,28 +481,11 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
     lpt_section = static_cast<int>(v);
   }
   int major = 0, minor = 0;
-  kforge_fmha_status st = check_device(&major, &minor);
+  kforge_fmha_status st = use_device({{"q", p.q}, {"k", p.k}, {"v", p.v}, {"o", p.o},
+                                      {"lse", p.lse}, {"cu_seqlens_q", p.cu_seqlens_q},
+                                      {"cu_seqlens_k", p.cu_seqlens_k}},
+                                     &major, &minor);
   if (st != KFORGE_FMHA_SUCCESS) return st;
-  for (int i = 0; i < 7; ++i) {
-    if (ptrs[i] == nullptr) continue;
-    st = check_device_pointer(names[i], ptrs[i]);
-    if (st != KFORGE_FMHA_SUCCESS) return st;
-  }
-  // This library links its own (static) CUDA runtime, whose current device is not the caller's
-  // (torch.cuda.set_device does not reach it): run on the device that owns q.
-  cudaPointerAttributes attr;
-  if (cudaPointerGetAttributes(&attr, p.q) == cudaSuccess && attr.device >= 0) {
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != attr.device) {
-      cudaError_t err = cudaSetDevice(attr.device);
-      if (err != cudaSuccess) {
-        return fail(KFORGE_FMHA_ERROR_CUDA, "cudaSetDevice(%d) failed: %s", attr.device,
-                    cudaGetErrorString(err));
-      }
-      st = check_device(&major, &minor);
-      if (st != KFORGE_FMHA_SUCCESS) return st;
-    }
-  }
   if (s.batch == 0 || s.seqlen_q == 0) return ok();  // nothing to compute
 
   p.batch = s.batch;
@@ -434,8 +496,9 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
   p.softmax_scale = s.softmax_scale;
   p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
 
-  if (path == kPathDefault) path = default_tma_path(s.head_dim, causal, s.seqlen_k);
-  if (hopper_path(major, minor) && !fp::path_built(path, s.head_dim, causal)) {
+  const bool same_dims = s.head_dim == s.head_dim_v;  // else: the portable kernel, any path
+  if (same_dims && path == kPathDefault) path = default_tma_path(s.head_dim, causal, s.seqlen_k);
+  if (same_dims && hopper_path(major, minor) && !fp::path_built(path, s.head_dim, causal)) {
     const fp::PathRow& row = fp::kPaths[path];
     return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
                 "KFORGE_FMHA_SM90_PATH is '%s': path %s is a tuning path at head dim %d, %s (its "
@@ -447,28 +510,199 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
                 path_kernel_name(path, s.head_dim));
   }
 
-  cudaError_t err;
-  if (s.dtype == KFORGE_FMHA_FP16) {
-    err = s.head_dim == 64 ? dispatch_causal<__half, 64>(p, causal, major, minor, path, stream)
-                           : dispatch_causal<__half, 128>(p, causal, major, minor, path, stream);
-  } else {
-    err = s.head_dim == 64
-              ? dispatch_causal<__nv_bfloat16, 64>(p, causal, major, minor, path, stream)
-              : dispatch_causal<__nv_bfloat16, 128>(p, causal, major, minor, path, stream);
+  const cudaError_t err =
+      s.dtype == KFORGE_FMHA_FP16
+          ? dispatch_dims<__half>(s, p, causal, major, minor, path, stream)
+          : dispatch_dims<__nv_bfloat16>(s, p, causal, major, minor, path, stream);
+  return launch_status(err, major, minor);
+}
+
+
+
+// ---- backward -------------------------------------------------------------------------------
+
+// Which backward kernels a call asks for: KFORGE_FMHA_BWD_PATH, read at every call. Unset, empty,
+// "default" or "portable": the mma.sync kernels of fmha_bwd_kernel.cuh (every GPU of compute
+// capability 8.0 and newer); "sm90": the sm_90a kernels, not in this library yet.
+enum class BwdPath { kPortable, kSm90, kInvalid };
+
+BwdPath bwd_path(const char** raw) {
+  const char* e = std::getenv("KFORGE_FMHA_BWD_PATH");
+  *raw = e;
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "default") == 0 ||
+      std::strcmp(e, "portable") == 0) {
+    return BwdPath::kPortable;
   }
-  if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction ||
-      err == cudaErrorUnsupportedPtxVersion) {
+  if (std::strcmp(e, "sm90") == 0) return BwdPath::kSm90;
+  return BwdPath::kInvalid;
+}
+
+// The workspace of a backward call: the fp32 dQ accumulator, D and LSE * log2(e) for every
+// (head, row), and in the deterministic mode a counter per (batch, head, query block).
+kforge_fmha::BwdWorkspace bwd_workspace(int head_dim_qk, int head_dim_v, int num_heads,
+                                        int64_t rows, int batch, int seqlen_q,
+                                        bool deterministic) {
+  const auto up = [](size_t n) { return (n + 255) & ~static_cast<size_t>(255); };
+  const kforge_fmha::BwdTile* t = kforge_fmha::bwd_tile(head_dim_qk, head_dim_v);
+  const size_t hr = static_cast<size_t>(num_heads) * static_cast<size_t>(rows);
+  kforge_fmha::BwdWorkspace w{};
+  w.dq_accum = up(hr * static_cast<size_t>(head_dim_qk) * sizeof(float));
+  w.dpsum = up(hr * sizeof(float));
+  w.lse_log2 = up(hr * sizeof(float));
+  const size_t m_blocks = t == nullptr ? 0 : (static_cast<size_t>(seqlen_q) + t->block_m - 1) / t->block_m;
+  w.semaphore = deterministic ? up(static_cast<size_t>(batch) * num_heads * m_blocks * sizeof(int)) : 0;
+  w.total = w.dq_accum + w.dpsum + w.lse_log2 + w.semaphore;
+  return w;
+}
+
+// The checks of a stride array: `n` strides, each >= 0 and a multiple of 8.
+kforge_fmha_status check_strides(const char* name, const int64_t* stride, int n) {
+  static const char* dims3[] = {"batch", "row", "head"};
+  static const char* dims2[] = {"row", "head"};
+  if (stride == nullptr) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "%s_stride is NULL", name);
+  }
+  for (int d = 0; d < n; ++d) {
+    const kforge_fmha_status st = check_stride(name, n == 3 ? dims3[d] : dims2[d], stride[d]);
+    if (st != KFORGE_FMHA_SUCCESS) return st;
+  }
+  return KFORGE_FMHA_SUCCESS;
+}
+
+// Everything about a backward call that needs no GPU: the path, the dtype and head dims, pointers
+// and their alignment, sizes, scale, strides (n per tensor: 3 fixed-length, 2 varlen) and the
+// caller's workspace.
+struct BwdArgs {
+  Shapes s;
+  int64_t rows;  // workspace rows: batch * seqlen_q, or total_q
+  bool deterministic;
+  const void* workspace;
+  size_t workspace_bytes;
+};
+
+kforge_fmha_status check_bwd(const BwdArgs& a, std::initializer_list<NamedPtr> tensors,
+                             std::initializer_list<std::pair<const char*, const int64_t*>> strides,
+                             int n_strides, const float* lse) {
+  const char* raw = nullptr;
+  const BwdPath path = bwd_path(&raw);
+  if (path == BwdPath::kInvalid) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "KFORGE_FMHA_BWD_PATH is '%s'; use portable (the mma.sync kernels, the default) "
+                "or sm90, or unset it",
+                raw);
+  }
+  if (path == BwdPath::kSm90) {
     return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
-                "this build of kforge_fmha has no kernel for the current GPU (compute capability "
-                "%d.%d); it was built for CUDA archs [%s]; rebuild with "
-                "CMAKE_CUDA_ARCHITECTURES including %d%d (%s)",
-                major, minor, KFORGE_FMHA_ARCHS, major, minor, cudaGetErrorString(err));
+                "KFORGE_FMHA_BWD_PATH is 'sm90', but this library has no sm_90a backward kernels "
+                "yet; unset KFORGE_FMHA_BWD_PATH (or set it to portable) to run the mma.sync "
+                "backward, which runs on sm_90 too");
   }
-  if (err != cudaSuccess) {
-    return fail(KFORGE_FMHA_ERROR_CUDA, "kernel launch failed: %s (%s)", cudaGetErrorString(err),
-                cudaGetErrorName(err));
+  kforge_fmha_status st = check_common(a.s, tensors, lse);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
+  if (lse == nullptr) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "lse is NULL; the backward needs the forward's log-sum-exp (pass the lse buffer "
+                "the forward filled)");
   }
-  return ok();
+  for (const auto& t : strides) {
+    st = check_strides(t.first, t.second, n_strides);
+    if (st != KFORGE_FMHA_SUCCESS) return st;
+  }
+  if (a.workspace != nullptr) {
+    if ((reinterpret_cast<uintptr_t>(a.workspace) & 15u) != 0) {
+      return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                  "workspace is not 16-byte aligned (%p); pass memory from cudaMalloc (256-byte "
+                  "aligned) or NULL to let the library allocate it",
+                  a.workspace);
+    }
+    const kforge_fmha::BwdWorkspace w =
+        bwd_workspace(a.s.head_dim, a.s.head_dim_v, a.s.num_heads, a.rows, a.s.batch,
+                      a.s.seqlen_q, a.deterministic);
+    if (a.workspace_bytes < w.total) {
+      return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                  "workspace has %zu bytes but this call needs %zu; size it with "
+                  "kforge_fmha_bwd_workspace_size (or kforge_fmha_varlen_bwd_workspace_size), or "
+                  "pass NULL to let the library allocate it",
+                  a.workspace_bytes, w.total);
+    }
+  }
+  return KFORGE_FMHA_SUCCESS;
+}
+
+template <typename T>
+cudaError_t dispatch_bwd(const Shapes& s, const kforge_fmha::BwdParams& p, bool causal,
+                         cudaStream_t stream) {
+  using namespace kforge_fmha;
+  if (s.head_dim == 64) {
+    return causal ? launch_bwd<T, 64, 64, true>(p, stream) : launch_bwd<T, 64, 64, false>(p, stream);
+  }
+  if (s.head_dim == 192) {
+    return causal ? launch_bwd<T, 192, 128, true>(p, stream)
+                  : launch_bwd<T, 192, 128, false>(p, stream);
+  }
+  if (s.head_dim_v == 192) {
+    return causal ? launch_bwd<T, 128, 192, true>(p, stream)
+                  : launch_bwd<T, 128, 192, false>(p, stream);
+  }
+  return causal ? launch_bwd<T, 128, 128, true>(p, stream)
+                : launch_bwd<T, 128, 128, false>(p, stream);
+}
+
+// Device checks, workspace, launch. Every argument has been checked (check_bwd).
+kforge_fmha_status run_bwd(const BwdArgs& a, kforge_fmha::BwdParams& p, bool causal,
+                           cudaStream_t stream) {
+  const Shapes& s = a.s;
+  int major = 0, minor = 0;
+  kforge_fmha_status st = use_device(
+      {{"q", p.q}, {"k", p.k}, {"v", p.v}, {"o", p.o}, {"dout", p.dout}, {"lse", p.lse},
+       {"dq", p.dq}, {"dk", p.dk}, {"dv", p.dv}, {"cu_seqlens_q", p.cu_seqlens_q},
+       {"cu_seqlens_k", p.cu_seqlens_k}, {"workspace", a.workspace}},
+      &major, &minor);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
+  if (s.batch == 0) return ok();  // nothing to compute
+
+  p.batch = s.batch;
+  p.seqlen_q = s.seqlen_q;
+  p.seqlen_k = s.seqlen_k;
+  p.num_heads = s.num_heads;
+  p.num_heads_k = s.num_heads_k;
+  p.head_ratio = s.num_heads / s.num_heads_k;
+  p.deterministic = a.deterministic ? 1 : 0;
+  p.softmax_scale = s.softmax_scale;
+  p.scale_log2 = s.softmax_scale * 1.4426950408889634f;
+  p.rows = a.rows;
+  const kforge_fmha::BwdTile* tile = kforge_fmha::bwd_tile(s.head_dim, s.head_dim_v);
+  p.m_blocks = (s.seqlen_q + tile->block_m - 1) / tile->block_m;
+
+  const kforge_fmha::BwdWorkspace w = bwd_workspace(s.head_dim, s.head_dim_v, s.num_heads, a.rows,
+                                                    s.batch, s.seqlen_q, a.deterministic);
+  void* ws = const_cast<void*>(a.workspace);
+  bool owned = false;
+  if (ws == nullptr && w.total > 0) {
+    const cudaError_t err = cudaMallocAsync(&ws, w.total, stream);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return fail(KFORGE_FMHA_ERROR_CUDA,
+                  "cudaMallocAsync of the %zu-byte backward workspace failed: %s; pass a "
+                  "workspace of kforge_fmha_bwd_workspace_size bytes instead",
+                  w.total, cudaGetErrorString(err));
+    }
+    owned = true;
+  }
+  char* base = static_cast<char*>(ws);
+  p.dq_accum = reinterpret_cast<float*>(base);
+  p.dpsum = reinterpret_cast<float*>(base + w.dq_accum);
+  p.lse_log2 = reinterpret_cast<float*>(base + w.dq_accum + w.dpsum);
+  p.dq_semaphore =
+      a.deterministic ? reinterpret_cast<int*>(base + w.dq_accum + w.dpsum + w.lse_log2) : nullptr;
+
+  const cudaError_t err = s.dtype == KFORGE_FMHA_FP16
+                              ? dispatch_bwd<__half>(s, p, causal, stream)
+                              : dispatch_bwd<__nv_bfloat16>(s, p, causal, stream);
+  if (owned) cudaFreeAsync(ws, stream);  // stream-ordered: after the kernels
+  st = launch_status(err, major, minor);
+  if (st == KFORGE_FMHA_SUCCESS) g_last_kernel = "bwd_mma_sync";
+  return st;
 }
 
 }  // namespace
@@ -538,8 +772,22 @@ kforge_fmha_status kforge_fmha_fwd(kforge_fmha_dtype dtype, int head_dim, const 
                                    float* lse, const int64_t lse_stride[2], int batch,
                                    int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
                                    float softmax_scale, int causal, cudaStream_t stream) {
-  const Shapes s{dtype, head_dim, batch, seqlen_q, seqlen_k, num_heads, num_heads_k, softmax_scale};
-  kforge_fmha_status st = check_common(s, q, k, v, o, lse);
+  return kforge_fmha_fwd_v2(dtype, head_dim, head_dim, q, q_stride, k, k_stride, v, v_stride, o,
+                            o_stride, lse, lse_stride, batch, seqlen_q, seqlen_k, num_heads,
+                            num_heads_k, softmax_scale, causal, stream);
+}
+
+kforge_fmha_status kforge_fmha_fwd_v2(kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v,
+                                      const void* q, const int64_t q_stride[3], const void* k,
+                                      const int64_t k_stride[3], const void* v,
+                                      const int64_t v_stride[3], void* o,
+                                      const int64_t o_stride[3], float* lse,
+                                      const int64_t lse_stride[2], int batch, int seqlen_q,
+                                      int seqlen_k, int num_heads, int num_heads_k,
+                                      float softmax_scale, int causal, cudaStream_t stream) {
+  const Shapes s{dtype,     head_dim_qk, head_dim_v,  batch,        seqlen_q,
+                 seqlen_k,  num_heads,   num_heads_k, softmax_scale};
+  kforge_fmha_status st = check_common(s, {{"q", q}, {"k", k}, {"v", v}, {"o", o}}, lse);
   if (st != KFORGE_FMHA_SUCCESS) return st;
   const struct {
     const char* name;
@@ -585,9 +833,22 @@ kforge_fmha_status kforge_fmha_varlen_fwd(
     const int64_t o_stride[2], float* lse, int64_t lse_head_stride, const int32_t* cu_seqlens_q,
     const int32_t* cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k, int num_heads,
     int num_heads_k, float softmax_scale, int causal, cudaStream_t stream) {
-  const Shapes s{dtype,     head_dim,  batch,      max_seqlen_q, max_seqlen_k,
-                 num_heads, num_heads_k, softmax_scale};
-  kforge_fmha_status st = check_common(s, q, k, v, o, lse);
+  return kforge_fmha_varlen_fwd_v2(dtype, head_dim, head_dim, q, q_stride, k, k_stride, v,
+                                   v_stride, o, o_stride, lse, lse_head_stride, cu_seqlens_q,
+                                   cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, num_heads,
+                                   num_heads_k, softmax_scale, causal, stream);
+}
+
+kforge_fmha_status kforge_fmha_varlen_fwd_v2(
+    kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v, const void* q,
+    const int64_t q_stride[2], const void* k, const int64_t k_stride[2], const void* v,
+    const int64_t v_stride[2], void* o, const int64_t o_stride[2], float* lse,
+    int64_t lse_head_stride, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int batch,
+    int max_seqlen_q, int max_seqlen_k, int num_heads, int num_heads_k, float softmax_scale,
+    int causal, cudaStream_t stream) {
+  const Shapes s{dtype,        head_dim_qk, head_dim_v,  batch,        max_seqlen_q,
+                 max_seqlen_k, num_heads,   num_heads_k, softmax_scale};
+  kforge_fmha_status st = check_common(s, {{"q", q}, {"k", k}, {"v", v}, {"o", o}}, lse);
   if (st != KFORGE_FMHA_SUCCESS) return st;
   const struct {
     const char* name;
@@ -630,6 +891,147 @@ kforge_fmha_status kforge_fmha_varlen_fwd(
   p.seqlen_q = max_seqlen_q;
   p.seqlen_k = max_seqlen_k;
   return run(s, p, causal != 0, stream);
+}
+
+kforge_fmha_status kforge_fmha_bwd_workspace_size(kforge_fmha_dtype dtype, int head_dim_qk,
+                                                  int head_dim_v, int batch, int seqlen_q,
+                                                  int seqlen_k, int num_heads, int num_heads_k,
+                                                  int causal, int deterministic, size_t* bytes) {
+  (void)seqlen_k, (void)num_heads_k, (void)causal;
+  kforge_fmha_status st = check_dtype_dims(dtype, head_dim_qk, head_dim_v);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
+  if (bytes == nullptr) return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  if (batch < 0 || seqlen_q < 0 || num_heads < 0) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "batch, seqlen_q and num_heads must be >= 0 (got %d, %d, %d)", batch, seqlen_q,
+                num_heads);
+  }
+  *bytes = bwd_workspace(head_dim_qk, head_dim_v, num_heads,
+                         static_cast<int64_t>(batch) * seqlen_q, batch, seqlen_q,
+                         deterministic != 0)
+               .total;
+  return ok();
+}
+
+kforge_fmha_status kforge_fmha_varlen_bwd_workspace_size(
+    kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v, int batch, int total_q,
+    int max_seqlen_q, int max_seqlen_k, int num_heads, int num_heads_k, int causal,
+    int deterministic, size_t* bytes) {
+  (void)max_seqlen_k, (void)num_heads_k, (void)causal;
+  kforge_fmha_status st = check_dtype_dims(dtype, head_dim_qk, head_dim_v);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
+  if (bytes == nullptr) return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  if (batch < 0 || total_q < 0 || max_seqlen_q < 0 || num_heads < 0) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "batch, total_q, max_seqlen_q and num_heads must be >= 0 (got %d, %d, %d, %d)",
+                batch, total_q, max_seqlen_q, num_heads);
+  }
+  *bytes = bwd_workspace(head_dim_qk, head_dim_v, num_heads, total_q, batch, max_seqlen_q,
+                         deterministic != 0)
+               .total;
+  return ok();
+}
+
+kforge_fmha_status kforge_fmha_bwd(
+    kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v, const void* q,
+    const int64_t q_stride[3], const void* k, const int64_t k_stride[3], const void* v,
+    const int64_t v_stride[3], const void* o, const int64_t o_stride[3], const void* dout,
+    const int64_t dout_stride[3], const float* lse, const int64_t lse_stride[2], void* dq,
+    const int64_t dq_stride[3], void* dk, const int64_t dk_stride[3], void* dv,
+    const int64_t dv_stride[3], int batch, int seqlen_q, int seqlen_k, int num_heads,
+    int num_heads_k, float softmax_scale, int causal, int deterministic, void* workspace,
+    size_t workspace_bytes, cudaStream_t stream) {
+  const BwdArgs a{{dtype, head_dim_qk, head_dim_v, batch, seqlen_q, seqlen_k, num_heads,
+                   num_heads_k, softmax_scale},
+                  static_cast<int64_t>(batch) * seqlen_q,
+                  deterministic != 0,
+                  workspace,
+                  workspace_bytes};
+  kforge_fmha_status st =
+      check_bwd(a,
+                {{"q", q}, {"k", k}, {"v", v}, {"o", o}, {"dout", dout}, {"dq", dq}, {"dk", dk},
+                 {"dv", dv}},
+                {{"q", q_stride}, {"k", k_stride}, {"v", v_stride}, {"o", o_stride},
+                 {"dout", dout_stride}, {"dq", dq_stride}, {"dk", dk_stride}, {"dv", dv_stride}},
+                3, lse);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
+  if (lse_stride == nullptr) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "lse_stride is NULL");
+  }
+  if (lse_stride[0] < 0 || lse_stride[1] < 0) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "lse strides must be >= 0");
+  }
+  kforge_fmha::BwdParams p{};
+  p.q = q, p.k = k, p.v = v, p.o = o, p.dout = dout, p.lse = lse;
+  p.dq = dq, p.dk = dk, p.dv = dv;
+  p.q_batch_stride = q_stride[0], p.q_row_stride = q_stride[1], p.q_head_stride = q_stride[2];
+  p.k_batch_stride = k_stride[0], p.k_row_stride = k_stride[1], p.k_head_stride = k_stride[2];
+  p.v_batch_stride = v_stride[0], p.v_row_stride = v_stride[1], p.v_head_stride = v_stride[2];
+  p.o_batch_stride = o_stride[0], p.o_row_stride = o_stride[1], p.o_head_stride = o_stride[2];
+  p.do_batch_stride = dout_stride[0], p.do_row_stride = dout_stride[1];
+  p.do_head_stride = dout_stride[2];
+  p.dq_batch_stride = dq_stride[0], p.dq_row_stride = dq_stride[1], p.dq_head_stride = dq_stride[2];
+  p.dk_batch_stride = dk_stride[0], p.dk_row_stride = dk_stride[1], p.dk_head_stride = dk_stride[2];
+  p.dv_batch_stride = dv_stride[0], p.dv_row_stride = dv_stride[1], p.dv_head_stride = dv_stride[2];
+  p.lse_batch_stride = lse_stride[0], p.lse_head_stride = lse_stride[1];
+  return run_bwd(a, p, causal != 0, stream);
+}
+
+kforge_fmha_status kforge_fmha_varlen_bwd(
+    kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v, const void* q,
+    const int64_t q_stride[2], const void* k, const int64_t k_stride[2], const void* v,
+    const int64_t v_stride[2], const void* o, const int64_t o_stride[2], const void* dout,
+    const int64_t dout_stride[2], const float* lse, int64_t lse_head_stride, void* dq,
+    const int64_t dq_stride[2], void* dk, const int64_t dk_stride[2], void* dv,
+    const int64_t dv_stride[2], const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+    int batch, int total_q, int max_seqlen_q, int max_seqlen_k, int num_heads, int num_heads_k,
+    float softmax_scale, int causal, int deterministic, void* workspace, size_t workspace_bytes,
+    cudaStream_t stream) {
+  const BwdArgs a{{dtype, head_dim_qk, head_dim_v, batch, max_seqlen_q, max_seqlen_k, num_heads,
+                   num_heads_k, softmax_scale},
+                  total_q,
+                  deterministic != 0,
+                  workspace,
+                  workspace_bytes};
+  if (total_q < 0) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "total_q is %d; it must be >= 0 (the number of rows of the packed q)", total_q);
+  }
+  kforge_fmha_status st =
+      check_bwd(a,
+                {{"q", q}, {"k", k}, {"v", v}, {"o", o}, {"dout", dout}, {"dq", dq}, {"dk", dk},
+                 {"dv", dv}},
+                {{"q", q_stride}, {"k", k_stride}, {"v", v_stride}, {"o", o_stride},
+                 {"dout", dout_stride}, {"dq", dq_stride}, {"dk", dk_stride}, {"dv", dv_stride}},
+                2, lse);
+  if (st != KFORGE_FMHA_SUCCESS) return st;
+  if (cu_seqlens_q == nullptr || cu_seqlens_k == nullptr) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
+                "cu_seqlens_q and cu_seqlens_k must both be set for a varlen call (got %s, %s)",
+                cu_seqlens_q ? "set" : "NULL", cu_seqlens_k ? "set" : "NULL");
+  }
+  if ((reinterpret_cast<uintptr_t>(cu_seqlens_q) & 3u) ||
+      (reinterpret_cast<uintptr_t>(cu_seqlens_k) & 3u)) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "cu_seqlens arrays must be 4-byte aligned");
+  }
+  if (lse_head_stride < 0) {
+    return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "lse_head_stride must be >= 0");
+  }
+  kforge_fmha::BwdParams p{};
+  p.q = q, p.k = k, p.v = v, p.o = o, p.dout = dout, p.lse = lse;
+  p.dq = dq, p.dk = dk, p.dv = dv;
+  p.q_row_stride = q_stride[0], p.q_head_stride = q_stride[1];
+  p.k_row_stride = k_stride[0], p.k_head_stride = k_stride[1];
+  p.v_row_stride = v_stride[0], p.v_head_stride = v_stride[1];
+  p.o_row_stride = o_stride[0], p.o_head_stride = o_stride[1];
+  p.do_row_stride = dout_stride[0], p.do_head_stride = dout_stride[1];
+  p.dq_row_stride = dq_stride[0], p.dq_head_stride = dq_stride[1];
+  p.dk_row_stride = dk_stride[0], p.dk_head_stride = dk_stride[1];
+  p.dv_row_stride = dv_stride[0], p.dv_head_stride = dv_stride[1];
+  p.lse_head_stride = lse_head_stride;
+  p.cu_seqlens_q = cu_seqlens_q;
+  p.cu_seqlens_k = cu_seqlens_k;
+  return run_bwd(a, p, causal != 0, stream);
 }
 
 }  // extern "C"

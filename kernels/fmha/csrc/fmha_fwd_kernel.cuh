@@ -19,11 +19,13 @@
 
 #include <type_traits>
 
+#include "fmha_manifest.h"
 #include "fmha_params.h"
 
 namespace kforge_fmha {
 
-template <int HDIM>
+// Tile configuration per (head dim of Q/K, head dim of V); HDIM_V defaults to HDIM.
+template <int HDIM, int HDIM_V = HDIM>
 struct FwdConfig;
 
 // Tile shapes. BLOCK_M = WARPS * 16 rows * M_TILES. The macros exist for tuning sweeps
@@ -92,22 +94,48 @@ struct FwdConfig<128> {
   static constexpr int kSlice = KFORGE_FMHA_H128_SLICE;
 };
 
-template <int HDIM>
+// d_qk != d_v (the portable kernel only; FlashMLA-style prefill has (192, 128)). (192, 128):
+// 128 query rows as 8 warps of one 16-row slab (with hdim 128's two slabs per warp, the wider
+// Q K^T spills on sm_80), 32-key tiles, 68 KiB of shared memory. (128, 192): 4 warps of one slab
+// (64 query rows), so the O accumulators (24 n-tiles) stay at 96 registers.
+template <>
+struct FwdConfig<192, 128> {
+  static constexpr int kMTiles = 1;
+  static constexpr int kBlockN = 32;
+  static constexpr bool kQInRegs = false;
+  static constexpr int kWarps = 8;
+  static constexpr int kStages = 1;
+  static constexpr int kSlice = 32;
+};
+template <>
+struct FwdConfig<128, 192> {
+  static constexpr int kMTiles = 1;
+  static constexpr int kBlockN = 32;
+  static constexpr bool kQInRegs = false;
+  static constexpr int kWarps = 4;
+  static constexpr int kStages = 1;
+  static constexpr int kSlice = 32;
+};
+
+template <int HDIM, int HDIM_V = HDIM>
 struct FwdShape {
-  static constexpr int kWarps = FwdConfig<HDIM>::kWarps;
+  using C = FwdConfig<HDIM, HDIM_V>;
+  static constexpr int kWarps = C::kWarps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMinBlocks = kWarps >= 8 ? 1 : 2;
-  static constexpr int kMTiles = FwdConfig<HDIM>::kMTiles;
+  static constexpr int kMTiles = C::kMTiles;
   static constexpr int kBlockM = kWarps * 16 * kMTiles;
-  static constexpr int kBlockN = FwdConfig<HDIM>::kBlockN;
-  static constexpr bool kQInRegs = FwdConfig<HDIM>::kQInRegs;
-  static constexpr int kStages = FwdConfig<HDIM>::kStages;
-  static constexpr int kSlice = kStages == 1 ? kBlockN : FwdConfig<HDIM>::kSlice;
+  static constexpr int kBlockN = C::kBlockN;
+  static constexpr bool kQInRegs = C::kQInRegs;
+  static constexpr int kStages = C::kStages;
+  static constexpr int kSlice = kStages == 1 ? kBlockN : C::kSlice;
   static_assert(kStages == 1 || kStages == 2, "1 or 2 K/V stages");
   static_assert(kBlockN % kSlice == 0 && kSlice % 16 == 0, "slice must divide the key tile");
+  // The Q tile doubles as the O staging buffer, so it holds max(HDIM, HDIM_V) columns.
+  static constexpr int kQCols = HDIM > HDIM_V ? HDIM : HDIM_V;
   template <typename T>
   static constexpr int smem_bytes() {
-    return (kBlockM + 2 * kStages * kBlockN) * HDIM * static_cast<int>(sizeof(T));
+    return (kBlockM * kQCols + kStages * kBlockN * (HDIM + HDIM_V)) * static_cast<int>(sizeof(T));
   }
 };
 
@@ -221,24 +249,47 @@ __device__ __forceinline__ float poly_exp2(float x) {
 // Issue cp.async for a [ROWS][HDIM] tile; rows at or past `valid_rows` are zero-filled.
 // Thread t always copies chunk t % CHUNKS of rows t / CHUNKS + i * ROWS_PER_ITER, so the
 // global address advances by a constant and the swizzled shared offset is an immediate.
+// Tiles whose rows do not split evenly over the threads (hdim 192: 24 chunks a row) take the
+// generic loop of load_tile_any: thread t copies chunks t, t + kThreads, ... of the tile.
+template <int ROWS, int HDIM, int kThreads, typename T>
+__device__ __forceinline__ void load_tile_any(T* smem, const T* gmem, int64_t row_stride,
+                                              int valid_rows, int tid) {
+  constexpr int kChunks = HDIM / 8;
+  constexpr int kTotal = ROWS * kChunks;
+#pragma unroll
+  for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    if (kTotal % kThreads == 0 || idx < kTotal) {
+      const int row = idx / kChunks;
+      const int c = idx % kChunks;
+      const bool valid = row < valid_rows;
+      cp_async16(smem_addr(smem + swz<HDIM>(row, c)),
+                 valid ? gmem + static_cast<int64_t>(row) * row_stride + c * 8 : gmem, valid);
+    }
+  }
+}
+
 template <int ROWS, int HDIM, int kThreads, typename T>
 __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride,
                                           int valid_rows, int tid) {
   constexpr int kChunks = HDIM / 8;
   constexpr int kRowsPerIter = kThreads / kChunks;
-  constexpr int kIters = ROWS / kRowsPerIter;
-  static_assert(kThreads % kChunks == 0 && ROWS % kRowsPerIter == 0, "tile must split evenly");
-  static_assert(kRowsPerIter % 8 == 0, "the swizzle phase must not depend on the iteration");
-  const int row = tid / kChunks;
-  const int c = tid % kChunks;
-  const T* src = gmem + static_cast<int64_t>(row) * row_stride + c * 8;
-  const uint32_t dst = smem_addr(smem + swz<HDIM>(row, c));
-  const int64_t step = static_cast<int64_t>(kRowsPerIter) * row_stride;
+  if constexpr (kThreads % kChunks != 0 || kRowsPerIter == 0 || ROWS % kRowsPerIter != 0 ||
+                kRowsPerIter % 8 != 0) {
+    load_tile_any<ROWS, HDIM, kThreads>(smem, gmem, row_stride, valid_rows, tid);
+  } else {
+    constexpr int kIters = ROWS / kRowsPerIter;
+    const int row = tid / kChunks;
+    const int c = tid % kChunks;
+    const T* src = gmem + static_cast<int64_t>(row) * row_stride + c * 8;
+    const uint32_t dst = smem_addr(smem + swz<HDIM>(row, c));
+    const int64_t step = static_cast<int64_t>(kRowsPerIter) * row_stride;
 #pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const bool valid = row + i * kRowsPerIter < valid_rows;
-    cp_async16(dst + i * kRowsPerIter * HDIM * static_cast<int>(sizeof(T)),
-               valid ? src + i * step : gmem, valid);
+    for (int i = 0; i < kIters; ++i) {
+      const bool valid = row + i * kRowsPerIter < valid_rows;
+      cp_async16(dst + i * kRowsPerIter * HDIM * static_cast<int>(sizeof(T)),
+                 valid ? src + i * step : gmem, valid);
+    }
   }
 }
 
@@ -333,11 +384,12 @@ __device__ __forceinline__ float finish_row(const FwdParams& p, float partial_su
 
 }  // namespace detail
 
-template <typename T, int HDIM, bool CAUSAL>
-__global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMinBlocks)
+template <typename T, int HDIM, bool CAUSAL, int HDIM_V = HDIM>
+__global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
+                                  FwdShape<HDIM, HDIM_V>::kMinBlocks)
     fmha_fwd_kernel(const FwdParams p) {
   using namespace detail;
-  using S = FwdShape<HDIM>;
+  using S = FwdShape<HDIM, HDIM_V>;
   constexpr int MT = S::kMTiles;
   constexpr int NTHREADS = S::kThreads;
   constexpr int BM = S::kBlockM;
@@ -346,12 +398,12 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
   constexpr int STAGES = S::kStages;
   constexpr int SLICE = S::kSlice;  // keys per softmax update
   constexpr int NT = SLICE / 8;     // n-tiles of S
-  constexpr int DT = HDIM / 8;   // n-tiles of O
+  constexpr int DT = HDIM_V / 8;  // n-tiles of O
   constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + BM * HDIM;
+  T* sK = sQ + BM * S::kQCols;
   T* sV = sK + STAGES * BN * HDIM;
 
   // Heavy (late) query blocks first: they have the most key tiles under a causal mask.
@@ -385,9 +437,9 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
   if (n_blocks > 0) {
     const int nb = n_blocks - 1;
     const int buf = STAGES == 1 ? 0 : (nb & 1);
-    load_tile<BN, HDIM, NTHREADS>(sV + buf * BN * HDIM,
-                                  gV + static_cast<int64_t>(nb) * BN * p.v_row_stride,
-                                  p.v_row_stride, sk - nb * BN, tid);
+    load_tile<BN, HDIM_V, NTHREADS>(sV + buf * BN * HDIM_V,
+                                    gV + static_cast<int64_t>(nb) * BN * p.v_row_stride,
+                                    p.v_row_stride, sk - nb * BN, tid);
   }
   cp_async_commit();
 
@@ -429,7 +481,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
   // Per-lane ldmatrix bases (row part) and swizzled column offsets; see SwzCols.
   const uint32_t q_base = smem_addr(sQ + (warp_row + lane % 16) * HDIM);
   const uint32_t k_base = smem_addr(sK + ((lane / 16) * 8 + lane % 8) * HDIM);
-  const uint32_t v_base = smem_addr(sV + (lane % 16) * HDIM);
+  const uint32_t v_base = smem_addr(sV + (lane % 16) * HDIM_V);
   const SwzCols q_cols((lane / 16) ^ (lane % 8));
   const SwzCols k_cols(((lane / 8) % 2) ^ (lane % 8));
   const SwzCols v_cols((lane / 16) ^ (lane % 8));
@@ -610,7 +662,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         uint32_t bv[4];
-        ldsm_x4_t(bv, v_addr + kk * 16 * HDIM * int(sizeof(T)) + v_cols.at(dp));
+        ldsm_x4_t(bv, v_addr + kk * 16 * HDIM_V * int(sizeof(T)) + v_cols.at(dp));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           Mma<T>::run(acc[mt][2 * dp], a[mt], bv[0], bv[1]);
@@ -626,11 +678,12 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
                                   p.k_row_stride, sk - n * BN, tid);
   };
   auto load_v = [&](int n, int buf) {
-    load_tile<BN, HDIM, NTHREADS>(sV + buf * BN * HDIM,
-                                  gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
-                                  p.v_row_stride, sk - n * BN, tid);
+    load_tile<BN, HDIM_V, NTHREADS>(sV + buf * BN * HDIM_V,
+                                    gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
+                                    p.v_row_stride, sk - n * BN, tid);
   };
   constexpr uint32_t kTileBytes = BN * HDIM * sizeof(T);
+  constexpr uint32_t kVTileBytes = BN * HDIM_V * sizeof(T);
 
   auto step = [&](int n, auto masked) {
     if constexpr (STAGES == 1) {
@@ -668,7 +721,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
         qk(sc, k_base + buf * kTileBytes + sl * SLICE * HDIM * int(sizeof(T)));
         if constexpr (decltype(masked)::value) apply_mask(sc, n * BN + sl * SLICE);
         softmax(sc);
-        pv(sc, v_base + buf * kTileBytes + sl * SLICE * HDIM * int(sizeof(T)));
+        pv(sc, v_base + buf * kVTileBytes + sl * SLICE * HDIM_V * int(sizeof(T)));
       }
     }
   };
@@ -678,7 +731,9 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
   for (; n >= 0; --n) step(n, std::false_type{});
 
   // Epilogue: normalise, write LSE, stage O through this warp's rows of sQ, store 16 bytes
-  // per thread. A warp only ever reads its own rows of sQ, so no CTA barrier is needed.
+  // per thread. A warp only ever reads its own rows of sQ, so no CTA barrier is needed, except
+  // when O's rows are not Q's (d_qk != d_v): then one warp's O rows overlap another's Q rows.
+  if constexpr (HDIM != HDIM_V) __syncthreads();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -698,13 +753,13 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
       for (int r = 0; r < 2; ++r) {
         const int row = warp_row + mt * 16 + lane / 4 + 8 * r;
         const int col = d * 8 + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(sQ + swz<HDIM>(row, d) + (col & 7)) =
+        *reinterpret_cast<uint32_t*>(sQ + swz<HDIM_V>(row, d) + (col & 7)) =
             Mma<T>::pack(acc[mt][d][2 * r], acc[mt][d][2 * r + 1]);
       }
     }
   }
   __syncwarp();
-  constexpr int kChunks = HDIM / 8;
+  constexpr int kChunks = HDIM_V / 8;
   constexpr int kWarpChunks = 16 * MT * kChunks;
 #pragma unroll
   for (int i = 0; i < kWarpChunks / 32; ++i) {
@@ -713,16 +768,16 @@ __global__ void __launch_bounds__(FwdShape<HDIM>::kThreads, FwdShape<HDIM>::kMin
     const int c = idx % kChunks;
     if (row0 + row < sq) {
       *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(row) * p.o_row_stride + c * 8) =
-          *reinterpret_cast<const uint4*>(sQ + swz<HDIM>(row, c));
+          *reinterpret_cast<const uint4*>(sQ + swz<HDIM_V>(row, c));
     }
   }
 }
 
-template <typename T, int HDIM, bool CAUSAL>
+template <typename T, int HDIM, bool CAUSAL, int HDIM_V>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  using S = FwdShape<HDIM>;
+  using S = FwdShape<HDIM, HDIM_V>;
   constexpr int smem = S::template smem_bytes<T>();
-  auto kernel = fmha_fwd_kernel<T, HDIM, CAUSAL>;
+  auto kernel = fmha_fwd_kernel<T, HDIM, CAUSAL, HDIM_V>;
   // Raise the dynamic shared memory limit once per device (it is a per-device setting).
   static int configured[64] = {};  // 0: not yet, 1: done
   int dev = 0;
@@ -739,6 +794,16 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
 }
 
 }  // namespace kforge_fmha
+
+// d_qk != d_v: the portable kernel only, in a compile unit of its own (with the launch manifest
+// of fmha_manifest.h).
+#define KFORGE_FMHA_INSTANTIATE_QKV(T, HDIM, HDIM_V)                                          \
+  template cudaError_t kforge_fmha::launch_fwd<T, HDIM, false, HDIM_V>(                        \
+      const kforge_fmha::FwdParams&, cudaStream_t);                                            \
+  template cudaError_t kforge_fmha::launch_fwd<T, HDIM, true, HDIM_V>(                         \
+      const kforge_fmha::FwdParams&, cudaStream_t);                                            \
+  [[maybe_unused]] static __device__ const KforgeLaunchSmem kforge_launch_smem[] = {           \
+      {"fmha_fwd_kernel", kforge_fmha::FwdShape<HDIM, HDIM_V>::smem_bytes<T>()}};
 
 #define KFORGE_FMHA_INSTANTIATE(T, HDIM)                                                       \
   template cudaError_t kforge_fmha::launch_fwd<T, HDIM, false>(const kforge_fmha::FwdParams&, \

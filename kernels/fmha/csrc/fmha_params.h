@@ -40,9 +40,71 @@ struct FwdParams {
   float scale_log2;  // softmax_scale * log2(e)
 };
 
-// One instantiation per (element type, head dim, causal). Defined in fmha_fwd_*.cu.
-template <typename T, int HDIM, bool CAUSAL>
+// One instantiation per (element type, head dim, causal), and per head dim of V where it is not
+// the head dim of Q and K (the pairs (192, 128) and (128, 192)). Defined in fmha_fwd_*.cu.
+template <typename T, int HDIM, bool CAUSAL, int HDIM_V = HDIM>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream);
+
+// The backward pass (fmha_bwd_kernel.cuh). Tensors as in FwdParams; do/dq/dk/dv have their own
+// strides; the workspace holds the fp32 dQ accumulator, D = rowsum(dO * O) and LSE * log2(e)
+// (BwdWorkspace below).
+struct BwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* dout;
+  const float* lse;  // the forward's, natural log
+  void* dq;
+  void* dk;
+  void* dv;
+
+  // Strides in elements; batch strides are ignored in varlen mode (cu_seqlens set).
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;  // row stride 1; batch ignored in varlen mode
+
+  const int32_t* cu_seqlens_q;  // device, batch + 1 entries, or null
+  const int32_t* cu_seqlens_k;
+
+  // Workspace (device, carved by the API): dq_accum [num_heads][rows][head_dim_qk] fp32,
+  // dpsum (D) and lse_log2 [num_heads][rows] fp32, and for the deterministic mode one int
+  // counter per (batch, head, query block). rows = batch * seqlen_q, or total_q in varlen mode;
+  // a sequence's rows start at b * seqlen_q, or at cu_seqlens_q[b].
+  float* dq_accum;
+  float* dpsum;
+  float* lse_log2;
+  int* dq_semaphore;  // null unless deterministic
+  int64_t rows;       // rows of the workspace arrays (per head)
+  int m_blocks;       // query blocks per (batch, head) in the semaphore array
+
+  int batch;
+  int seqlen_q;  // fixed length, or max_seqlen_q in varlen mode
+  int seqlen_k;  // fixed length, or max_seqlen_k in varlen mode
+  int num_heads;
+  int num_heads_k;
+  int head_ratio;
+  int deterministic;
+
+  float softmax_scale;
+  float scale_log2;  // softmax_scale * log2(e)
+};
+
+// Bytes of each workspace part, in order, each part 256-byte aligned.
+struct BwdWorkspace {
+  size_t dq_accum, dpsum, lse_log2, semaphore, total;
+};
+
+// One instantiation per (element type, head_dim_qk, head_dim_v, causal). Defined in
+// fmha_bwd_*.cu. Launches the preprocess, main and convert kernels on `stream`.
+template <typename T, int HDIM_QK, int HDIM_V, bool CAUSAL>
+cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
 
 // The sm_90a (wgmma) kernel for head dim 128, fmha_fwd_sm90.cuh. sm90_available() says whether
 // the current device runs its sm_90a body; defined in fmha_fwd_{fp16,bf16}_hdim128.cu.

@@ -1,5 +1,6 @@
 /*
- * kforge_fmha: fused forward multi-head attention (FlashAttention-2 style) as a plain C API.
+ * kforge_fmha: fused multi-head attention (FlashAttention-2 style), forward and backward, as a
+ * plain C API.
  *
  * Tensors live on the GPU and are described by a device pointer and strides counted in
  * ELEMENTS (not bytes). The last dimension (head_dim) must be contiguous (stride 1); every
@@ -19,6 +20,10 @@
  * plain lower triangle when seqlen_q == seqlen_k). A query row that sees no key gets O = 0 and
  * lse = -inf. The softmax scale must be finite and > 0 (pass 1/sqrt(head_dim) for the usual one).
  *
+ * Head dims: head_dim 64 or 128 (q, k, v and o alike); the _v2 forwards and the backward take
+ * (head_dim_qk, head_dim_v) in {(64, 64), (128, 128), (192, 128), (128, 192)}: q and k have
+ * head_dim_qk, v and o head_dim_v (d_qk != d_v runs the portable mma.sync kernels on every GPU).
+ *
  * Every function returns a kforge_fmha_status; on failure kforge_fmha_last_error() returns a
  * message for the calling thread. Kernels are launched asynchronously on `stream`; launch
  * errors are reported, errors during execution surface at the next synchronisation.
@@ -26,6 +31,7 @@
 #ifndef KFORGE_FMHA_H_
 #define KFORGE_FMHA_H_
 
+#include <stddef.h>
 #include <stdint.h>
 
 #if !defined(__DRIVER_TYPES_H__)
@@ -73,8 +79,11 @@ KFORGE_FMHA_API const char* kforge_fmha_status_name(kforge_fmha_status status);
 /* Compute capabilities this library has kernels for, e.g. "80;90a". */
 KFORGE_FMHA_API const char* kforge_fmha_built_archs(void);
 
-/* Name of the kernel that the last successful kforge_fmha_fwd / kforge_fmha_varlen_fwd call on
- * this thread launched ("" before any): "mma_sync" (portable), "sm90_wgmma" (sm_90a, hdim 128) or
+/* Name of the kernel that the last successful call on this thread launched ("" before any). The
+ * backward (kforge_fmha_bwd / kforge_fmha_varlen_bwd) reports "bwd_mma_sync" (its portable
+ * kernels; KFORGE_FMHA_BWD_PATH, read at every call, may be unset, "default" or "portable"; "sm90"
+ * is refused with KFORGE_FMHA_ERROR_UNSUPPORTED until the sm_90a backward exists). The forwards
+ * report "mma_sync" (portable), "sm90_wgmma" (sm_90a, hdim 128) or
  * one of the TMA kernels of sm_90a ("sm90_tma_overlap_dyn_fs", ...; kforge_fmha_path_kernel).
  * On compute capability 9.0 with a 90a build, the environment variable KFORGE_FMHA_SM90_PATH,
  * read at every call, picks the path (unset: "default", one path per shape). A call that a TMA
@@ -134,6 +143,98 @@ KFORGE_FMHA_API kforge_fmha_status kforge_fmha_varlen_fwd(
     const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
     int batch, int max_seqlen_q, int max_seqlen_k, int num_heads, int num_heads_k,
     float softmax_scale, int causal, cudaStream_t stream);
+
+/* kforge_fmha_fwd with v and o of their own head dim: q/k [.., head_dim_qk], v/o [.., head_dim_v].
+ * kforge_fmha_fwd(dtype, d, ...) is kforge_fmha_fwd_v2(dtype, d, d, ...). */
+KFORGE_FMHA_API kforge_fmha_status kforge_fmha_fwd_v2(
+    kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v,
+    const void* q, const int64_t q_stride[3],
+    const void* k, const int64_t k_stride[3],
+    const void* v, const int64_t v_stride[3],
+    void* o, const int64_t o_stride[3],
+    float* lse, const int64_t lse_stride[2],
+    int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
+    float softmax_scale, int causal, cudaStream_t stream);
+
+/* kforge_fmha_varlen_fwd with v and o of their own head dim. */
+KFORGE_FMHA_API kforge_fmha_status kforge_fmha_varlen_fwd_v2(
+    kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v,
+    const void* q, const int64_t q_stride[2],
+    const void* k, const int64_t k_stride[2],
+    const void* v, const int64_t v_stride[2],
+    void* o, const int64_t o_stride[2],
+    float* lse, int64_t lse_head_stride,
+    const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+    int batch, int max_seqlen_q, int max_seqlen_k, int num_heads, int num_heads_k,
+    float softmax_scale, int causal, cudaStream_t stream);
+
+/*
+ * Backward pass: dq, dk, dv from q, k, v, the forward's o and lse, and dout (the gradient of o).
+ * Shapes, strides and conventions as in the forward; dq is like q, dk like k, dv like v, dout
+ * like o, each with its own strides (multiples of 8 elements, head_dim contiguous, 16-byte
+ * aligned pointers). lse is the forward's [batch, num_heads, seqlen_q] (varlen: [num_heads,
+ * total_q]) float32, natural log. With GQA/MQA, dk and dv of a kv head are the sums over the
+ * query heads of its group. The same causal (bottom-right aligned) mask and softmax_scale as
+ * the forward must be passed.
+ *
+ * dq is accumulated over key blocks in fp32 with atomic adds, whose order depends on scheduling:
+ * bit-for-bit reproducible only with deterministic != 0 (key blocks then add in a fixed order,
+ * waiting on counters in the workspace; slower). dk and dv are always deterministic.
+ *
+ * workspace: device memory of at least kforge_fmha_bwd_workspace_size (or
+ * kforge_fmha_varlen_bwd_workspace_size) bytes, 16-byte aligned, not used by anything else
+ * until the kernels have run; or NULL, and the library allocates it with cudaMallocAsync on
+ * `stream` and frees it with cudaFreeAsync after the kernels (stream-ordered). It holds the fp32
+ * dQ accumulator (num_heads * rows * head_dim_qk floats), D = rowsum(dout * o) and the LSE in
+ * base 2 (num_heads * rows floats each), rows = batch * seqlen_q or total_q, plus one int per
+ * (batch, head, query block) when deterministic.
+ */
+KFORGE_FMHA_API kforge_fmha_status kforge_fmha_bwd_workspace_size(
+    kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v,
+    int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
+    int causal, int deterministic, size_t* bytes);
+
+KFORGE_FMHA_API kforge_fmha_status kforge_fmha_varlen_bwd_workspace_size(
+    kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v,
+    int batch, int total_q, int max_seqlen_q, int max_seqlen_k, int num_heads, int num_heads_k,
+    int causal, int deterministic, size_t* bytes);
+
+/* Fixed-length batch. Strides {batch, row, head}; lse_stride {batch, head} (row stride 1). */
+KFORGE_FMHA_API kforge_fmha_status kforge_fmha_bwd(
+    kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v,
+    const void* q, const int64_t q_stride[3],
+    const void* k, const int64_t k_stride[3],
+    const void* v, const int64_t v_stride[3],
+    const void* o, const int64_t o_stride[3],
+    const void* dout, const int64_t dout_stride[3],
+    const float* lse, const int64_t lse_stride[2],
+    void* dq, const int64_t dq_stride[3],
+    void* dk, const int64_t dk_stride[3],
+    void* dv, const int64_t dv_stride[3],
+    int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_k,
+    float softmax_scale, int causal, int deterministic,
+    void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+/* Packed variable-length batch. Strides {row, head}; lse_head_stride as in the forward. total_q
+ * is the number of rows of q (and of o, dout, dq): it sizes the workspace. max_seqlen_q and
+ * max_seqlen_k must be >= every query and key length (they size the grids: rows or keys past
+ * them are not computed). cu_seqlens are DEVICE arrays of batch + 1 int32 prefix sums; the
+ * kernels clamp a sequence to total_q rather than read or write out of bounds. */
+KFORGE_FMHA_API kforge_fmha_status kforge_fmha_varlen_bwd(
+    kforge_fmha_dtype dtype, int head_dim_qk, int head_dim_v,
+    const void* q, const int64_t q_stride[2],
+    const void* k, const int64_t k_stride[2],
+    const void* v, const int64_t v_stride[2],
+    const void* o, const int64_t o_stride[2],
+    const void* dout, const int64_t dout_stride[2],
+    const float* lse, int64_t lse_head_stride,
+    void* dq, const int64_t dq_stride[2],
+    void* dk, const int64_t dk_stride[2],
+    void* dv, const int64_t dv_stride[2],
+    const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+    int batch, int total_q, int max_seqlen_q, int max_seqlen_k, int num_heads, int num_heads_k,
+    float softmax_scale, int causal, int deterministic,
+    void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -103,18 +103,126 @@ int main() {
   expect("varlen without cu_seqlens_k", kforge_fmha_varlen_fwd(bf16, 64, q, s2, k, s2, v, s2, o, s2, nullptr, 0, cu, nullptr, 2, 128, 128, 8, 8, 0.125f, 1, nullptr),
          KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "cu_seqlens_k");
 
+  // ---- d_qk != d_v forwards and the backward: argument checks, no GPU needed ----
+  expect("fwd_v2 (192, 64)", kforge_fmha_fwd_v2(bf16, 192, 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_UNSUPPORTED, "(head_dim_qk, head_dim_v) = (192, 64)");
+  expect("varlen_fwd_v2 (96, 96)", kforge_fmha_varlen_fwd_v2(bf16, 96, 96, q, s2, k, s2, v, s2, o, s2, nullptr, 0, cu, cu, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_UNSUPPORTED, "head_dim 96");
+  expect("fwd_v2 (192, 128) GQA 8 / 3", kforge_fmha_fwd_v2(bf16, 192, 128, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 3, 0.125f, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "not a multiple of num_heads_k");
+
+  void* dout = reinterpret_cast<void*>(0x60000);
+  void* dq = reinterpret_cast<void*>(0x70000);
+  void* dk = reinterpret_cast<void*>(0x80000);
+  void* dv = reinterpret_cast<void*>(0x90000);
+  const float* lse = reinterpret_cast<const float*>(0xa0000);
+  const int64_t ls[2] = {8 * 128, 128};
+  // One fixed-length backward call with a few arguments swapped for bad ones.
+  struct Bwd {
+    kforge_fmha_dtype dtype = KFORGE_FMHA_BF16;
+    int dqk = 128, dvv = 128;
+    const void* q_ = nullptr; const void* dout_ = nullptr; const float* lse_ = nullptr;
+    void* dq_ = nullptr;
+    const int64_t* dk_stride = nullptr;
+    int heads = 8, heads_k = 8;
+    float scale = 0.125f;
+    int deterministic = 0;
+    void* ws = nullptr;
+    size_t ws_bytes = 0;
+  };
+  auto bwd = [&](Bwd b) {
+    return kforge_fmha_bwd(b.dtype, b.dqk, b.dvv, b.q_, s3, k, s3, v, s3, o, s3, b.dout_, s3, b.lse_, ls,
+                           b.dq_, s3, dk, b.dk_stride, dv, s3, 2, 128, 128, b.heads, b.heads_k, b.scale, 1,
+                           b.deterministic, b.ws, b.ws_bytes, nullptr);
+  };
+  Bwd good;
+  good.q_ = q, good.dout_ = dout, good.lse_ = lse, good.dq_ = dq, good.dk_stride = s3;
+  Bwd b = good;
+  b.dqk = b.dvv = 96;
+  expect("bwd head_dim 96", bwd(b), KFORGE_FMHA_ERROR_UNSUPPORTED, "head_dim 96");
+  b = good, b.dqk = 192, b.dvv = 192;
+  expect("bwd (192, 192)", bwd(b), KFORGE_FMHA_ERROR_UNSUPPORTED, "head_dim 192");
+  b = good, b.dqk = 64, b.dvv = 128;
+  expect("bwd (64, 128)", bwd(b), KFORGE_FMHA_ERROR_UNSUPPORTED, "(head_dim_qk, head_dim_v) = (64, 128)");
+  b = good, b.dtype = static_cast<kforge_fmha_dtype>(5);
+  expect("bwd dtype 5", bwd(b), KFORGE_FMHA_ERROR_UNSUPPORTED, "dtype 5");
+  b = good, b.dout_ = nullptr;
+  expect("bwd dout NULL", bwd(b), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "dout is NULL");
+  b = good, b.lse_ = nullptr;
+  expect("bwd lse NULL", bwd(b), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "lse is NULL");
+  b = good, b.dq_ = static_cast<char*>(dq) + 8;
+  expect("bwd dq misaligned", bwd(b), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "dq is not 16-byte aligned");
+  const int64_t odd_dk[3] = {128 * 8 * 128, 8 * 128, 132};
+  b = good, b.dk_stride = odd_dk;
+  expect("bwd dk head stride 132", bwd(b), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "dk: the head stride is 132");
+  b = good, b.dk_stride = nullptr;
+  expect("bwd dk_stride NULL", bwd(b), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "dk_stride is NULL");
+  b = good, b.heads_k = 3;
+  expect("bwd GQA 8 / 3", bwd(b), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "not a multiple of num_heads_k");
+  b = good, b.scale = -1.f;
+  expect("bwd scale -1", bwd(b), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "softmax_scale");
+  // Workspace: the size function, then a caller's buffer that is too small or misaligned.
+  size_t need = 0, need_det = 0, need_var = 0;
+  expect("bwd workspace size", kforge_fmha_bwd_workspace_size(bf16, 128, 128, 2, 128, 128, 8, 8, 1, 0, &need),
+         KFORGE_FMHA_SUCCESS, nullptr);
+  expect("bwd workspace size, deterministic", kforge_fmha_bwd_workspace_size(bf16, 128, 128, 2, 128, 128, 8, 8, 1, 1, &need_det),
+         KFORGE_FMHA_SUCCESS, nullptr);
+  expect("varlen bwd workspace size", kforge_fmha_varlen_bwd_workspace_size(bf16, 192, 128, 2, 256, 128, 128, 8, 8, 0, 0, &need_var),
+         KFORGE_FMHA_SUCCESS, nullptr);
+  // dQ accumulator 8 heads x 256 rows x 128 floats, D and LSE 8 x 256 floats each; the
+  // deterministic mode adds 2 x 8 x 4 query blocks of ints (one 256-byte aligned part).
+  const size_t want = 8u * 256 * 128 * 4 + 2 * (8u * 256 * 4);
+  if (need != want || need_det != want + 256 || need_var != 8u * 256 * 192 * 4 + 2 * (8u * 256 * 4)) {
+    std::printf("FAIL workspace sizes %zu %zu %zu, want %zu %zu %zu\n", need, need_det, need_var, want,
+                want + 256, static_cast<size_t>(8u * 256 * 192 * 4 + 2 * (8u * 256 * 4)));
+    ++failures;
+  }
+  expect("bwd workspace size, bytes NULL", kforge_fmha_bwd_workspace_size(bf16, 128, 128, 2, 128, 128, 8, 8, 1, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  expect("bwd workspace size (96, 96)", kforge_fmha_bwd_workspace_size(bf16, 96, 96, 2, 128, 128, 8, 8, 1, 0, &need),
+         KFORGE_FMHA_ERROR_UNSUPPORTED, "head_dim 96");
+  b = good, b.ws = reinterpret_cast<void*>(0xb0000), b.ws_bytes = 16;
+  expect("bwd workspace too small", bwd(b), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "workspace has 16 bytes but this call needs 1064960");
+  b = good, b.ws = reinterpret_cast<void*>(0xb0004), b.ws_bytes = 1 << 24;
+  expect("bwd workspace misaligned", bwd(b), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "workspace is not 16-byte aligned");
+  expect("varlen bwd without cu_seqlens_q",
+         kforge_fmha_varlen_bwd(bf16, 128, 128, q, s2, k, s2, v, s2, o, s2, dout, s2, lse, 256, dq, s2, dk, s2, dv, s2,
+                                nullptr, cu, 2, 256, 128, 128, 8, 8, 0.125f, 0, 0, nullptr, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "cu_seqlens_q");
+  expect("varlen bwd total_q -1",
+         kforge_fmha_varlen_bwd(bf16, 128, 128, q, s2, k, s2, v, s2, o, s2, dout, s2, lse, 256, dq, s2, dk, s2, dv, s2,
+                                cu, cu, 2, -1, 128, 128, 8, 8, 0.125f, 0, 0, nullptr, 0, nullptr),
+         KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "total_q is -1");
+#if !defined(_WIN32)
+  setenv("KFORGE_FMHA_BWD_PATH", "sm90", 1);
+  expect("KFORGE_FMHA_BWD_PATH=sm90", bwd(good), KFORGE_FMHA_ERROR_UNSUPPORTED, "no sm_90a backward kernels");
+  setenv("KFORGE_FMHA_BWD_PATH", "fast", 1);
+  expect("KFORGE_FMHA_BWD_PATH=fast", bwd(good), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "KFORGE_FMHA_BWD_PATH is 'fast'");
+  unsetenv("KFORGE_FMHA_BWD_PATH");
+#endif
+  if (std::strcmp(kforge_fmha_last_kernel(), "") != 0) {
+    std::printf("FAIL last_kernel after refused calls is '%s', not ''\n", kforge_fmha_last_kernel());
+    ++failures;
+  }
+
   int major = 0, minor = 0;
   const kforge_fmha_status dev = kforge_fmha_device_check(&major, &minor);
   if (dev == KFORGE_FMHA_ERROR_NO_DEVICE) {
     // A well-formed call on a machine without a GPU: a clear NO_DEVICE error, no crash.
     expect("valid call, no GPU", kforge_fmha_fwd(bf16, 64, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 0, nullptr),
            KFORGE_FMHA_ERROR_NO_DEVICE, "NVIDIA");
+    expect("valid fwd_v2 (192, 128), no GPU", kforge_fmha_fwd_v2(bf16, 192, 128, q, s3, k, s3, v, s3, o, s3, nullptr, nullptr, 2, 128, 128, 8, 8, 0.125f, 1, nullptr),
+           KFORGE_FMHA_ERROR_NO_DEVICE, "NVIDIA");
+    expect("valid bwd call, no GPU", bwd(good), KFORGE_FMHA_ERROR_NO_DEVICE, "NVIDIA");
   } else if (dev == KFORGE_FMHA_SUCCESS) {
     std::printf("GPU sm_%d%d present\n", major, minor);
     static char host[4 * 128 * 8 * 64 * 2 + 64];
     void* h = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(host) + 15) & ~uintptr_t(15));
     expect("host pointer", kforge_fmha_fwd(bf16, 64, h, s3, h, s3, h, s3, h, s3, nullptr, nullptr, 1, 128, 128, 8, 8, 0.125f, 0, nullptr),
            KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "host pointer");
+    Bwd hb = good;
+    hb.q_ = h, hb.dout_ = h, hb.lse_ = reinterpret_cast<const float*>(h), hb.dq_ = h;
+    expect("bwd host pointer", bwd(hb), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "host pointer");
   } else {
     expect("device check", dev, KFORGE_FMHA_SUCCESS, nullptr);
   }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -203,3 +204,128 @@ def run_torch(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_seqlen_q: int | 
     launch(p, qi, ki, vi, describe("out", out), describe("lse", lse), ci, cki,
            torch_stream(p.device_index))
     return out, lse
+
+
+# --- backward -----------------------------------------------------------------------------------
+
+#: (head_dim_qk, head_dim_v) pairs of the backward and of the _v2 forwards.
+HEAD_DIM_PAIRS = ((64, 64), (128, 128), (192, 128), (128, 192))
+
+
+def bwd_torch(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
+              cu_seqlens_q: Any = None, cu_seqlens_k: Any = None,
+              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+              softmax_scale: float | None = None, causal: bool = False,
+              deterministic: bool = False) -> tuple[Any, Any, Any]:
+    """The attention backward for torch tensors: (dq, dk, dv), launched on torch's current stream.
+
+    q (batch, seqlen_q, heads, d_qk), k (batch, seqlen_k, heads_k, d_qk), v (.., d_v); out and
+    dout (the forward's output and its gradient) like q with d_v; lse the forward's (batch,
+    heads, seqlen_q) float32. Varlen: 3-D tensors (total, heads, d), lse (heads, total_q),
+    cu_seqlens_q/k int32 (batch + 1,) and max_seqlen_q/k (>= every length). causal and
+    softmax_scale (default 1/sqrt(d_qk)) must be the forward's. dk and dv of a GQA kv head are
+    summed over its query heads. deterministic: dq reproducible bit for bit (slower).
+    The workspace is a torch allocation (the caching allocator, stream-ordered).
+    """
+    torch = torch_module()
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    infos = {n: describe(n, t) for n, t in
+             (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse))}
+    qi, ki, vi, oi, gi, li = infos.values()
+    for t in infos.values():
+        _check_device(t, qi)
+    if qi.dtype not in _DTYPE_CODES:
+        raise _err(f"q has dtype {qi.dtype}; kforge_fmha supports float16 and bfloat16")
+    for t in (ki, vi, oi, gi):
+        if t.dtype != qi.dtype:
+            raise _err(f"{t.name} has dtype {t.dtype} but q has {qi.dtype}; they must share one")
+    ndim = 3 if varlen else 4
+    for t in (qi, ki, vi, oi, gi):
+        if len(t.shape) != ndim:
+            raise _err(f"{t.name} has {len(t.shape)} dimensions {t.shape}; expected {ndim}")
+    d_qk, d_v = qi.shape[-1], vi.shape[-1]
+    if (d_qk, d_v) not in HEAD_DIM_PAIRS:
+        raise FmhaUnsupportedError(f"kforge_fmha: (head_dim_qk, head_dim_v) = ({d_qk}, {d_v}) is not "
+                                   f"supported; supported: {HEAD_DIM_PAIRS}")
+    if ki.shape[-1] != d_qk or ki.shape[:-1] != vi.shape[:-1]:
+        raise _err(f"k {ki.shape} and v {vi.shape} must match except in the last dimension, and "
+                   f"k's head_dim must be q's ({d_qk})")
+    want_o = qi.shape[:-1] + (d_v,)
+    for t in (oi, gi):
+        if t.shape != want_o:
+            raise _err(f"{t.name} has shape {t.shape}; expected {want_o} (q's with v's head_dim)")
+    heads, heads_k = qi.shape[-2], ki.shape[-2]
+    if heads_k < 1 or heads % heads_k != 0:
+        raise _err(f"q has {heads} heads and k/v have {heads_k}; the kv heads must divide them")
+    for t in (qi, ki, vi, oi, gi):
+        _check_layout(t)
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None \
+                or max_seqlen_k is None:
+            raise _err("a varlen backward needs cu_seqlens_q, cu_seqlens_k, max_seqlen_q and "
+                       "max_seqlen_k")
+        ci, cki = describe("cu_seqlens_q", cu_seqlens_q), describe("cu_seqlens_k", cu_seqlens_k)
+        for t in (ci, cki):
+            _check_device(t, qi)
+            if t.dtype != "int32" or len(t.shape) != 1 or t.shape[0] < 2 \
+                    or (t.shape[0] > 1 and t.strides[0] != 1):
+                raise _err(f"{t.name} must be a contiguous int32 (batch + 1,) tensor")
+        if ci.shape != cki.shape:
+            raise _err("cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries")
+        batch, seqlen_q, seqlen_k = ci.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k)
+        want_lse = (heads, qi.shape[0])
+    else:
+        batch, seqlen_q, seqlen_k = qi.shape[0], qi.shape[1], ki.shape[1]
+        if ki.shape[0] != batch:
+            raise _err(f"q has batch {batch} but k/v have {ki.shape[0]}")
+        want_lse = (batch, heads, seqlen_q)
+    if li.dtype != "float32" or li.shape != want_lse or (li.shape[-1] > 1 and li.strides[-1] != 1):
+        raise _err(f"lse has shape {li.shape} and dtype {li.dtype}; expected {want_lse} float32 "
+                   "with a contiguous last dimension (the forward's lse)")
+    scale = 1.0 / math.sqrt(d_qk) if softmax_scale is None else float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise _err(f"softmax_scale is {scale}; it must be finite and > 0")
+
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    lib = _lib.library()
+    if not hasattr(lib, "kforge_fmha_bwd"):
+        raise FmhaUnsupportedError(f"kforge_fmha: the loaded library {_lib.library_path()} has no "
+                                   "backward; rebuild or reinstall kforge-fmha")
+    dtype = _DTYPE_CODES[qi.dtype]
+    size = ctypes.c_size_t(0)
+    if varlen:
+        _lib.check(lib.kforge_fmha_varlen_bwd_workspace_size(
+            dtype, d_qk, d_v, batch, qi.shape[0], seqlen_q, seqlen_k, heads, heads_k, int(causal),
+            int(deterministic), ctypes.byref(size)))
+    else:
+        _lib.check(lib.kforge_fmha_bwd_workspace_size(
+            dtype, d_qk, d_v, batch, seqlen_q, seqlen_k, heads, heads_k, int(causal),
+            int(deterministic), ctypes.byref(size)))
+    ws = torch.empty(max(int(size.value), 1), dtype=torch.uint8, device=q.device)
+    stream = torch_stream(qi.device_index)
+    outs = [describe(n, t) for n, t in (("dq", dq), ("dk", dk), ("dv", dv))]
+
+    def st(t: TensorInfo, n: int) -> ctypes.Array:  # size-1 dims may carry any stride
+        return _lib.strides(*[s if size_ > 1 else 0 for size_, s in zip(t.shape, t.strides, strict=True)][:n])
+
+    n = 2 if varlen else 3
+    tensors = [(t.ptr, st(t, n)) for t in (qi, ki, vi, oi, gi)]
+    grads = [(t.ptr, st(t, n)) for t in outs]
+    flat = [x for pair in tensors for x in pair]
+    flat_grads = [x for pair in grads for x in pair]
+    if varlen:
+        lse_head = li.strides[0] if li.shape[0] > 1 else 0
+        status = lib.kforge_fmha_varlen_bwd(
+            dtype, d_qk, d_v, *flat, li.ptr, lse_head, *flat_grads, ci.ptr, cki.ptr, batch,
+            qi.shape[0], seqlen_q, seqlen_k, heads, heads_k, scale, int(causal), int(deterministic),
+            ws.data_ptr(), ws.numel(), stream or None)
+    else:
+        lse_s = _lib.strides(*[s if size_ > 1 else 0 for size_, s in zip(li.shape, li.strides, strict=True)][:2])
+        status = lib.kforge_fmha_bwd(
+            dtype, d_qk, d_v, *flat, li.ptr, lse_s, *flat_grads, batch, seqlen_q, seqlen_k, heads,
+            heads_k, scale, int(causal), int(deterministic), ws.data_ptr(), ws.numel(),
+            stream or None)
+    _lib.check(status)
+    return dq, dk, dv

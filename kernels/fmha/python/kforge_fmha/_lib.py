@@ -72,6 +72,47 @@ _VARLEN_ARGTYPES = [
     ctypes.c_float, ctypes.c_int, ctypes.c_void_p,
 ]
 
+# The _v2 forwards: (dtype, head_dim_qk, head_dim_v, ...) then the forward's arguments.
+_FWD_V2_ARGTYPES = _FWD_ARGTYPES[:2] + [ctypes.c_int] + _FWD_ARGTYPES[2:]
+_VARLEN_V2_ARGTYPES = _VARLEN_ARGTYPES[:2] + [ctypes.c_int] + _VARLEN_ARGTYPES[2:]
+_BWD_ARGTYPES = [
+    ctypes.c_int, ctypes.c_int, ctypes.c_int,  # dtype, head_dim_qk, head_dim_v
+    ctypes.c_void_p, _i64p,  # q
+    ctypes.c_void_p, _i64p,  # k
+    ctypes.c_void_p, _i64p,  # v
+    ctypes.c_void_p, _i64p,  # o
+    ctypes.c_void_p, _i64p,  # dout
+    ctypes.c_void_p, _i64p,  # lse, lse_stride {batch, head}
+    ctypes.c_void_p, _i64p,  # dq
+    ctypes.c_void_p, _i64p,  # dk
+    ctypes.c_void_p, _i64p,  # dv
+    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,  # batch .. num_heads_k
+    ctypes.c_float, ctypes.c_int, ctypes.c_int,  # softmax_scale, causal, deterministic
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,  # workspace, workspace_bytes, stream
+]
+_VARLEN_BWD_ARGTYPES = [
+    ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    ctypes.c_void_p, _i64p, ctypes.c_void_p, _i64p, ctypes.c_void_p, _i64p,  # q, k, v
+    ctypes.c_void_p, _i64p, ctypes.c_void_p, _i64p,  # o, dout
+    ctypes.c_void_p, ctypes.c_int64,  # lse, lse_head_stride
+    ctypes.c_void_p, _i64p, ctypes.c_void_p, _i64p, ctypes.c_void_p, _i64p,  # dq, dk, dv
+    ctypes.c_void_p, ctypes.c_void_p,  # cu_seqlens_q, cu_seqlens_k
+    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    ctypes.c_float, ctypes.c_int, ctypes.c_int,
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+]
+_WORKSPACE_ARGTYPES = [ctypes.c_int] * 10 + [ctypes.POINTER(ctypes.c_size_t)]
+_VARLEN_WORKSPACE_ARGTYPES = [ctypes.c_int] * 11 + [ctypes.POINTER(ctypes.c_size_t)]
+# Functions newer libraries have; an older library loads without them.
+_OPTIONAL = {
+    "kforge_fmha_fwd_v2": _FWD_V2_ARGTYPES,
+    "kforge_fmha_varlen_fwd_v2": _VARLEN_V2_ARGTYPES,
+    "kforge_fmha_bwd": _BWD_ARGTYPES,
+    "kforge_fmha_varlen_bwd": _VARLEN_BWD_ARGTYPES,
+    "kforge_fmha_bwd_workspace_size": _WORKSPACE_ARGTYPES,
+    "kforge_fmha_varlen_bwd_workspace_size": _VARLEN_WORKSPACE_ARGTYPES,
+}
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 
@@ -120,6 +161,10 @@ def library() -> ctypes.CDLL:
             lib.kforge_fmha_fwd.argtypes = _FWD_ARGTYPES
             lib.kforge_fmha_varlen_fwd.restype = ctypes.c_int
             lib.kforge_fmha_varlen_fwd.argtypes = _VARLEN_ARGTYPES
+            for name, argtypes in _OPTIONAL.items():
+                if hasattr(lib, name):
+                    fn = getattr(lib, name)
+                    fn.restype, fn.argtypes = ctypes.c_int, argtypes
             _lib = lib
     return _lib
 

@@ -1,0 +1,100 @@
+// Tile shapes of the portable backward kernel (fmha_bwd_kernel.cuh), per (head_dim_qk,
+// head_dim_v). Plain C++17, read by the C API (fmha_api.cpp: workspace sizes, the supported
+// pairs) and by nvcc alike.
+//
+// One CTA owns BLOCK_N keys of one (kv head, batch) pair and loops over query blocks of BLOCK_M
+// rows (and over the query heads of its GQA group). Each 16-key slab of the block belongs to
+// SPLIT warps (BLOCK_N = 16 * WARPS / SPLIT), which hold its dK and dV accumulators in registers:
+// SPLIT 1, one warp with whole rows ((head_dim_qk + head_dim_v) / 2 floats a thread); SPLIT 2, two
+// warps with half the columns each (half that), for the wide head dims, where whole rows leave
+// too few registers (255 a thread) for the rest. Shared memory per CTA (2-byte elements): K and V
+// of the key block, Q and dO of two query blocks (double buffered), dS^T (and with SPLIT 2 also
+// P^T) of one block with rows padded by 8 elements, and LSE / D of two query blocks. Every pair
+// fits sm_120's 99 KiB (101,376 bytes) per block; README.md has the ptxas table.
+#pragma once
+
+namespace kforge_fmha {
+
+struct BwdTile {
+  int head_dim_qk, head_dim_v;
+  int warps;        // warps per CTA
+  int split;        // warps per 16-key slab (1 or 2): BLOCK_N = 16 * warps / split
+  int block_m;      // query rows per step
+  int query_slice;  // query columns of S^T / dP^T a warp holds in registers at once
+  int k_unroll;     // unroll of the S^T / dP^T k-loops (over the head dims): 1, 2, ... or 64 (all)
+};
+
+// The rows' (warps, split, block_m, query_slice, k_unroll), overridable one by one for tuning
+// sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL} with PAIR 64 or 128 (pass the
+// same -D to the CUDA and the C++ compiler: the API sizes the workspace from this table).
+#ifndef KFORGE_FMHA_BWD_64_WARPS
+#define KFORGE_FMHA_BWD_64_WARPS 8
+#endif
+#ifndef KFORGE_FMHA_BWD_64_SPLIT
+#define KFORGE_FMHA_BWD_64_SPLIT 1
+#endif
+#ifndef KFORGE_FMHA_BWD_64_BM
+#define KFORGE_FMHA_BWD_64_BM 64
+#endif
+#ifndef KFORGE_FMHA_BWD_64_QS
+#define KFORGE_FMHA_BWD_64_QS 64
+#endif
+#ifndef KFORGE_FMHA_BWD_64_KUNROLL
+#define KFORGE_FMHA_BWD_64_KUNROLL 2  // all: spills (255 registers)
+#endif
+#ifndef KFORGE_FMHA_BWD_128_WARPS
+#define KFORGE_FMHA_BWD_128_WARPS 4
+#endif
+#ifndef KFORGE_FMHA_BWD_128_SPLIT
+#define KFORGE_FMHA_BWD_128_SPLIT 1
+#endif
+#ifndef KFORGE_FMHA_BWD_128_BM
+#define KFORGE_FMHA_BWD_128_BM 32
+#endif
+#ifndef KFORGE_FMHA_BWD_128_QS
+#define KFORGE_FMHA_BWD_128_QS 32
+#endif
+
+#ifndef KFORGE_FMHA_BWD_128_KUNROLL
+#define KFORGE_FMHA_BWD_128_KUNROLL 64  // H200: 0.73-0.80x SDPA flash against 0.64-0.68x at 1
+#endif
+
+inline constexpr BwdTile kBwdTiles[] = {
+    {64, 64, KFORGE_FMHA_BWD_64_WARPS, KFORGE_FMHA_BWD_64_SPLIT, KFORGE_FMHA_BWD_64_BM,
+     KFORGE_FMHA_BWD_64_QS, KFORGE_FMHA_BWD_64_KUNROLL},
+    {128, 128, KFORGE_FMHA_BWD_128_WARPS, KFORGE_FMHA_BWD_128_SPLIT, KFORGE_FMHA_BWD_128_BM,
+     KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL},
+    {192, 128, 8, 2, 32, 16, 1},
+    {128, 192, 8, 2, 32, 16, 1},
+};
+inline constexpr int kNumBwdTiles = sizeof(kBwdTiles) / sizeof(kBwdTiles[0]);
+
+// The row of a (head_dim_qk, head_dim_v) pair, or nullptr: the pairs the backward (and the
+// forward's d_qk != d_v kernels) support.
+constexpr const BwdTile* bwd_tile(int head_dim_qk, int head_dim_v) {
+  for (int i = 0; i < kNumBwdTiles; ++i) {
+    if (kBwdTiles[i].head_dim_qk == head_dim_qk && kBwdTiles[i].head_dim_v == head_dim_v) {
+      return &kBwdTiles[i];
+    }
+  }
+  return nullptr;
+}
+
+// Shared memory of the main kernel, for 2-byte elements.
+constexpr int bwd_smem_bytes(const BwdTile& t) {
+  const int bn = 16 * t.warps / t.split;
+  return 2 * (bn * (t.head_dim_qk + t.head_dim_v)               // K, V
+              + 2 * t.block_m * (t.head_dim_qk + t.head_dim_v)  // Q, dO (two buffers)
+              + t.split * bn * (t.block_m + 8))                 // dS^T (and P^T)
+         + 4 * 2 * 2 * t.block_m;                               // LSE, D (two buffers)
+}
+
+constexpr bool bwd_tiles_fit_sm120() {
+  for (int i = 0; i < kNumBwdTiles; ++i) {
+    if (bwd_smem_bytes(kBwdTiles[i]) > 101376) return false;
+  }
+  return true;
+}
+static_assert(bwd_tiles_fit_sm120(), "a backward tile is over sm_120's 99 KiB per block");
+
+}  // namespace kforge_fmha

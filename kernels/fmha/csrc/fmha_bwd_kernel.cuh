@@ -1,0 +1,713 @@
+// FlashAttention-2-style backward pass for sm_80 and newer (mma.sync, ldmatrix, cp.async): the
+// portable path of kforge_fmha_bwd. Three kernels, launched in this order on one stream:
+//
+// 1. preprocess: one warp per query row computes D = rowsum(dO * O) in fp32, converts the
+//    forward's LSE (natural log) to LSE * log2(e) (a row that saw no key, LSE = -inf, gets +inf so
+//    its P is exactly 0), and zeroes the row's fp32 dQ accumulator (and, in the deterministic mode,
+//    the dQ semaphores).
+// 2. main: one CTA per (key block, kv head, batch). K and V of the key block stay in shared
+//    memory; the CTA loops over the query heads of its GQA group and, for each, over the query
+//    blocks that see the key block (bottom-right aligned causal mask, as the forward: query row r
+//    of a sequence with lengths (sq, sk) sees key c iff c <= r + sk - sq). Q, dO, LSE and D of
+//    query block i + 1 stream in with cp.async while block i is computed. Each warp owns 16 keys
+//    and works on transposed tiles, so that every product but dQ takes its A operand from
+//    registers or from its own rows:
+//      S^T  = K Q^T                     (16 keys x BLOCK_M queries per warp)
+//      P^T  = exp2(S^T * scale * log2(e) - LSE * log2(e))      (the forward's softmax, recomputed)
+//      dP^T = V dO^T
+//      dV  += P^T dO                    (P^T from the accumulators, as the forward's P V)
+//      dS^T = P^T * (dP^T - D)
+//      dK  += dS^T Q                    (dK scaled by softmax_scale once, at the end)
+//      dQ  += dS K                      (dS^T through shared memory; fp32 atomics into the
+//                                        accumulator; the scale is applied by the convert kernel)
+//    dK and dV of the kv head are summed over the query heads of its group inside the CTA, in
+//    registers: deterministic, no atomics. dQ is summed over key blocks with fp32 atomicAdd, in an
+//    order that depends on scheduling, unless BwdParams::deterministic: then the key blocks of a
+//    (batch, head, query block) add their dQ in a fixed order (highest key block first), each
+//    waiting on a per-block counter in the workspace. The grid is ordered so that every block a
+//    CTA waits for was scheduled before it.
+// 3. convert: dQ = softmax_scale * dQ_accum, in the input dtype, with dQ's strides.
+//
+// Tile shapes per (head_dim_qk, head_dim_v) are in fmha_bwd_config.h.
+#pragma once
+
+#include "fmha_bwd_config.h"
+#include "fmha_fwd_kernel.cuh"  // detail:: cp.async, ldmatrix, mma.sync, swizzle, tile loads
+#include "fmha_manifest.h"
+
+namespace kforge_fmha {
+
+template <int HDIM_QK, int HDIM_V>
+struct BwdShape {
+  static constexpr BwdTile kTile = *bwd_tile(HDIM_QK, HDIM_V);
+  static constexpr int kWarps = kTile.warps;
+  static constexpr int kSplit = kTile.split;  // warps per 16-key slab
+  static constexpr int kSlabs = kWarps / kSplit;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockN = 16 * kSlabs;
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kQuerySlice = kTile.query_slice;
+  static constexpr int kDsStride = kBlockM + 8;  // dS^T row, padded: conflict-free ldmatrix
+  // Shared memory carve-up, in bytes (2-byte elements).
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kBlockN * HDIM_QK * 2;
+  static constexpr int kOffQ = kOffV + kBlockN * HDIM_V * 2;
+  static constexpr int kOffDo = kOffQ + 2 * kBlockM * HDIM_QK * 2;
+  static constexpr int kOffDs = kOffDo + 2 * kBlockM * HDIM_V * 2;
+  static constexpr int kOffPt = kOffDs + kBlockN * kDsStride * 2;  // P^T (SPLIT 2 only)
+  static constexpr int kOffLse = kOffPt + (kSplit - 1) * kBlockN * kDsStride * 2;
+  static constexpr int kOffD = kOffLse + 2 * kBlockM * 4;
+  static constexpr int kSmemBytes = kOffD + 2 * kBlockM * 4;
+  static_assert(kSmemBytes == bwd_smem_bytes(kTile), "fmha_bwd_config.h's size is this carve-up");
+  static_assert(kBlockM % 16 == 0 && kBlockM <= kThreads, "query block");
+  static_assert(kSplit == 1 || kSplit == 2, "one or two warps per 16-key slab");
+  static_assert(kQuerySlice % 16 == 0 && (kBlockM / kSplit) % kQuerySlice == 0, "query slice");
+  static_assert(HDIM_QK % (16 * kSplit) == 0 && HDIM_V % (16 * kSplit) == 0, "column split");
+  static_assert((kDsStride * 2 / 16) % 2 == 1, "dS^T rows must be an odd number of 16-byte chunks");
+  // dQ = dS K: the BLOCK_M x HDIM_QK product is split over the warps, kWarpsM along the rows
+  // (16-row tiles) and kWarpsD along the columns; each warp does kDqCols columns in chunks of
+  // kDqChunk (an accumulator of kDqChunk / 2 floats).
+  static constexpr int kMTilesQ = kBlockM / 16;
+  static constexpr int kWarpsM = kWarps < kMTilesQ ? kWarps : kMTilesQ;
+  static constexpr int kWarpsD = kWarps / kWarpsM;
+  static constexpr int kMTilesPerWarp = kMTilesQ / kWarpsM;
+  static constexpr int kDqCols = HDIM_QK / kWarpsD;
+  static constexpr int kDqChunk = kDqCols % 64 == 0 ? 64 : (kDqCols % 48 == 0 ? 48 : 32);
+  static_assert(kWarps % kWarpsM == 0 && kMTilesQ % kWarpsM == 0, "dQ warp split");
+  static_assert(HDIM_QK % kWarpsD == 0 && kDqCols % kDqChunk == 0 && kDqChunk % 16 == 0,
+                "dQ column split");
+};
+
+// Preprocess and convert kernels: 4 warps, 64 query rows per CTA.
+inline constexpr int kBwdRowsPerCta = 64;
+
+namespace detail {
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;  // 0 bytes read: zero-filled
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// *p += a, *(p + 1) += b in global memory, as one vector reduction where the arch has it (sm_90
+// and newer: half the dQ atomic instructions), else as two fp32 atomics. p is 8-byte aligned.
+__device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ float2 to_float2(uint32_t x);
+template <>
+__device__ __forceinline__ float2 to_float2<__half>(uint32_t x) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&x));
+}
+template <>
+__device__ __forceinline__ float2 to_float2<__nv_bfloat16>(uint32_t x) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+}
+
+// Where sequence b lives: its lengths (clamped to the grid's max_seqlen and to the workspace, so
+// a bad cu_seqlens cannot make a kernel write out of bounds), the element offsets of its row 0
+// in every tensor (heads not included) and its first row in the workspace arrays.
+struct BwdSeq {
+  int sq, sk;
+  int64_t ws_row;
+  int64_t q, o, dout, dq, lse;
+  int64_t k, v, dk, dv;
+};
+
+__device__ __forceinline__ BwdSeq bwd_seq(const BwdParams& p, int b) {
+  BwdSeq s;
+  if (p.cu_seqlens_q != nullptr) {
+    const int start = p.cu_seqlens_q[b];
+    int len = p.cu_seqlens_q[b + 1] - start;
+    if (start < 0 || start > p.rows) len = 0;
+    len = max(0, min(len, min(p.seqlen_q, static_cast<int>(p.rows - (start < 0 ? 0 : start)))));
+    s.sq = len;
+    s.ws_row = start < 0 ? 0 : start;
+    s.q = s.ws_row * p.q_row_stride;
+    s.o = s.ws_row * p.o_row_stride;
+    s.dout = s.ws_row * p.do_row_stride;
+    s.dq = s.ws_row * p.dq_row_stride;
+    s.lse = s.ws_row;
+  } else {
+    s.sq = p.seqlen_q;
+    s.ws_row = static_cast<int64_t>(b) * p.seqlen_q;
+    s.q = b * p.q_batch_stride;
+    s.o = b * p.o_batch_stride;
+    s.dout = b * p.do_batch_stride;
+    s.dq = b * p.dq_batch_stride;
+    s.lse = b * p.lse_batch_stride;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    const int start = p.cu_seqlens_k[b];
+    const int len = p.cu_seqlens_k[b + 1] - start;
+    s.sk = start < 0 ? 0 : max(0, min(len, p.seqlen_k));
+    const int64_t st = start < 0 ? 0 : start;
+    s.k = st * p.k_row_stride;
+    s.v = st * p.v_row_stride;
+    s.dk = st * p.dk_row_stride;
+    s.dv = st * p.dv_row_stride;
+  } else {
+    s.sk = p.seqlen_k;
+    s.k = b * p.k_batch_stride;
+    s.v = b * p.v_batch_stride;
+    s.dk = b * p.dk_batch_stride;
+    s.dv = b * p.dv_batch_stride;
+  }
+  return s;
+}
+
+}  // namespace detail
+
+// ---- 1. preprocess --------------------------------------------------------------------------
+
+template <typename T, int HDIM_QK, int HDIM_V>
+__global__ void __launch_bounds__(128) fmha_bwd_preprocess_kernel(const BwdParams p) {
+  using namespace detail;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int head = blockIdx.y;
+  const int b = blockIdx.z;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const BwdSeq s = bwd_seq(p, b);
+  if (p.dq_semaphore != nullptr && blockIdx.x == 0) {
+    int* sem = p.dq_semaphore + (static_cast<int64_t>(b) * p.num_heads + head) * p.m_blocks;
+    for (int i = threadIdx.x; i < p.m_blocks; i += blockDim.x) sem[i] = 0;
+  }
+  const T* o = static_cast<const T*>(p.o) + s.o + head * p.o_head_stride;
+  const T* dout = static_cast<const T*>(p.dout) + s.dout + head * p.do_head_stride;
+  const float* lse = p.lse + s.lse + head * p.lse_head_stride;
+  const int64_t ws = head * p.rows + s.ws_row;
+  constexpr int kRowsPerWarp = kBwdRowsPerCta / 4;
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int row = blockIdx.x * kBwdRowsPerCta + warp * kRowsPerWarp + i;
+    if (row >= s.sq) break;
+    float sum = 0.f;
+#pragma unroll
+    for (int c = lane; c < HDIM_V / 8; c += 32) {
+      const uint4 a = *reinterpret_cast<const uint4*>(o + row * p.o_row_stride + c * 8);
+      const uint4 d = *reinterpret_cast<const uint4*>(dout + row * p.do_row_stride + c * 8);
+      const uint32_t av[4] = {a.x, a.y, a.z, a.w};
+      const uint32_t dv[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 x = to_float2<T>(av[e]);
+        const float2 y = to_float2<T>(dv[e]);
+        sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) {
+      const float l = lse[row];
+      p.dpsum[ws + row] = sum;
+      p.lse_log2[ws + row] = l == -__builtin_huge_valf() ? __builtin_huge_valf() : l * kLog2e;
+    }
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum + (ws + row) * HDIM_QK);
+#pragma unroll
+    for (int c = lane; c < HDIM_QK / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+// ---- 3. convert -------------------------------------------------------------------------------
+
+template <typename T, int HDIM_QK>
+__global__ void __launch_bounds__(128) fmha_bwd_convert_dq_kernel(const BwdParams p) {
+  using namespace detail;
+  const int head = blockIdx.y;
+  const int b = blockIdx.z;
+  const BwdSeq s = bwd_seq(p, b);
+  constexpr int kChunks = HDIM_QK / 8;
+  const float* acc = p.dq_accum + (head * p.rows + s.ws_row) * HDIM_QK;
+  T* dq = static_cast<T*>(p.dq) + s.dq + head * p.dq_head_stride;
+  const float scale = p.softmax_scale;
+  for (int idx = threadIdx.x; idx < kBwdRowsPerCta * kChunks; idx += blockDim.x) {
+    const int row = blockIdx.x * kBwdRowsPerCta + idx / kChunks;
+    const int c = idx % kChunks;
+    if (row >= s.sq) break;  // idx grows with the row
+    const float4 x = *reinterpret_cast<const float4*>(acc + static_cast<int64_t>(row) * HDIM_QK + c * 8);
+    const float4 y =
+        *reinterpret_cast<const float4*>(acc + static_cast<int64_t>(row) * HDIM_QK + c * 8 + 4);
+    uint4 out;
+    out.x = Mma<T>::pack(x.x * scale, x.y * scale);
+    out.y = Mma<T>::pack(x.z * scale, x.w * scale);
+    out.z = Mma<T>::pack(y.x * scale, y.y * scale);
+    out.w = Mma<T>::pack(y.z * scale, y.w * scale);
+    *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + c * 8) = out;
+  }
+}
+
+// ---- 2. main ----------------------------------------------------------------------------------
+
+template <typename T, int HDIM_QK, int HDIM_V, bool CAUSAL>
+__global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
+    fmha_bwd_kernel(const BwdParams p) {
+  using namespace detail;
+  using S = BwdShape<HDIM_QK, HDIM_V>;
+  constexpr int NTHREADS = S::kThreads;
+  constexpr int BN = S::kBlockN;
+  constexpr int BM = S::kBlockM;
+  constexpr int KQ = HDIM_QK / 16;  // k-steps over head_dim_qk
+  constexpr int KV = HDIM_V / 16;   // k-steps over head_dim_v
+  constexpr int QS = S::kQuerySlice;  // query columns per S^T slice
+  constexpr int NTS = QS / 8;         // n-tiles of an S^T / dP^T slice
+  constexpr int SPLIT = S::kSplit;
+  constexpr int DTQ = HDIM_QK / 8 / SPLIT;  // n-tiles of this warp's dK columns
+  constexpr int DTV = HDIM_V / 8 / SPLIT;   // n-tiles of this warp's dV columns
+  constexpr int kCols = BM / SPLIT;         // query columns of S^T this warp computes
+  constexpr int ES = static_cast<int>(sizeof(T));
+  constexpr uint32_t kQBuf = BM * HDIM_QK * ES;  // bytes of one Q buffer
+  constexpr uint32_t kDoBuf = BM * HDIM_V * ES;
+#ifdef KFORGE_FMHA_BWD_KUNROLL  // one value for every pair (a tuning sweep)
+  constexpr int kKUnroll = KFORGE_FMHA_BWD_KUNROLL;
+#else
+  constexpr int kKUnroll = S::kTile.k_unroll;
+#endif
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw + S::kOffK);
+  T* sV = reinterpret_cast<T*>(smem_raw + S::kOffV);
+  T* sQ = reinterpret_cast<T*>(smem_raw + S::kOffQ);
+  T* sDo = reinterpret_cast<T*>(smem_raw + S::kOffDo);
+  T* sDs = reinterpret_cast<T*>(smem_raw + S::kOffDs);
+  T* sPt = reinterpret_cast<T*>(smem_raw + S::kOffPt);
+  float* sLse = reinterpret_cast<float*>(smem_raw + S::kOffLse);
+  float* sD = reinterpret_cast<float*>(smem_raw + S::kOffD);
+
+  // Causal: low key blocks see the most query rows, so they go first. The deterministic mode adds
+  // dQ highest key block first, and a CTA waits only for higher key blocks: those must have been
+  // scheduled before it, so it walks the key blocks from the top.
+  const bool det = p.dq_semaphore != nullptr;
+  const int n_block = det ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                          : static_cast<int>(blockIdx.x);
+  const int kv_head = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  const BwdSeq s = bwd_seq(p, b);
+  const int sq = s.sq, sk = s.sk;
+  const int n0 = n_block * BN;
+  if (n0 >= sk) return;
+  const int n_blocks_seq = (sk + BN - 1) / BN;
+
+  // The query blocks that see this key block: all, or (causal) from the block of the first row
+  // that sees key n0.
+  const int m_total = (sq + BM - 1) / BM;
+  int m_first = 0;
+  if (CAUSAL) {
+    const int r_min = max(0, n0 - (sk - sq));
+    m_first = r_min >= sq ? m_total : r_min / BM;
+  }
+  const int m_count = m_total - m_first;
+  const int n_iter = m_count * p.head_ratio;  // (query head of the group, query block) pairs
+  const int h_first = kv_head * p.head_ratio;
+
+  const T* gK = static_cast<const T*>(p.k) + s.k + kv_head * p.k_head_stride +
+                static_cast<int64_t>(n0) * p.k_row_stride;
+  const T* gV = static_cast<const T*>(p.v) + s.v + kv_head * p.v_head_stride +
+                static_cast<int64_t>(n0) * p.v_row_stride;
+  load_tile<BN, HDIM_QK, NTHREADS>(sK, gK, p.k_row_stride, sk - n0, tid);
+  load_tile<BN, HDIM_V, NTHREADS>(sV, gV, p.v_row_stride, sk - n0, tid);
+  cp_async_commit();
+
+  // Q, dO, LSE * log2(e) and D of step `it` into buffer `buf`. Rows past the sequence are
+  // zero-filled: Q = dO = 0 there gives S = 0, P = exp2(0 - 0) = 1, dP = 0, D = 0, so dS = 0 and
+  // P^T dO = 0; nothing of those rows reaches dK, dV or dQ.
+  auto load_step = [&](int it, int buf) {
+    const int h = h_first + it / m_count;
+    const int r0 = (m_first + it % m_count) * BM;
+    const T* gQ = static_cast<const T*>(p.q) + s.q + h * p.q_head_stride +
+                  static_cast<int64_t>(r0) * p.q_row_stride;
+    const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
+                   static_cast<int64_t>(r0) * p.do_row_stride;
+    load_tile<BM, HDIM_QK, NTHREADS>(sQ + buf * BM * HDIM_QK, gQ, p.q_row_stride, sq - r0, tid);
+    load_tile<BM, HDIM_V, NTHREADS>(sDo + buf * BM * HDIM_V, gDo, p.do_row_stride, sq - r0, tid);
+    if (tid < BM) {
+      const bool valid = r0 + tid < sq;
+      const int64_t w = h * p.rows + s.ws_row + r0 + tid;
+      cp_async4(smem_addr(sLse + buf * BM + tid), valid ? p.lse_log2 + w : p.lse_log2, valid);
+      cp_async4(smem_addr(sD + buf * BM + tid), valid ? p.dpsum + w : p.dpsum, valid);
+    }
+  };
+  if (n_iter > 0) load_step(0, 0);
+  cp_async_commit();
+
+  float dk[DTQ][4], dv[DTV][4];
+#pragma unroll
+  for (int j = 0; j < DTQ; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[j][e] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < DTV; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dv[j][e] = 0.f;
+  }
+
+  // ldmatrix lane bases (see SwzCols). This warp's 16 keys are rows wrow .. wrow + 15 of K / V;
+  // with SPLIT 2 its partner warp (warp + kSlabs) shares them: each computes S^T for half of the
+  // query columns (cw ..) and holds half of the dK / dV columns (tile half).
+  const int wrow = (warp % S::kSlabs) * 16;
+  const int half = warp / S::kSlabs;
+  const int cw = half * kCols;
+  // A operands K_w, V_w ([key][d], row-major): row wrow + lane % 16, chunk 2 kk + lane / 16.
+  const uint32_t k_a = smem_addr(sK + (wrow + lane % 16) * HDIM_QK);
+  const uint32_t v_a = smem_addr(sV + (wrow + lane % 16) * HDIM_V);
+  const SwzCols a_cols((lane / 16) ^ (lane % 8));
+  // B operands Q^T, dO^T from [query][d] tiles (as the forward's K): rows (lane / 16) * 8 +
+  // lane % 8, chunk 2 kk + (lane / 8) % 2.
+  const uint32_t q_b = smem_addr(sQ + ((lane / 16) * 8 + lane % 8) * HDIM_QK);
+  const uint32_t do_b = smem_addr(sDo + ((lane / 16) * 8 + lane % 8) * HDIM_V);
+  const SwzCols b_cols(((lane / 8) % 2) ^ (lane % 8));
+  // B operands dO, Q, K as [k][n] tiles, transposed by ldmatrix (as the forward's V): row
+  // lane % 16, chunk 2 dp + lane / 16.
+  const uint32_t q_t = smem_addr(sQ + (lane % 16) * HDIM_QK);
+  const uint32_t do_t = smem_addr(sDo + (lane % 16) * HDIM_V);
+  const uint32_t k_t = smem_addr(sK + (lane % 16) * HDIM_QK);
+  const SwzCols t_cols((lane / 16) ^ (lane % 8));
+  // A operand dS (queries x keys) from the dS^T tile [key][query], transposed: lanes 0-7 give
+  // keys 0-7 at query column 0, lanes 8-15 the same keys at column 8, lanes 16-31 keys 8-15.
+  const uint32_t ds_a = smem_addr(sDs + ((lane % 8) + 8 * (lane / 16)) * S::kDsStride +
+                                  8 * ((lane / 8) % 2));
+  // SPLIT 2: A operands P^T, dS^T of this warp's keys ([key][query], not transposed).
+  const uint32_t pt_w = smem_addr(sPt + (wrow + lane % 16) * S::kDsStride + 8 * (lane / 16));
+  const uint32_t ds_w = smem_addr(sDs + (wrow + lane % 16) * S::kDsStride + 8 * (lane / 16));
+
+  const float scale_log2 = p.scale_log2;
+  const int warp_m = warp % S::kWarpsM;  // dQ split
+  const int warp_d = warp / S::kWarpsM;
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int buf = it & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // step it's tiles are in; every warp is done with step it - 1
+    if (it + 1 < n_iter) load_step(it + 1, buf ^ 1);
+    cp_async_commit();
+
+    const int h = h_first + it / m_count;
+    const int m_block = m_first + it % m_count;
+    const int r0 = m_block * BM;
+    const float* lse_s = sLse + buf * BM;
+    const float* d_s = sD + buf * BM;
+
+    // The chain S^T -> P^T -> dP^T -> dS^T -> dV, dK runs per slice of QS query columns (QS =
+    // BLOCK_M, or 16 for the widest head dims: fewer fp32 registers live at once, at the cost of
+    // reloading the K_w / V_w fragments per slice).
+    const bool masked = n0 + BN > sk || (CAUSAL && n0 + BN - 1 > r0 + sk - sq);
+#pragma unroll
+    for (int sl = 0; sl < kCols / QS; ++sl) {
+      const int c0 = cw + sl * QS;  // first query column of the slice
+
+      // S^T = K_w Q^T.
+      float st[NTS][4];
+#pragma unroll
+      for (int j = 0; j < NTS; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = 0.f;
+      }
+#pragma unroll(kKUnroll)
+      for (int kk = 0; kk < KQ; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, k_a + a_cols.at_dyn(kk));
+#pragma unroll
+        for (int np = 0; np < NTS / 2; ++np) {
+          uint32_t bq[4];
+          ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + b_cols.at_dyn(kk));
+          Mma<T>::run(st[2 * np], a, bq[0], bq[1]);
+          Mma<T>::run(st[2 * np + 1], a, bq[2], bq[3]);
+        }
+      }
+
+      // P^T, masked where the block holds the end of the keys or crosses the causal diagonal.
+#pragma unroll
+      for (int j = 0; j < NTS; ++j) {
+        const int col = c0 + j * 8 + 2 * (lane % 4);
+        const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = n0 + wrow + lane / 4 + 8 * r;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x = fast_exp2(fmaf(st[j][2 * r + e], scale_log2, -(e ? l.y : l.x)));
+            if (masked) {
+              const int row = r0 + col + e;
+              if (key >= sk || (CAUSAL && key > row + sk - sq)) x = 0.f;
+            }
+            st[j][2 * r + e] = x;
+          }
+        }
+      }
+
+      if constexpr (SPLIT == 1) {
+        // P^T as A fragments in the input dtype (the m16n8 accumulators of two adjacent n-tiles
+        // are the m16k16 A operand, as the forward's P); dV += P^T dO.
+        uint32_t pa[NTS / 2][4];
+#pragma unroll
+        for (int kk = 0; kk < NTS / 2; ++kk) {
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              pa[kk][2 * hi + r] =
+                  Mma<T>::pack(st[2 * kk + hi][2 * r], st[2 * kk + hi][2 * r + 1]);
+            }
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < NTS / 2; ++kk) {
+#pragma unroll
+          for (int dd = 0; dd < DTV / 2; ++dd) {
+            uint32_t bv[4];
+            ldsm_x4_t(bv, do_t + buf * kDoBuf + (c0 + kk * 16) * HDIM_V * ES + t_cols.at(dd));
+            Mma<T>::run(dv[2 * dd], pa[kk], bv[0], bv[1]);
+            Mma<T>::run(dv[2 * dd + 1], pa[kk], bv[2], bv[3]);
+          }
+        }
+      } else {
+        // P^T to shared memory, for the dV product of both warps of the slab.
+#pragma unroll
+        for (int j = 0; j < NTS; ++j) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            *reinterpret_cast<uint32_t*>(sPt + (wrow + lane / 4 + 8 * r) * S::kDsStride + c0 +
+                                         j * 8 + 2 * (lane % 4)) =
+                Mma<T>::pack(st[j][2 * r], st[j][2 * r + 1]);
+          }
+        }
+      }
+
+      // dP^T = V_w dO^T.
+      float dp[NTS][4];
+#pragma unroll
+      for (int j = 0; j < NTS; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[j][e] = 0.f;
+      }
+#pragma unroll(kKUnroll)
+      for (int kk = 0; kk < KV; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, v_a + a_cols.at_dyn(kk));
+#pragma unroll
+        for (int np = 0; np < NTS / 2; ++np) {
+          uint32_t bd[4];
+          ldsm_x4(bd, do_b + buf * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
+          Mma<T>::run(dp[2 * np], a, bd[0], bd[1]);
+          Mma<T>::run(dp[2 * np + 1], a, bd[2], bd[3]);
+        }
+      }
+
+      // dS^T = P^T (dP^T - D), as A fragments for dK and in shared memory for dQ.
+      uint32_t da[NTS / 2][4];
+#pragma unroll
+      for (int kk = 0; kk < NTS / 2; ++kk) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const int j = 2 * kk + hi;
+          const int col = c0 + j * 8 + 2 * (lane % 4);
+          const float2 d = *reinterpret_cast<const float2*>(d_s + col);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float ds0 = st[j][2 * r] * (dp[j][2 * r] - d.x);
+            const float ds1 = st[j][2 * r + 1] * (dp[j][2 * r + 1] - d.y);
+            da[kk][2 * hi + r] = Mma<T>::pack(ds0, ds1);
+            *reinterpret_cast<uint32_t*>(sDs + (wrow + lane / 4 + 8 * r) * S::kDsStride + col) =
+                da[kk][2 * hi + r];
+          }
+        }
+      }
+
+      if constexpr (SPLIT == 1) {
+        // dK += dS^T Q.
+#pragma unroll
+        for (int kk = 0; kk < NTS / 2; ++kk) {
+#pragma unroll
+          for (int dd = 0; dd < DTQ / 2; ++dd) {
+            uint32_t bq[4];
+            ldsm_x4_t(bq, q_t + buf * kQBuf + (c0 + kk * 16) * HDIM_QK * ES + t_cols.at(dd));
+            Mma<T>::run(dk[2 * dd], da[kk], bq[0], bq[1]);
+            Mma<T>::run(dk[2 * dd + 1], da[kk], bq[2], bq[3]);
+          }
+        }
+      }
+    }
+
+    __syncthreads();  // dS^T (and P^T) of every warp is in shared memory
+
+    if constexpr (SPLIT == 2) {
+      // dV += P^T dO and dK += dS^T Q over the whole query block, for this warp's half of the
+      // columns (the B tiles' chunks start at half * columns / 8: a run-time swizzle offset).
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, pt_w + kk * 16 * ES);
+#pragma unroll
+        for (int dd = 0; dd < DTV / 2; ++dd) {
+          uint32_t bv[4];
+          ldsm_x4_t(bv, do_t + buf * kDoBuf + kk * 16 * HDIM_V * ES +
+                            t_cols.at_dyn(half * (DTV / 2) + dd));
+          Mma<T>::run(dv[2 * dd], a, bv[0], bv[1]);
+          Mma<T>::run(dv[2 * dd + 1], a, bv[2], bv[3]);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        uint32_t a[4];
+        ldsm_x4(a, ds_w + kk * 16 * ES);
+#pragma unroll
+        for (int dd = 0; dd < DTQ / 2; ++dd) {
+          uint32_t bq[4];
+          ldsm_x4_t(bq, q_t + buf * kQBuf + kk * 16 * HDIM_QK * ES +
+                            t_cols.at_dyn(half * (DTQ / 2) + dd));
+          Mma<T>::run(dk[2 * dd], a, bq[0], bq[1]);
+          Mma<T>::run(dk[2 * dd + 1], a, bq[2], bq[3]);
+        }
+      }
+    }
+
+    // dQ += dS K for this warp's rows and columns, added to the fp32 accumulator.
+    int* sem = nullptr;
+    if (det) {
+      // Key blocks add in descending order: this one goes after the (n_max - n_block) above it.
+      int n_max = n_blocks_seq - 1;
+      if (CAUSAL) n_max = min(n_max, (min(sq, r0 + BM) - 1 + sk - sq) / BN);
+      sem = p.dq_semaphore + (static_cast<int64_t>(b) * p.num_heads + h) * p.m_blocks + m_block;
+      if (tid == 0) {
+        while (ld_acquire(sem) != n_max - n_block) {
+        }
+      }
+      __syncthreads();
+    }
+    float* dq_acc = p.dq_accum + (h * p.rows + s.ws_row) * HDIM_QK;
+#pragma unroll
+    for (int mt = 0; mt < S::kMTilesPerWarp; ++mt) {
+      const int mrow = (warp_m + mt * S::kWarpsM) * 16;  // first query row of the tile
+#pragma unroll
+      for (int ch = 0; ch < S::kDqCols / S::kDqChunk; ++ch) {
+        const int d0 = warp_d * S::kDqCols + ch * S::kDqChunk;
+        float acc[S::kDqChunk / 8][4];
+#pragma unroll
+        for (int j = 0; j < S::kDqChunk / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+        }
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks) {
+          uint32_t a[4];
+          ldsm_x4_t(a, ds_a + (ks * 16 * S::kDsStride + mrow) * ES);
+#pragma unroll
+          for (int jp = 0; jp < S::kDqChunk / 16; ++jp) {
+            uint32_t bk[4];
+            ldsm_x4_t(bk, k_t + ks * 16 * HDIM_QK * ES + t_cols.at_dyn(d0 / 16 + jp));
+            Mma<T>::run(acc[2 * jp], a, bk[0], bk[1]);
+            Mma<T>::run(acc[2 * jp + 1], a, bk[2], bk[3]);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = r0 + mrow + lane / 4 + 8 * r;
+          if (row < sq) {
+            float* dst = dq_acc + static_cast<int64_t>(row) * HDIM_QK + d0 + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < S::kDqChunk / 8; ++j) {
+              atomic_add2(dst + j * 8, acc[j][2 * r], acc[j][2 * r + 1]);
+            }
+          }
+        }
+      }
+    }
+    if (det) {
+      __syncthreads();  // every thread's adds are issued before the release
+      if (tid == 0) {
+        __threadfence();
+        atomicAdd(sem, 1);
+      }
+    }
+  }
+
+  // dK (scaled) and dV of this warp's 16 keys, in the input dtype.
+  const float scale = p.softmax_scale;
+  T* gdK = static_cast<T*>(p.dk) + s.dk + kv_head * p.dk_head_stride;
+  T* gdV = static_cast<T*>(p.dv) + s.dv + kv_head * p.dv_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = n0 + wrow + lane / 4 + 8 * r;
+    if (key < sk) {
+      T* rk = gdK + static_cast<int64_t>(key) * p.dk_row_stride + half * (HDIM_QK / SPLIT) +
+              2 * (lane % 4);
+      T* rv = gdV + static_cast<int64_t>(key) * p.dv_row_stride + half * (HDIM_V / SPLIT) +
+              2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < DTQ; ++j) {
+        *reinterpret_cast<uint32_t*>(rk + j * 8) =
+            Mma<T>::pack(dk[j][2 * r] * scale, dk[j][2 * r + 1] * scale);
+      }
+#pragma unroll
+      for (int j = 0; j < DTV; ++j) {
+        *reinterpret_cast<uint32_t*>(rv + j * 8) = Mma<T>::pack(dv[j][2 * r], dv[j][2 * r + 1]);
+      }
+    }
+  }
+}
+
+// ---- launch -----------------------------------------------------------------------------------
+
+template <typename T, int HDIM_QK, int HDIM_V, bool CAUSAL>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  using S = BwdShape<HDIM_QK, HDIM_V>;
+  cudaError_t err;
+  const int m_ctas = (p.seqlen_q + kBwdRowsPerCta - 1) / kBwdRowsPerCta;
+  if (m_ctas > 0) {
+    fmha_bwd_preprocess_kernel<T, HDIM_QK, HDIM_V>
+        <<<dim3(m_ctas, p.num_heads, p.batch), 128, 0, stream>>>(p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  const int n_ctas = (p.seqlen_k + S::kBlockN - 1) / S::kBlockN;
+  if (n_ctas > 0) {
+    auto kernel = fmha_bwd_kernel<T, HDIM_QK, HDIM_V, CAUSAL>;
+    static int configured[64] = {};  // per device: the dynamic shared memory limit is raised
+    int dev = 0;
+    err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    if (dev >= 64 || !__atomic_load_n(&configured[dev], __ATOMIC_ACQUIRE)) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 S::kSmemBytes);
+      if (err != cudaSuccess) return err;
+      if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
+    }
+    kernel<<<dim3(n_ctas, p.num_heads_k, p.batch), S::kThreads, S::kSmemBytes, stream>>>(p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (m_ctas > 0) {
+    fmha_bwd_convert_dq_kernel<T, HDIM_QK>
+        <<<dim3(m_ctas, p.num_heads, p.batch), 128, 0, stream>>>(p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace kforge_fmha
+
+// One compile unit per (element type, head-dim pair): both masks, and the launch manifest.
+#define KFORGE_FMHA_INSTANTIATE_BWD(T, HDIM_QK, HDIM_V)                                        \
+  template cudaError_t kforge_fmha::launch_bwd<T, HDIM_QK, HDIM_V, false>(                     \
+      const kforge_fmha::BwdParams&, cudaStream_t);                                            \
+  template cudaError_t kforge_fmha::launch_bwd<T, HDIM_QK, HDIM_V, true>(                      \
+      const kforge_fmha::BwdParams&, cudaStream_t);                                            \
+  [[maybe_unused]] static __device__ const KforgeLaunchSmem kforge_launch_smem[] = {           \
+      {"fmha_bwd_kernel", kforge_fmha::BwdShape<HDIM_QK, HDIM_V>::kSmemBytes}};

@@ -1,0 +1,5 @@
+// Forward instantiations for fp16, (head_dim_qk, head_dim_v) = (128, 192) (causal and
+// non-causal): the portable kernel, the only one for d_qk != d_v.
+#include "fmha_fwd_kernel.cuh"
+
+KFORGE_FMHA_INSTANTIATE_QKV(__half, 128, 192)
