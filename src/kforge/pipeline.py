@@ -234,20 +234,26 @@ def reproducibility_of(plan: Plan) -> reproducible.Reproducibility:
                                                              unmapped="the plan has no path maps")
 
 
+def stripped(plan: Plan) -> bool:
+    """The plan strips host debug info from the wheel's own binaries (kforge.config.binarypolicy)."""
+    return plan.binary is not None and plan.binary.strip_debug
+
+
 def judgement(plan: Plan) -> Judgement:
-    """What the doctor holds this build's binaries to (exactly the plan's SASS, and PTX where the wrapper rewrote);
-    the manifest records it, so `kforge doctor` on the published wheel judges it the same way."""
+    """What the doctor holds this build's binaries to (exactly the plan's SASS, and PTX where the wrapper rewrote; no
+    host debug info where the plan strips it); the manifest records it, so `kforge doctor` on the published wheel
+    judges it the same way."""
     e = plan.enforce
     if e is None or not e.exact:
-        return Judgement(policy=plan.repair_policy, expect=tuple(a.sm for a in plan.archs))
+        return Judgement(policy=plan.repair_policy, expect=tuple(a.sm for a in plan.archs), stripped=stripped(plan))
     return Judgement(policy=plan.repair_policy, expect=(*e.sass, *(e.ptx if e.exact_ptx else ())), exact=True,
-                     exact_ptx=e.exact_ptx)
+                     exact_ptx=e.exact_ptx, stripped=stripped(plan))
 
 
 def _verify(report: doctor.WheelReport | doctor.BinaryReport, plan: Plan) -> list[doctor.Finding]:
     j = judgement(plan)
     expect: list[object] = list(j.expect) if j.exact else list(plan.archs)
-    return doctor.verify(report, expect, j.policy, exact=j.exact, exact_ptx=j.exact_ptx)
+    return doctor.verify(report, expect, j.policy, exact=j.exact, exact_ptx=j.exact_ptx, stripped=j.stripped)
 
 
 def build_step(plan: Plan, run: Run, done: Done) -> BuildResult:
@@ -301,7 +307,7 @@ def repair_step(plan: Plan, run: Run, done: Done) -> tuple[RepairedWheel, ...]:
                                           repairer=plan.repairer,
                                           policy=plan.repair_policy, platform_policy=plan.platform_tag,
                                           lib_paths=[home / "lib64", home / "lib"],
-                                          python=run.python, env=done.toolchain.env)
+                                          python=run.python, env=done.toolchain.env, strip_debug=stripped(plan))
         run.log.info(f"{fixed.wheel.name}: {fixed.tag}" + ("" if fixed.repaired else " (no binaries to repair)"))
         for note in fixed.notes:
             run.log.info(f"  {note}")
@@ -393,7 +399,7 @@ class Step:
 
 def _expects(plan: Plan, run: Run, done: Done) -> str:
     j = judgement(plan)
-    return ("exactly " if j.exact else "expects ") + " ".join(j.expect)
+    return ("exactly " if j.exact else "expects ") + " ".join(j.expect) + ("; no host debug info" if j.stripped else "")
 
 
 def _repair_detail(plan: Plan, run: Run, done: Done) -> str:

@@ -18,7 +18,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from kforge.build.host import HostFacts
@@ -27,7 +26,9 @@ from kforge.build.jobs import JobChoice, choose_jobs, jobs_sentence, order_line
 from kforge.build.profiles import JobProfile, for_arch_count
 from kforge.build.reproducible import Reproducibility, plan_reproducibility, wrapper_reach
 from kforge.build.toolchain import host_include_env
+from kforge.config.binarypolicy import BinaryPolicy, binary_policy
 from kforge.config.forge import normalise_env_value
+from kforge.config.knowledge import require_current_knowledge
 from kforge.config.model import BACKEND_NAMES, ArchKnob, Forge, GpuTests, Platform, Project
 from kforge.config.options import BY_NAME, PlanOptions, parse_value
 from kforge.config.repairpolicy import TORCH_LIBRARIES, RepairPolicy, default_policy
@@ -37,7 +38,7 @@ from kforge.config.variant import Provisioning, Variant, parse_python, parse_ver
 from kforge.config.wheelname import local_version_label
 from kforge.cuda.arch import Arch, as_cuda_version, require_supported
 from kforge.cuda.enforce import ArchEnforcement, plan_enforcement
-from kforge.cuda.render import FLASHINFER_RULE_VALID_FOR, default_variant, render_gencode, render_knob
+from kforge.cuda.render import default_variant, render_gencode, render_knob
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.fsutil import work_root
 from kforge.sources.series import PatchContext, Series, load_series, series_hash
@@ -106,6 +107,7 @@ class Plan:
     repairer: str = "auditwheel"  # kforge.wheels.repair.REPAIRERS: auditwheel (Linux) or delvewheel (Windows)
     ninja_shim: bool = False  # kforge's ninja shim goes in front (a POSIX host, not a container): jobs.order applies
     reproducible: Reproducibility | None = None  # kforge.build.reproducible: seed and path maps every build of it gets
+    binary: BinaryPolicy | None = None  # kforge.config.binarypolicy: which archs get PTX; host debug info stripped or kept
 
     @property
     def id(self) -> str:
@@ -153,7 +155,9 @@ class Plan:
             "pythons": list(self.pythons),
             "local_version": self.local_version,
             "local_version_in_wheel": self.local_version_in_wheel,
-            "repair": {"tool": self.repairer, "policy": self.repair_policy.name, "exclude": list(self.repair_policy.exclude)},
+            "repair": {"tool": self.repairer, "policy": self.repair_policy.name, "exclude": list(self.repair_policy.exclude),
+                       "strip_debug": bool(self.binary and self.binary.strip_debug)},
+            "binaries": self.binary.to_dict() if self.binary else None,
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
             "image": self.image,
             "platform_tag": self.platform_tag,
@@ -203,6 +207,7 @@ class Plan:
             + (f"; torch-free: no binary may need {', '.join(TORCH_LIBRARIES)}" if self.repair_policy.torch_free else ""),
             f"  work dir    {self.work_dir}",
             "  nvcc flags  " + " ".join(self.nvcc_flags),
+            *(self.binary.lines(self.archs) if self.binary else []),
             f"  platform    {self.platform_tag or 'the best tag the binaries allow'}"
             + (f" (image {self.image})" if self.image else ""),
         ]
@@ -222,48 +227,14 @@ class Plan:
 # ---------------------------------------------------------------------------------------------
 
 
-def require_current_knowledge(project: Project) -> None:
-    """Refuse a plan whose upstream version is outside what kforge's knowledge of it was checked for.
-
-    Two kinds: the project's knobs (``knobs_valid_for`` in forge.toml) and FlashInfer's arch-suffix
-    rule (:data:`kforge.cuda.render.FLASHINFER_RULE_VALID_FOR`). A pin bump that outdates either fails
-    here, loudly, instead of building with knobs upstream no longer reads.
-    """
-    version = Version(project.upstream_version) if project.upstream_version else None
-    if project.knobs_valid_for is not None and version is not None and version not in SpecifierSet(project.knobs_valid_for):
-        raise ConfigError(
-            f"{project.name}'s knobs in forge.toml were checked for upstream {project.knobs_valid_for}, "
-            f"and the pin is {project.upstream_version}",
-            why="upstream may have renamed, dropped or added the variables kforge sets",
-            fix=f"run `kforge audit {project.name}` on the new pin, fix the knobs it reports, then widen "
-                f"projects.{project.name}.knobs_valid_for",
-        )
-    if project.variant_rule == "flashinfer":
-        if version is None or version not in FLASHINFER_RULE_VALID_FOR:
-            raise ConfigError(
-                f"{project.name} uses FlashInfer's arch-suffix rule, which kforge knows for {FLASHINFER_RULE_VALID_FOR}, "
-                f"and the pin is {project.upstream_version or 'of unknown version'}",
-                why="the rule (flashinfer/compilation_context.py) changed between releases before; a wrong suffix "
-                "builds the wrong cubins",
-                fix="re-read compilation_context.py at the new pin and update kforge.cuda.render.default_variant "
-                "and FLASHINFER_RULE_VALID_FOR" + ("" if version else f"; set projects.{project.name}.upstream_version"),
-            )
-
-
 def effective_archs(project: Project, archs: tuple[Arch, ...], cuda: Version) -> tuple[Arch, ...]:
     if project.variant_rule == "flashinfer":
         return tuple(a if a.variant else default_variant(a, cuda) for a in archs)
     return archs
 
 
-def make_plan(
-    forge: Forge,
-    target: Target,
-    host: HostFacts,
-    options: PlanOptions | None = None,
-    *,
-    job_profile: JobProfile,
-) -> Plan:
+def make_plan(forge: Forge, target: Target, host: HostFacts, options: PlanOptions | None = None, *,
+              job_profile: JobProfile) -> Plan:
     """Resolve everything a build of ``target`` will do. Raises before anything runs.
 
     ``job_profile`` is the project's measured compile-unit profile (``kforge.build.profiles.load_profile``).
@@ -278,14 +249,15 @@ def make_plan(
     variant = Variant(cuda=Version(f"{toolchain.cuda.major}.{toolchain.cuda.minor}"), python=toolchain.python,
                       torch=toolchain.torch if project.torch_abi else None)
     local_version = local_version_label(project, target.archs, toolchain.cuda, toolchain.torch)
-    env = _env(project, platform, profile, archs, toolchain, jobs, host, local_version, options.env)
     backend = _backend(options.backend or project.backend)
+    binary = binary_policy(project, ptx=options.ptx, strip_debug=options.strip_debug, platform_os=platform.os, backend=backend)
+    env = _env(project, platform, profile, archs, toolchain, jobs, host, local_version, options.env, binary)
     ctx = PatchContext(platform=target.platform, archs=tuple(a.sm for a in archs),
                        upstream_version=project.upstream_version)
     series = load_series(project.patches)
     selected = Series(series.directory, series.select(ctx), series.header)
     kind, pin = _source(project)
-    nvcc_flags = render_gencode(archs)
+    nvcc_flags = render_gencode(archs, ptx=binary.render_ptx)
     enforce = _enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads)
     return Plan(
         target=target, project=project, root=forge.root, work_dir=work_root(forge.root) / target.id,
@@ -315,6 +287,7 @@ def make_plan(
         # the nvcc wrapper (installed unless enforcement is off; a POSIX script outside containers) maps device paths
         reproducible=plan_reproducibility(project.name, forge.root, platform.os,
                                           **wrapper_reach(enforce.wrapper, backend, enforce.mode)),
+        binary=binary,
     )
 
 
@@ -450,14 +423,16 @@ def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobP
 
 
 def _env(project: Project, platform: Platform, profile: str | None, archs: tuple[Arch, ...], toolchain: Toolchain,
-         jobs: JobChoice, host: HostFacts, local_version: str | None, extra: Mapping[str, str]) -> Mapping[str, str]:
-    """The build environment, in cascade order: platform, project, profile, arch knobs, jobs, toolkit, --env."""
+         jobs: JobChoice, host: HostFacts, local_version: str | None, extra: Mapping[str, str],
+         binary: BinaryPolicy) -> Mapping[str, str]:
+    """The build environment, in cascade order: platform, project, profile, arch knobs (with the PTX policy), jobs,
+    toolkit, --env."""
     env: dict[str, str] = {**platform.env, **project.env}
     if profile is not None:
         env.update(project.profiles[profile].env)
     for knob in project.arch_knobs:
         _check_knob_keeps_variants(project, knob, archs)
-        env.update(render_knob(knob, archs, toolchain.cuda))
+        env.update(render_knob(knob, archs, toolchain.cuda, ptx=binary.render_ptx))
     env.update(jobs.env())
     if toolchain.uses_installed and host.cuda_home:
         env["CUDA_HOME"] = host.cuda_home

@@ -76,6 +76,20 @@ def test_hard_coded_archs_are_rewritten_to_the_plans(env: dict[str, str], tmp_pa
     assert alone.returncode == 0, alone.stdout + alone.stderr
     assert json.loads(alone.stdout)["ok"] is True
 
+    # strip_debug (the default): the repair step looked (this fixture builds without -g: nothing to strip; real
+    # stripping is tests/integration/test_repair_real.py's), the doctor checked, and the manifest says so
+    assert manifest["doctor"]["judged_by"]["stripped"] is True
+    assert "strip_debug: no binary of the wheel has host debug info" in out.stderr
+
+    # --ptx none: the wrapper gives every step SASS only, whatever it asked (CMake's 90 means SASS + PTX to nvcc)
+    none = kforge("build", "gencode-sm90", "--ptx", "none", "--wheelhouse", str(root / "wh-none"), "--no-progress",
+                  cwd=root, env=env)
+    assert none.returncode == 0, none.stdout + none.stderr
+    (bare,) = (root / "wh-none" / "gencode").glob("*.whl")
+    doctor = json.loads(Path(str(bare) + ".manifest.json").read_text())["doctor"]
+    assert _codes(doctor) == {"_direct": ({"sm_90"}, set()), "_cmake": ({"sm_90"}, set())}
+    assert doctor["judged_by"]["expect"] == ["sm_90"] and doctor["judged_by"]["exact_ptx"] is True
+
 
 def test_exact_doctor_fails_a_real_multi_arch_build(env: dict[str, str], tmp_path: Path) -> None:
     root = make_mono(tmp_path / "mono", mode="check")  # report, don't rewrite: the upstream's three archs go in

@@ -68,6 +68,28 @@ def test_auditwheel_grafts_helper_and_excludes_driver_and_cudart(linux_wheel: Pa
     assert [f for f in findings if f.severity in ("error", "warning")] == []
 
 
+def test_strip_debug_then_auditwheel_on_a_real_extension(linux_ext, work: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The fixture extension linked again with gcc -g (host DWARF, as setuptools' -g from Python's CFLAGS gives a
+    torch extension's .cpp): repair with strip_debug strips it before auditwheel grafts and patches, the device code
+    and the library links survive, and the doctor's stripped check passes on the result."""
+    ext = tmp_path / "_ext.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-g", "-o", str(ext), str(B.HERE / "ext.c"), str(work / "linux-ext" / "kernel_shared.o"),
+                    "-Wl,--no-as-needed", f"-L{linux_ext.helper_dir}", "-lkfhelper", f"-L{linux_ext.driver_dir}", "-lcuda",
+                    f"-L{linux_ext.cuda_lib}", "-lcudart", "-lstdc++"], check=True)  # fmt: skip
+    before = inspect_bytes(ext.read_bytes(), "_ext.so")
+    assert before.debug_sections and before.sass_archs == ("sm_80",)
+    wheel = B.make_wheel(tmp_path / "in", "kforge-fixture", "0.1.0", TAG, {"kforge_fixture/__init__.py": b"", "kforge_fixture/_ext.so": ext})
+    policy = default_policy("fixture", cudart_shared=True)
+    result = repair_wheel(wheel, tmp_path / "out", platform="linux", policy=policy, lib_paths=[linux_ext.helper_dir],
+                          strip_debug=True)
+    assert result.notes[0].startswith("strip_debug: ") and "kforge_fixture/_ext.so" in result.notes[1]
+    report = inspect_wheel(result.wheel)
+    fixed = next(b for b in report.binaries if b.path == "kforge_fixture/_ext.so")
+    assert fixed.debug_sections == () and fixed.sass_archs == ("sm_80",) and fixed.fatbins == before.fatbins
+    assert [unmangle(g.rsplit("/", 1)[-1]) for g in result.grafted] == ["libkfhelper.so"]
+    assert [f for f in check(report, expect_archs=["sm_80"], policy=policy, exact=True, stripped=True) if f.is_error] == []
+
+
 def test_doctor_flags_a_bundled_library_the_policy_excludes(linux_wheel: Path, linux_ext, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # Repair without excluding the CUDA runtime: auditwheel grafts libcudart.
     loose = default_policy("fixture", cudart_shared=False)

@@ -73,6 +73,22 @@ def test_every_renderer_has_one_signature_and_takes_the_set(knob, archs, expecte
     assert render_knob(knob, A(archs), "13.0") == expected
 
 
+@pytest.mark.parametrize(("ptx", "torch", "cmake", "gencode"), [
+    (False, "9.0a;12.0a", "90a-real;120a-real", ("-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_120a,code=sm_120a")),
+    ("last", "9.0a;12.0a+PTX", "90a-real;120a", ("-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_120a,code=sm_120a",
+                                                 "-gencode=arch=compute_120a,code=compute_120a")),
+    (True, "9.0a+PTX;12.0a+PTX", "90a;120a", ("-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90a,code=compute_90a",
+                                              "-gencode=arch=compute_120a,code=sm_120a", "-gencode=arch=compute_120a,code=compute_120a")),
+])
+def test_render_knob_follows_the_builds_ptx_policy(ptx, torch, cmake, gencode):
+    """The knobs that can say PTX follow the plan's policy (kforge.config.binarypolicy); the others cannot."""
+    archs = A("90a;120a")
+    assert render_knob(Knob("torch", "T"), archs, CUDA13, ptx=ptx) == {"T": torch}
+    assert render_knob(Knob("cmake", "C"), archs, CUDA13, ptx=ptx) == {"C": cmake}
+    assert render_knob(Knob("gencode", "G"), archs, CUDA13, ptx=ptx) == {"G": " ".join(gencode)}
+    assert render_knob(Knob("numbers", "N"), archs, CUDA13, ptx=ptx) == {"N": "90;120"}
+
+
 def test_render_knob_unknown_format():
     with pytest.raises(ArchError, match="has no renderer.*did you mean 'numbers'"):
         render_knob(Knob("number", "X"), A("80"), CUDA13)

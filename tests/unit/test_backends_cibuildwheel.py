@@ -92,7 +92,8 @@ def test_torch_project_on_linux(tmp_path):
         assert pkg in before_all.split()
     assert "torch==2.11.0 --index-url https://download.pytorch.org/whl/cu130" in cibw["CIBW_BEFORE_BUILD"]
     assert cibw["CIBW_REPAIR_WHEEL_COMMAND_LINUX"].endswith(
-        "kforge repair --target fa-sm120 --wheel {wheel} --dest-dir {dest_dir} --exclude 'libfoo.so*' --torch-abi")
+        "kforge repair --target fa-sm120 --wheel {wheel} --dest-dir {dest_dir} --strip-debug --exclude 'libfoo.so*' "
+        "--torch-abi")  # --strip-debug: the plan's debug line (strip_debug defaults to true), inside the container
     assert "pip install -q 'kforge[repair]==" in cibw["CIBW_REPAIR_WHEEL_COMMAND_LINUX"]
 
     env = container_env(cibw)

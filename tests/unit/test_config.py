@@ -122,6 +122,11 @@ def test_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
          "did you mean 'compile_units'"),
         (MINIMAL + '\n[projects.demo.profiles."../x"]\nenv = {}\n', "projects.demo.profiles.../x", "not a valid profile name"),
         (MINIMAL + 'ci_runner = "self_hosted"\n', "projects.demo.ci_runner", "did you mean 'self-hosted'"),
+        (MINIMAL + 'ptx = "hihgest"\n', "projects.demo.ptx", "did you mean 'highest'"),
+        (MINIMAL + 'ptx = true\n', "projects.demo.ptx", "must be a string"),
+        (MINIMAL + 'upstream_ptx = "upstream"\n', "projects.demo.upstream_ptx", "records what upstream's own build ships"),
+        (MINIMAL + 'upstream_ptx = "sass"\n', "projects.demo.upstream_ptx", "must be one of none, highest, all"),
+        (MINIMAL + 'strip_debug = "yes"\n', "projects.demo.strip_debug", "must be a boolean"),
     ],
 )
 def test_malformed_files_name_the_key(tmp_path: Path, text: str, key_path: str, hint: str) -> None:
@@ -131,6 +136,26 @@ def test_malformed_files_name_the_key(tmp_path: Path, text: str, key_path: str, 
     assert key_path in message
     assert hint in message
     assert "Traceback" not in message
+
+
+def test_ptx_and_strip_debug_default_to_upstreams_and_stripped(tmp_path: Path) -> None:
+    demo = load_forge(write(tmp_path, MINIMAL)).projects["demo"]
+    assert (demo.ptx, demo.upstream_ptx, demo.strip_debug) == ("upstream", None, True)
+    text = MINIMAL + 'ptx = "all"\nupstream_ptx = "none"\nstrip_debug = false\n'
+    demo = load_forge(write(tmp_path, text)).projects["demo"]
+    assert (demo.ptx, demo.upstream_ptx, demo.strip_debug) == ("all", "none", False)
+
+
+def test_every_real_project_says_what_ptx_it_ships() -> None:
+    """No project of the real file falls back to kforge's default: each records upstream's PTX, or sets its own."""
+    forge = load_forge(ROOT)
+    unsaid = [p.name for p in forge.projects.values() if p.ptx == "upstream" and p.upstream_ptx is None]
+    assert unsaid == []
+    assert {n: (p.ptx, p.upstream_ptx) for n, p in forge.projects.items()} == {
+        "fmha": ("highest", None), "flash-attn": ("upstream", "none"), "flash-attn3": ("upstream", "none"),
+        "flash-attn3-standalone": ("upstream", "none"), "flashmla": ("upstream", "none"), "flashinfer": ("upstream", "none"),
+    }
+    assert all(p.strip_debug for p in forge.projects.values())
 
 
 def test_arch_sets_resolve_to_the_declared_archs_in_order(tmp_path: Path) -> None:

@@ -235,6 +235,33 @@ def test_exact_sass_only_leaves_ptx_to_the_upstream() -> None:
     assert check(binary("sm_90"), expect_archs=["sm_90", "compute_90"], exact=True, exact_ptx=False) == []
 
 
+def test_stripped_fails_host_debug_info_in_the_wheels_own_elf_binaries() -> None:
+    from kforge.doctor.model import SectionSize
+
+    debug = (SectionSize(".text", 10), SectionSize(".debug_str", 6_000_000), SectionSize(".debug_info", 3_400_000),
+             SectionSize(".debug_line", 10), SectionSize(".debug_abbrev", 5))
+    rep = wheel(binary("sm_90", path="pkg/_a.so", sections=debug),
+                binary(path="pkg/_host_only.so", sections=debug),  # no device code: stripped all the same
+                binary("sm_90", path="pkg.libs/libvendored.so", sections=debug),  # vendored by repair: not ours
+                BinaryReport(path="pkg/_a.pyd", format="pe", size=1, sections=debug))  # PE: strip_debug is Linux's
+    found = [f for f in check(rep, expect_archs=["sm_90"], exact=True, stripped=True) if f.code == "debug-info"]
+    assert [f.binary for f in found] == ["pkg/_a.so", "pkg/_host_only.so"]
+    assert ("carries host debug info (.debug_str 6.0 MB, .debug_info 3.4 MB, .debug_line 0.0 MB ...; 9.4 MB in all)"
+            in found[0].message)
+    assert not [f for f in check(rep, expect_archs=["sm_90"], exact=True) if f.code == "debug-info"]
+    with pytest.raises(DoctorError) as info:
+        verify(rep, ["sm_90"], stripped=True)
+    assert "kforge repair --strip-debug" in (info.value.fix or "") and "--keep-debug" in (info.value.fix or "")
+
+
+def test_exact_ptx_none_fails_any_ptx() -> None:
+    """A plan with ptx = "none" (flash-attn's upstream ships SASS only) expects no PTX: any is extra."""
+    found = [(f.code, f.arch) for f in check(binary("sm_90", "compute_90", path="pkg/_a.so"), expect_archs=["sm_90"],
+                                             exact=True)]
+    assert found == [("extra-ptx", "compute_90")]
+    assert check(binary("sm_90", path="pkg/_a.so"), expect_archs=["sm_90"], exact=True) == []
+
+
 def test_render_text_explains_its_marks_in_a_legend() -> None:
     text = render_text(wheel(binary("sm_90a", "compute_90a", path="pkg/k.so")))
     legend = next(line for line in text.splitlines() if "SASSz" in line)

@@ -126,3 +126,17 @@ def test_doctor_judges_a_torch_free_projects_wheel_by_its_needed_libraries(tmp_p
                       {lib: tiny_elf(("libc.so.6",))})
     code, out, _ = run(["doctor", str(good), "--project", "flash-attn3-standalone"], capsys)
     assert code == 0 and "torch-free: no binary needs libtorch*" in out
+
+
+def test_doctor_judges_debug_info_by_the_manifest_or_stripped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lib = "kf/_ext.so"
+    debug = ((".debug_info", b"\x01" * 300), (".debug_str", b"x\0" * 100))
+    whl = make_wheel(tmp_path, "kf", "1.0", "cp311-cp311-linux_x86_64", {lib: tiny_elf(("libc.so.6",), "_ext.so", extra=debug)})
+    assert run(["doctor", str(whl), "--policy", "none"], capsys)[0] == 0  # kept debug info is no error by itself
+    code, out, _ = run(["doctor", str(whl), "--policy", "none", "--stripped"], capsys)
+    assert code == DoctorError.exit_code and "kf/_ext.so carries host debug info (.debug_info" in out
+    judged = Judgement(default_policy("kf", torch=False), stripped=True)
+    assert Judgement.from_manifest({"project": "kf", "doctor": {"judged_by": judged.to_dict()}}, "m").stripped
+    Path(str(whl) + ".manifest.json").write_text(json.dumps({"project": "kf", "doctor": {"judged_by": judged.to_dict()}}))
+    code, out, _ = run(["doctor", str(whl)], capsys)  # a stripped build's manifest: judged the same way later
+    assert code == DoctorError.exit_code and "carries host debug info" in out

@@ -241,3 +241,24 @@ def test_a_shim_runs_the_real_compiler_or_its_sibling_of_the_shims_name() -> Non
     assert real_compiler("/shims/g++", "gcc") == "g++"
     assert [companion(n) for n in ("gcc", "gcc-12", "clang", "clang++", "cc", "icpx")] == [
         "g++", "g++-12", "clang++", None, "c++", None]
+
+
+@pytest.mark.parametrize(("ptx", "whole", "sm80_only"), [
+    # none: no step gets PTX, even one that asked for it (-arch=sm_80 means SASS sm_80 + PTX compute_80 to nvcc)
+    (False, ("sm_80", "sm_120"), ("sm_80",)),
+    # highest: only the highest arch's PTX; a per-file split that builds sm_80 alone gets none
+    ("last", ("sm_80", "sm_120", "compute_120"), ("sm_80",)),
+    # all: every arch's PTX, in every step that builds that arch
+    (True, ("sm_80", "compute_80", "sm_120", "compute_120"), ("sm_80", "compute_80")),
+])
+def test_the_wrapper_applies_the_plans_ptx_policy(ptx, whole, sm80_only) -> None:
+    """The plan renders its -gencode flags with the PTX policy (kforge.config.binarypolicy); the wrapper enforces them."""
+    from kforge.cuda.arch import parse_arch_list
+    from kforge.cuda.render import render_gencode
+
+    policy = policy_from_flags(render_gencode(parse_arch_list("80;120"), ptx=ptx))
+    assert rewrite(["-c", "k.cu", "-o", "k.o"], policy).got == whole  # no arch flag: every plan arch
+    one = rewrite(["-c", "k_sm80.cu", "-o", "k.o", "-arch=sm_80"], policy)
+    assert one.asked == ("sm_80", "compute_80") and one.got == sm80_only
+    assert [w for w in one.argv if "compute_" in w and "code=compute_" in w] == (
+        ["-gencode=arch=compute_80,code=compute_80"] if "compute_80" in sm80_only else [])

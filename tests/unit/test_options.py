@@ -41,3 +41,17 @@ def test_cascade_flags_over_variables() -> None:
         PlanOptions.from_cascade({"KFORGE_BACKEND": "nativ"})
     with pytest.raises(ConfigError, match="--env 'X' is not KEY=VALUE"):
         options.parse_env_pairs(["X"])
+
+
+def test_ptx_and_keep_debug_come_from_flags_and_variables() -> None:
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    args = parser.parse_args(["--ptx", "none", "--keep-debug"])
+    assert (args.ptx, args.strip_debug) == ("none", False)
+    assert parser.parse_args([]).strip_debug is None  # not given: the project's strip_debug decides
+    opts = PlanOptions.from_cascade({"KFORGE_PTX": "all", "KFORGE_STRIP_DEBUG": "0"})
+    assert (opts.ptx, opts.strip_debug) == ("all", False)
+    assert PlanOptions.from_cascade({"KFORGE_PTX": "all"}, ptx="highest").ptx == "highest"  # the flag wins
+    assert PlanOptions.from_cascade({"KFORGE_STRIP_DEBUG": "yes"}).strip_debug is True
+    with pytest.raises(ConfigError, match="KFORGE_PTX='sass' is not one of upstream, highest, none, all"):
+        PlanOptions.from_cascade({"KFORGE_PTX": "sass"})

@@ -82,8 +82,9 @@ class FakeBackend:
 
 
 def fake_repair(wheel: Path, out_dir: Path, *, platform, repairer, policy, platform_policy, lib_paths, python,  # noqa: ANN001
-                env) -> RepairResult:
+                env, strip_debug) -> RepairResult:
     assert repairer == {"linux": "auditwheel", "windows": "delvewheel"}[platform]  # the plan's choice reached the step
+    assert strip_debug is (platform == "linux")  # the plan's debug line reached the step (Windows: nothing to strip)
     out_dir.mkdir(parents=True, exist_ok=True)
     fixed = out_dir / wheel.name.replace("linux_x86_64", "manylinux_2_28_x86_64")
     fixed.write_bytes(wheel.read_bytes())
@@ -249,6 +250,23 @@ def test_a_torch_free_projects_binaries_may_not_need_torch_in_a_wheel_or_a_cmake
     judged = json.loads(outcome.manifest.read_text())["doctor"]["judged_by"]
     assert judged["torch_free"] is True  # `kforge doctor` on the published wheel checks it again
     assert any(f["code"] == "torch-free" for f in json.loads(outcome.manifest.read_text())["doctor"]["findings"])
+
+
+def test_a_plan_that_strips_fails_a_binary_with_debug_info_and_records_it(tmp_path: Path, mono) -> None:
+    """strip_debug (the default): the doctor fails a wheel whose own binary kept .debug_* sections (the repair step's
+    strip did not run, here), and the manifest says the wheel was judged stripped, for `kforge doctor` later."""
+    from kforge.doctor.model import SectionSize
+
+    plan, host = mono("tiny-sm90")
+    assert plan.binary is not None and plan.binary.strip_debug
+    wheel = inspect_as("sm_90", "compute_90")
+    with_debug = lambda w: dataclasses.replace(wheel(w), binaries=(dataclasses.replace(  # noqa: E731
+        wheel(w).binaries[0], sections=(SectionSize(".text", 100), SectionSize(".debug_info", 3_400_000))),))
+    run, _ = make_run(tmp_path / "debug", plan, host, inspect=with_debug)
+    with pytest.raises(DoctorError, match=r"tiny/_k.so carries host debug info \(.debug_info 3.4 MB"):
+        pipeline.run_build(plan, run)
+    outcome = pipeline.run_build(plan, make_run(tmp_path / "ok", plan, host)[0])
+    assert json.loads(outcome.manifest.read_text())["doctor"]["judged_by"]["stripped"] is True
 
 
 def test_a_build_profiles_measured_units_go_to_that_profiles_job_profile(tmp_path: Path, mono) -> None:

@@ -52,8 +52,8 @@ def test_flashmla_sm120(forge) -> None:
     assert plan.env["FLASH_MLA_DISABLE_SM100"] == "1"
     assert "-gencode=arch=compute_120a,code=sm_120a" in plan.nvcc_flags
     # With both DISABLE flags FlashMLA passes no arch flag, so torch's cpp_extension reads
-    # TORCH_CUDA_ARCH_LIST; NVCC_APPEND_FLAGS never reached it (issue 11).
-    assert plan.env["TORCH_CUDA_ARCH_LIST"].split(";") == ["12.0a+PTX"]
+    # TORCH_CUDA_ARCH_LIST; NVCC_APPEND_FLAGS never reached it (issue 11). No +PTX: upstream ships SASS only.
+    assert plan.env["TORCH_CUDA_ARCH_LIST"].split(";") == ["12.0a"]
     assert "NVCC_APPEND_FLAGS" not in plan.env
     assert [a.sm for a in plan.archs] == ["sm_120a"]
     assert plan.source_kind == "git" and "9241ae3ef9bac614dd25e45e507e089f888280e0" in plan.source_pin
@@ -384,7 +384,7 @@ def test_fa3_standalone_passes_its_profile_to_cmake_and_builds_torch_free(forge)
     from kforge.pipeline import judgement
 
     minimal = standalone(forge, "minimal")
-    assert minimal.env["CMAKE_ARGS"] == "-DFA3S_PROFILE=minimal" and minimal.env["CMAKE_CUDA_ARCHITECTURES"] == "90a"
+    assert minimal.env["CMAKE_ARGS"] == "-DFA3S_PROFILE=minimal" and minimal.env["CMAKE_CUDA_ARCHITECTURES"] == "90a-real"
     assert standalone(forge, "full").env["CMAKE_ARGS"] == "-DFA3S_PROFILE=full"
     assert plan_for(forge, "flash-attn3-standalone-sm90").profile == "full"
     assert not any(k.startswith("FLASH_ATTENTION_") for k in minimal.env)  # flash-attn3's setup.py knobs are not ours
@@ -394,9 +394,9 @@ def test_fa3_standalone_passes_its_profile_to_cmake_and_builds_torch_free(forge)
     assert minimal.repair_policy.torch_free and not minimal.repair_policy.excludes("libc10.so")
     assert "torch-free: no binary may need libtorch*, libc10*" in minimal.render()
     assert "CMAKE_ARGS=-DFA3S_PROFILE=minimal" in minimal.render()
-    # the doctor holds every binary to exactly the plan's arch: SASS sm_90a and PTX compute_90a
+    # the doctor holds every binary to exactly the plan's arch: SASS sm_90a, and no PTX (FA3's own build ships none)
     judged = judgement(minimal)
-    assert judged.exact and judged.expect == ("sm_90a", "compute_90a") and judged.policy.torch_free
+    assert judged.exact and judged.expect == ("sm_90a",) and judged.policy.torch_free
     cmake = standalone(forge, "minimal", backend="cmake")
     assert not cmake.makes_wheel and cmake.env["CMAKE_ARGS"] == "-DFA3S_PROFILE=minimal"
 
@@ -432,3 +432,31 @@ def test_fa3_standalone_on_the_build_hosts_we_have(forge) -> None:
     assert (small.jobs.max_jobs, small.jobs.est_peak_memory) == (2, 2 * 6_572_204 * 1024)
     big = standalone(forge, "full", host(resources=Resources(16, 118 * GiB, 125 * GiB)))
     assert 12 <= big.jobs.max_jobs <= 16 and big.jobs.est_peak_memory <= 118 * GiB * 0.9
+
+
+def test_the_plan_applies_and_prints_the_ptx_and_debug_policy(forge) -> None:
+    """flash-attn's own build ships SASS only: so do the plan's flags, and the plan says where that came from."""
+    plan = plan_for(forge, "flash-attn-sm90")
+    assert plan.nvcc_flags == ("-gencode=arch=compute_90,code=sm_90",)
+    assert plan.enforce is not None and plan.enforce.ptx == () and plan.enforce.sass == ("sm_90",)
+    text = plan.render()
+    assert "\n  ptx         none (upstream's: SASS only)\n" in text
+    assert "\n  debug       stripped (forge.toml strip_debug)" in text
+    data = plan.to_dict()
+    assert data["binaries"]["ptx"] == "none" and data["repair"]["strip_debug"] is True
+
+
+def test_ptx_all_reaches_the_flags_and_the_knobs_that_can_say_ptx(forge) -> None:
+    plan = plan_for(forge, "flashmla-sm120", ptx="all")
+    assert plan.env["TORCH_CUDA_ARCH_LIST"] == "12.0a+PTX"
+    assert plan.nvcc_flags == ("-gencode=arch=compute_120a,code=sm_120a", "-gencode=arch=compute_120a,code=compute_120a")
+    fmha = plan_for(forge, "fmha-release")  # ptx = "highest": the cmake knob's last entry keeps its PTX
+    assert fmha.env["CMAKE_CUDA_ARCHITECTURES"] == "80-real;86-real;89-real;90a-real;100a-real;120a"
+    assert plan_for(forge, "fmha-release", ptx="none").env["CMAKE_CUDA_ARCHITECTURES"].endswith(";120a-real")
+
+
+def test_keep_debug_and_windows_keep_the_debug_info(forge) -> None:
+    kept = plan_for(forge, "flash-attn-sm90", strip_debug=False)
+    assert kept.binary is not None and not kept.binary.strip_debug and kept.to_dict()["repair"]["strip_debug"] is False
+    win = plan_for(forge, "flash-attn-sm120-windows")
+    assert win.binary is not None and not win.binary.strip_debug

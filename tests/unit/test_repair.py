@@ -171,3 +171,32 @@ def test_apply_local_version_is_reproducible(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr("time.time", lambda: 2_000_000_000.0)  # a later clock
     second = apply_local_version(src, "sm90a", out_dir=tmp_path / "b").read_bytes()
     assert first == second
+
+
+@pytest.mark.skipif(__import__("shutil").which("strip") is None, reason="binutils' strip is not installed here")
+def test_strip_debug_runs_before_the_repairer(tmp_path: Path) -> None:
+    """auditwheel (here a runner that writes its input back as the repaired wheel) gets the stripped wheel: stripping
+    before patchelf edits a library, never after; the notes say how much went."""
+    from kforge_doctor_builders import make_wheel, tiny_elf
+
+    from kforge.wheels.debuginfo import debug_sections_of
+
+    debug = ((".debug_info", b"\x01" * 2000), (".debug_str", b"x\0" * 500))
+    src = make_wheel(tmp_path / "in", "kf", "1.0", "cp311-cp311-linux_x86_64",
+                     {"kf/_ext.so": tiny_elf(("libc.so.6",), "_ext.so", extra=debug)})
+    seen = []
+
+    def auditwheel(cmd, env):  # noqa: ANN001
+        given = Path(cmd[-1])
+        with zipfile.ZipFile(given) as zf:
+            seen.append(debug_sections_of(zf.read("kf/_ext.so")))
+        out = Path(cmd[cmd.index("-w") + 1]) / given.name.replace("linux_x86_64", "manylinux_2_17_x86_64")
+        out.write_bytes(given.read_bytes())
+        return 0, "ok"
+
+    result = repair_wheel(src, tmp_path / "out", platform="linux", policy=default_policy(), runner=auditwheel,
+                          strip_debug=True)
+    assert seen == [()] and result.tag == "manylinux_2_17_x86_64"
+    assert result.notes[0].startswith("strip_debug: ") and "kf/_ext.so" in result.notes[1]
+    kept = repair_wheel(src, tmp_path / "out2", platform="linux", policy=default_policy(), runner=auditwheel)
+    assert seen[-1] == (".debug_info", ".debug_str") and not any("strip_debug" in n for n in kept.notes)

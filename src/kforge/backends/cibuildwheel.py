@@ -142,10 +142,12 @@ def cuda_install_command(cuda: Version, machine: str, torch_abi: bool) -> str:
 
 
 def repair_command(target_id: str, *, torch_abi: bool, excludes: Sequence[str], install: str | None,
-                   kforge: str = "kforge", plat: str | None = None) -> str:
+                   kforge: str = "kforge", plat: str | None = None, strip_debug: bool = False) -> str:
     args = ["repair", "--target", target_id, "--wheel", "{wheel}", "--dest-dir", "{dest_dir}"]
     if plat:  # the plan's platform tag: the repair inside the container must reach it
         args += ["--plat", plat]
+    if strip_debug:  # the plan's debug line: stripped inside the container, before auditwheel
+        args.append("--strip-debug")
     for pattern in excludes:
         args += ["--exclude", pattern]
     if torch_abi:
@@ -224,6 +226,7 @@ def cibuildwheel_env(
         out["CIBW_REPAIR_WHEEL_COMMAND_LINUX"] = repair_command(
             plan.target.id, torch_abi=project.torch_abi, excludes=excludes,
             plat=wheel_tag(plan.platform_tag, mach) if getattr(plan, "platform_tag", None) else None,
+            strip_debug=bool(getattr(getattr(plan, "binary", None), "strip_debug", False)),
             install=kforge_requirement or f"kforge[repair]=={__version__}")
     else:
         # Windows wheels build on the Windows host itself: its CUDA toolkit and its kforge.

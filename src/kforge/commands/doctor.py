@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--exact", action="store_true",
                    help="every CUDA binary must carry exactly the --expect-arch archs: an extra SASS or PTX is an error")
+    p.add_argument("--stripped", action="store_true",
+                   help="no binary of the wheel's own may keep host debug info (.debug_* sections), as a build with "
+                        "strip_debug makes it")
     p.add_argument("--json", action="store_true", help="print the report as JSON (findings included)")
     p.add_argument(
         "--policy",
@@ -78,7 +81,7 @@ def handler(args: argparse.Namespace) -> int:
                               fix="pass --expect-arch, e.g. --expect-arch sm_90,compute_90 --exact")
         policy = None if args.policy == "none" else judged.policy
         findings += check(report, expect_archs=list(judged.expect), policy=policy, exact=judged.exact,
-                          exact_ptx=judged.exact_ptx)
+                          exact_ptx=judged.exact_ptx, stripped=judged.stripped)
         if judged.source and not args.json:
             sys.stderr.write(f"kforge doctor: {Path(report.path).name}: judged by its {judged.source} "
                              f"(policy {judged.policy.name}, {'exactly ' if judged.exact else ''}"
@@ -102,9 +105,10 @@ def _fallback(args: argparse.Namespace, expect: list[str]) -> Judgement:
         project = forge.project(args.project)
         policy = default_policy(project.name, torch=project.torch_abi, cudart_shared=project.torch_abi,
                                 extra=project.repair_exclude)
-        return Judgement(policy=policy, expect=tuple(expect), exact=args.exact, source="forge.toml project")
+        return Judgement(policy=policy, expect=tuple(expect), exact=args.exact, stripped=args.stripped,
+                         source="forge.toml project")
     policy = default_policy(torch=args.policy in (None, "torch"), cudart_shared=args.cudart_shared)
-    return Judgement(policy=policy, expect=tuple(expect), exact=args.exact)
+    return Judgement(policy=policy, expect=tuple(expect), exact=args.exact, stripped=args.stripped)
 
 
 def _judgement(report: WheelReport | BinaryReport, path: Path, fallback: Judgement, args: argparse.Namespace,
@@ -115,4 +119,5 @@ def _judgement(report: WheelReport | BinaryReport, path: Path, fallback: Judgeme
     manifest = manifest_for(wheel)
     if manifest is None:
         return fallback
-    return with_overrides(from_manifest_file(manifest), expect=expect, exact=True if args.exact else None)
+    return with_overrides(from_manifest_file(manifest), expect=expect, exact=True if args.exact else None,
+                          stripped=True if args.stripped else None)

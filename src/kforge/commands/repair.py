@@ -21,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--torch-abi", action="store_true",
                    help="the wheel links torch: never bundle torch's libraries nor the shared CUDA runtime")
     p.add_argument("--plat", help="auditwheel --plat (default: the best tag the binaries allow)")
+    p.add_argument("--strip-debug", action="store_true",
+                   help="strip host debug info (.debug_*) from the wheel's own ELF binaries first (strip --strip-debug)")
     p.set_defaults(func=run)
 
 
@@ -31,7 +33,10 @@ def run(args: argparse.Namespace) -> int:
     platform = "windows" if repair.platform_tag(wheel.name).startswith("win") else "linux"
     policy = repair.default_policy(args.target or "default", torch=args.torch_abi, cudart_shared=args.torch_abi,
                                    extra=args.exclude)
-    result = repair.repair_wheel(wheel, args.dest_dir, platform=platform, policy=policy, plat=args.plat)
+    result = repair.repair_wheel(wheel, args.dest_dir, platform=platform, policy=policy, plat=args.plat,
+                                 strip_debug=args.strip_debug)
+    for note in result.notes:
+        print(note)
     print(f"{result.wheel} ({result.tag}); excluded: {', '.join(result.excluded) or 'none'}; "
           f"grafted: {', '.join(result.grafted) or 'none'}")
     return 0

@@ -27,6 +27,8 @@ from kforge.config.model import (
     CI_PUBLISH,
     CI_RUNNER_KINDS,
     DEFAULT_CI_RUNNERS,
+    PTX_POLICIES,
+    UPSTREAM_PTX,
     VARIANT_RULES,
     ArchKnob,
     CiRunners,
@@ -148,6 +150,9 @@ class ProjectTable:
     arch_sets: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)  # each a set of declared archs
     arch_enforce: str = "on"  # on | check | off (kforge.cuda.enforce)
     ci_runner: str | None = None  # hosted | self-hosted (default: self-hosted for a torch-ABI project)
+    ptx: str = "upstream"  # upstream | highest | none | all (kforge.config.binarypolicy)
+    upstream_ptx: str | None = None  # none | highest | all: what upstream's own build ships
+    strip_debug: bool = True  # strip host debug info from the wheel's own ELF binaries
 
 
 @dataclass(frozen=True)
@@ -311,6 +316,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
     _one_of(r, f"{key}.backend", t.backend, BACKEND_NAMES, f"'{t.backend}' is not a backend")
     _one_of(r, f"{key}.variant_rule", t.variant_rule, VARIANT_RULES)
     _one_of(r, f"{key}.arch_enforce", t.arch_enforce, ARCH_ENFORCE_MODES)
+    _ptx(r, key, t)
     if t.compile_units is not None and t.compile_units <= 0:
         raise r.error(f"{key}.compile_units", "must be a positive integer")
     if t.ci_runner is not None:
@@ -328,7 +334,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         env=t.env, local_version_env=t.local_version_env, threads_env=t.threads_env,
         patches=(root / t.patches).resolve() if t.patches else None, gpu_tests=t.gpu_tests,
         compile_units=t.compile_units, repair_exclude=t.repair_exclude, knobs_valid_for=t.knobs_valid_for,
-        arch_enforce=t.arch_enforce,
+        arch_enforce=t.arch_enforce, ptx=t.ptx, upstream_ptx=t.upstream_ptx, strip_debug=t.strip_debug,
         unbuildable=_unbuildable(r, key, t, archs),
         platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag), build_requires=t.build_requires,
         release=read_release(t.release, f"{key}.release", project_archs=archs, torch_abi=t.torch_abi,
@@ -337,6 +343,18 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         ci_runner=t.ci_runner or ("self-hosted" if t.torch_abi else "hosted"),
         profiles=MappingProxyType({p: _profile(r, f"{key}.profiles.{p}", p, d) for p, d in t.profiles.items()}),
     )
+
+
+def _ptx(r: Reader, key: str, t: ProjectTable) -> None:
+    """``ptx`` is a policy and ``upstream_ptx`` a fact about upstream's build: it cannot itself say "upstream"."""
+    _one_of(r, f"{key}.ptx", t.ptx, PTX_POLICIES)
+    if t.upstream_ptx == "upstream":
+        raise r.error(f"{key}.upstream_ptx", "is 'upstream', which names nothing: it records what upstream's own build "
+                      "ships, and ptx = \"upstream\" (the default) reads it",
+                      fix=f"read upstream's build scripts and write one of: {', '.join(UPSTREAM_PTX)} (e.g. \"none\" for "
+                          "-gencode arch=compute_90,code=sm_90, SASS only)")
+    if t.upstream_ptx is not None:
+        _one_of(r, f"{key}.upstream_ptx", t.upstream_ptx, UPSTREAM_PTX)
 
 
 def _profile(r: Reader, key: str, name: str, data: Mapping[str, Any]) -> Profile:

@@ -18,6 +18,10 @@ from kforge.errors import ConfigError, did_you_mean
 VARIANT_RULES = ("declared", "flashinfer")
 RELEASE_SET = "release"  # the arch set whose wheels carry no arch label (docs/forge-toml.md, "Targets and wheel names")
 ARCH_ENFORCE_MODES = ("on", "check", "off")  # kforge.cuda.nvccwrap.MODES
+#: A project's PTX policy (``ptx``): what upstream's own build ships (``upstream_ptx``), or one of UPSTREAM_PTX.
+PTX_POLICIES = ("upstream", "highest", "none", "all")
+#: What an upstream's own build ships (``upstream_ptx``): no PTX, PTX of the highest arch only, PTX of every arch.
+UPSTREAM_PTX = ("none", "highest", "all")
 #: The build backends by name; kforge.backends.BACKENDS maps each to its module (a test keeps the two equal).
 BACKEND_NAMES = ("native", "cibuildwheel", "cmake")
 
@@ -142,6 +146,9 @@ class Project:
     unbuildable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     arch_enforce: str = "on"  # on | check | off: kforge's nvcc wrapper enforces the plan's archs (kforge.cuda.enforce)
     ci_runner: str = "hosted"  # hosted | self-hosted: where CI builds it (forge.toml's default: self-hosted for torch ABI)
+    ptx: str = "upstream"  # PTX_POLICIES: which archs get PTX besides SASS (kforge.config.binarypolicy)
+    upstream_ptx: str | None = None  # UPSTREAM_PTX: what upstream's own build ships, read from its build scripts
+    strip_debug: bool = True  # strip host debug info (.debug_*) from the wheel's own ELF binaries before repair
 
     @property
     def default_profile(self) -> str | None:

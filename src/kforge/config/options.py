@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from kforge.config.model import BACKEND_NAMES
+from kforge.config.model import BACKEND_NAMES, PTX_POLICIES
 from kforge.errors import ConfigError
 
 _YES = ("1", "true", "yes")
@@ -60,6 +60,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("platform_tag", "KFORGE_PLATFORM_TAG", "--platform-tag", "str",
            "the oldest manylinux tag the wheel must reach, e.g. manylinux_2_28 (default: the project's platform_tag); "
            "the repair fails naming the too-new symbols"),
+    Option("ptx", "KFORGE_PTX", "--ptx", "str",
+           "which archs get PTX besides SASS: upstream (what upstream's own build ships, the project's upstream_ptx), "
+           "highest (the highest arch only), none, all (default: the project's ptx)", choices=PTX_POLICIES),
+    Option("strip_debug", "KFORGE_STRIP_DEBUG", "--keep-debug", "bool",
+           "keep the host debug info (.debug_* sections) in the wheel's binaries; KFORGE_STRIP_DEBUG=1 strips it "
+           "(default: the project's strip_debug)", flag_value=False),
     Option("allow_unknown_cuda", "KFORGE_ALLOW_UNKNOWN_CUDA", "--allow-unknown-cuda", "bool",
            "accept a CUDA version that is not a release kforge knows (kforge.config.inputs.CUDA_RELEASES), on purpose",
            flag_value=True),
@@ -81,6 +87,8 @@ class PlanOptions:
     build_isolation: bool | None = None  # False: build with the interpreter's packages (offline hosts)
     image: str | None = None  # cibuildwheel's Linux image (manylinux_2_28, kforge:bullseye, a reference)
     platform_tag: str | None = None  # the oldest manylinux tag the wheel must reach (overrides the project's)
+    ptx: str | None = None  # upstream | highest | none | all: overrides the project's ptx
+    strip_debug: bool | None = None  # False: keep host debug info (--keep-debug); overrides the project's strip_debug
     allow_unknown_cuda: bool | None = None  # True: a --cuda/KFORGE_CUDA outside kforge.config.inputs.CUDA_RELEASES is fine
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # --env KEY=VALUE, applied last
     cuda_from: str | None = None  # which layer set ``cuda`` ("KFORGE_CUDA" or "--cuda"), for the plan's story

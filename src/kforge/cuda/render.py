@@ -5,8 +5,10 @@ checked) and return the exact string (or flags) the upstream build reads. They a
 suffix rules they need come from :mod:`kforge.cuda.arch` (this module imports it, never the reverse).
 
 ``RENDERERS`` maps each format name forge.toml uses (``arch_knobs[].format``) to a renderer with
-the one signature :data:`Renderer`: ``(archs, knob, cuda) -> {variable: value}``. :func:`render_knob`
-is the one dispatch through it.
+the one signature :data:`Renderer`: ``(archs, knob, cuda, ptx) -> {variable: value}``. :func:`render_knob`
+is the one dispatch through it; ``ptx`` is the build's PTX policy (kforge.config.binarypolicy), which the
+formats that can say PTX (gencode, torch, cmake) follow and the others (numbers, flashinfer, disable-flags)
+cannot express: there the upstream decides, and kforge's nvcc wrapper brings it in line.
 
 PTX policy (``ptx=``) for the renderers that can embed PTX (gencode, torch, cmake):
 
@@ -212,48 +214,49 @@ class KnobSpec(Protocol):
     def only(self) -> tuple[int, ...] | None: ...
 
 
-Renderer = Callable[[Sequence[Arch], KnobSpec, Version], dict[str, str]]
-"""The one renderer signature: the build's arch set, the knob, the CUDA it builds with -> the variables to set."""
+Renderer = Callable[[Sequence[Arch], KnobSpec, Version, PtxPolicy], dict[str, str]]
+"""The one renderer signature: the build's arch set, the knob, the CUDA it builds with, the PTX policy -> the
+variables to set."""
 
 
 def _only(archs: Sequence[Arch], knob: KnobSpec) -> tuple[Arch, ...]:
     return tuple(a for a in archs if knob.only is None or a.number in knob.only)
 
 
-def _variable(value: Callable[[tuple[Arch, ...], Version], str]) -> Renderer:
+def _variable(value: Callable[[tuple[Arch, ...], Version, PtxPolicy], str]) -> Renderer:
     """A renderer for a knob that is one variable (``knob.env``), fed the archs ``knob.only`` keeps."""
 
-    def render(archs: Sequence[Arch], knob: KnobSpec, cuda: Version) -> dict[str, str]:
+    def render(archs: Sequence[Arch], knob: KnobSpec, cuda: Version, ptx: PtxPolicy = "last") -> dict[str, str]:
         chosen = _only(archs, knob)
-        return {knob.env or "": value(chosen, cuda)} if chosen else {}
+        return {knob.env or "": value(chosen, cuda, ptx)} if chosen else {}
 
     render.__doc__ = value.__doc__
     return render
 
 
-def _disable_flags(archs: Sequence[Arch], knob: KnobSpec, cuda: Version) -> dict[str, str]:
+def _disable_flags(archs: Sequence[Arch], knob: KnobSpec, cuda: Version, ptx: PtxPolicy = "last") -> dict[str, str]:
     """``{prefix+family: knob.value}`` for every family none of ``archs`` is in (see :func:`render_disable_flags`)."""
     return {name: knob.value for name in render_disable_flags(archs, knob.families, knob.prefix or "")}
 
 
 RENDERERS: Mapping[str, Renderer] = MappingProxyType(
     {
-        "gencode": _variable(lambda archs, cuda: " ".join(render_gencode(archs))),
-        "numbers": _variable(lambda archs, cuda: render_numbers(archs)),
-        "torch": _variable(lambda archs, cuda: render_torch_arch_list(archs)),
-        "cmake": _variable(lambda archs, cuda: render_cmake_architectures(archs)),
-        "flashinfer": _variable(render_flashinfer),
+        "gencode": _variable(lambda archs, cuda, ptx: " ".join(render_gencode(archs, ptx=ptx))),
+        "numbers": _variable(lambda archs, cuda, ptx: render_numbers(archs)),
+        "torch": _variable(lambda archs, cuda, ptx: render_torch_arch_list(archs, ptx=ptx)),
+        "cmake": _variable(lambda archs, cuda, ptx: render_cmake_architectures(archs, ptx=ptx)),
+        "flashinfer": _variable(lambda archs, cuda, ptx: render_flashinfer(archs, cuda)),
         "disable-flags": _disable_flags,
     }
 )
 
 
-def render_knob(knob: KnobSpec, archs: Sequence[Arch], cuda: Version | str) -> dict[str, str]:
-    """One arch knob of a project, rendered for the build's arch set through :data:`RENDERERS`."""
+def render_knob(knob: KnobSpec, archs: Sequence[Arch], cuda: Version | str, *, ptx: PtxPolicy = "last") -> dict[str, str]:
+    """One arch knob of a project, rendered for the build's arch set and PTX policy through :data:`RENDERERS`."""
     renderer = RENDERERS.get(knob.format)
     if renderer is None:
         raise ArchError(
             f"arch knob format '{knob.format}' has no renderer{did_you_mean(knob.format, RENDERERS)}",
             fix=f"use one of: {', '.join(RENDERERS)}",
         )
-    return renderer(archs, knob, as_cuda_version(cuda))
+    return renderer(archs, knob, as_cuda_version(cuda), ptx)

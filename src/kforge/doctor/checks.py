@@ -24,6 +24,10 @@ must be there by name (a compatible ``sm_90a`` does not stand in for ``sm_90``),
 SASS or PTX is an error naming the binary and the arch (``extra-arch``, ``extra-ptx``). With
 ``exact_ptx=False`` (a build whose wrapper only checks) PTX is left to the upstream.
 
+Stripped (``stripped=True``, a build whose plan strips host debug info, and ``kforge doctor --stripped``): every ELF
+binary of the wheel's own (not the ``*.libs/`` a repair tool vendored) must be free of ``.debug_*`` sections
+(``debug-info``), whether it carries device code or not.
+
 Relocatable device code (``__nv_relfatbin`` of an ``-rdc=true`` object that was never
 device-linked) does not count: the driver cannot load it.
 """
@@ -49,10 +53,11 @@ def check(
     policy: RepairPolicy | None = None,
     exact: bool = False,
     exact_ptx: bool = True,
+    stripped: bool = False,
 ) -> list[Finding]:
     """Every finding for ``report``: errors first, then warnings, then info.
 
-    ``exact_ptx=False`` (with ``exact``) holds SASS exactly and leaves PTX unjudged.
+    ``exact_ptx=False`` (with ``exact``) holds SASS exactly and leaves PTX unjudged; ``stripped``: no host debug info.
 
     ``policy`` None skips the library checks (bundled-but-excluded and unbundled NEEDED).
     """
@@ -82,6 +87,8 @@ def check(
                 findings.append(finding)
     for binary in judged:
         findings.extend(resource_findings(label, binary.path, binary.kernels))
+    if stripped:
+        findings.extend(_debug_findings(label, binaries))
     for binary in binaries:
         for symbol in binary.linked_binary_symbols:
             findings.append(
@@ -130,12 +137,13 @@ def verify(
     *,
     exact: bool = False,
     exact_ptx: bool = True,
+    stripped: bool = False,
 ) -> list[Finding]:
     """Like :func:`check`, but raise :class:`DoctorError` when there is any error finding.
 
     Returns the (non-error) findings when the report passes.
     """
-    findings = check(report, expect_archs=expect_archs, policy=policy, exact=exact, exact_ptx=exact_ptx)
+    findings = check(report, expect_archs=expect_archs, policy=policy, exact=exact, exact_ptx=exact_ptx, stripped=stripped)
     errors = [f for f in findings if f.is_error]
     if not errors:
         return findings
@@ -156,6 +164,9 @@ def verify(
             "(kforge's nvcc wrapper rewrites hard-coded -gencode/-arch flags; the build report's arch_enforcement "
             "section lists what it rewrote), or remove the arch from the upstream's build"
         )
+    if "debug-info" in codes:
+        fixes.append("strip it before repair: kforge's repair step does when the plan's debug line says stripped "
+                     "(`kforge repair --strip-debug` for a wheel repaired by hand); or keep it on purpose with --keep-debug")
     if "unresolved-device-link" in codes:
         fixes.append("link the device code: let nvcc link the library, add an `nvcc -dlink` step, or set CUDA_RESOLVE_DEVICE_SYMBOLS ON")
     if codes & {"needs-torch", "bundles-torch"}:
@@ -249,6 +260,19 @@ def _judge_exact(label: str, binary: BinaryReport, wanted: Sequence[tuple[str, s
     for name in sorted(has_ptx - want_ptx, key=lambda n: order[n]):
         out.append(Finding("error", "extra-ptx", f"{label}: {binary.path} carries PTX {name}, which the plan did not "
                            f"ask for (it asked for exactly {asked})", binary=binary.path, arch=name))
+    return out
+
+
+def _debug_findings(label: str, binaries: Sequence[BinaryReport]) -> list[Finding]:
+    """An error for every ELF binary of the wheel's own that kept host debug info, naming its largest sections."""
+    out = []
+    for b in binaries:
+        debug = b.debug_sections if b.format == "elf" and not _vendored(b.path) else ()
+        if debug:
+            sizes = ", ".join(f"{s.name} {s.size / 1e6:.1f} MB" for s in debug[:3]) + (" ..." if len(debug) > 3 else "")
+            out.append(Finding("error", "debug-info", f"{label}: {b.path} carries host debug info ({sizes}; "
+                               f"{sum(s.size for s in debug) / 1e6:.1f} MB in all), and the plan strips it (strip_debug)",
+                               binary=b.path))
     return out
 
 

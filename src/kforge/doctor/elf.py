@@ -27,6 +27,14 @@ class NotABinaryError(ValueError):
     pass
 
 
+def section_sizes(data: bytes) -> dict[str, int]:
+    """Name -> size of every named section of an ELF file, without reading any of them (no fatbin parsing)."""
+    try:
+        return {sec.name: int(sec["sh_size"]) for sec in ELFFile(io.BytesIO(data)).iter_sections() if sec.name}
+    except (ELFError, ValueError, struct.error) as exc:
+        raise NotABinaryError(f"it is not a readable ELF file ({exc})") from exc
+
+
 def read_elf(data: bytes, path: str) -> BinaryReport:
     try:
         elf = ELFFile(io.BytesIO(data))

@@ -24,11 +24,12 @@ class Judgement:
     expect: tuple[str, ...] = ()  # sm_90, compute_90, ...
     exact: bool = False
     exact_ptx: bool = True  # with exact: PTX judged too (kforge.cuda.enforce: only where the wrapper rewrote)
+    stripped: bool = False  # no binary of the wheel's own may keep host debug info (the plan's strip_debug)
     source: str = ""  # where it came from, for the report ("manifest <name>", "forge.toml project")
 
     def to_dict(self) -> dict[str, Any]:
         return {"policy": self.policy.name, "exclude": list(self.policy.exclude), "torch_free": self.policy.torch_free,
-                "expect": list(self.expect), "exact": self.exact, "exact_ptx": self.exact_ptx}
+                "expect": list(self.expect), "exact": self.exact, "exact_ptx": self.exact_ptx, "stripped": self.stripped}
 
     @classmethod
     def from_manifest(cls, data: Mapping[str, Any], source: str) -> Judgement:
@@ -38,7 +39,8 @@ class Judgement:
             policy = RepairPolicy(exclude=tuple(judged.get("exclude") or ()), name=str(judged.get("policy") or project),
                                   torch_free=bool(judged.get("torch_free")))  # manifests before it: not checked
             return cls(policy=policy, expect=tuple(judged.get("expect") or ()), exact=bool(judged.get("exact")),
-                       exact_ptx=bool(judged.get("exact_ptx", True)), source=source)
+                       exact_ptx=bool(judged.get("exact_ptx", True)), stripped=bool(judged.get("stripped")),
+                       source=source)
         torch = (data.get("toolchain") or {}).get("torch") is not None  # older manifests: built against torch or not
         return cls(policy=default_policy(project, torch=torch, cudart_shared=torch),
                    expect=tuple(data.get("archs") or ()), source=source)
@@ -62,7 +64,9 @@ def from_manifest_file(path: Path) -> Judgement:
     return Judgement.from_manifest(data, f"manifest {Path(path).name}")
 
 
-def with_overrides(base: Judgement, *, expect: Sequence[str] = (), exact: bool | None = None) -> Judgement:
+def with_overrides(base: Judgement, *, expect: Sequence[str] = (), exact: bool | None = None,
+                   stripped: bool | None = None) -> Judgement:
     """Flags given on the command line win over the manifest's."""
     return Judgement(policy=base.policy, expect=tuple(expect) or base.expect, exact=base.exact if exact is None else exact,
-                     exact_ptx=True if exact or expect else base.exact_ptx, source=base.source)
+                     exact_ptx=True if exact or expect else base.exact_ptx,
+                     stripped=base.stripped if stripped is None else stripped, source=base.source)

@@ -13,7 +13,15 @@ from kforge.cuda.arch import LTO, PTX, SASS, Arch
 # Kinds of payload in a fatbin (device code in a cubin ELF, PTX text, LTO IR) and the arch type:
 # kforge.cuda.arch's, the one model of an arch. An entry's arch may be outside kforge's table (an old
 # wheel's sm_70), so it is built with Arch.observed.
-__all__ = ["LTO", "PTX", "SASS", "Arch", "BinaryReport", "FatbinEntry", "Finding", "SectionSize", "WheelReport"]
+__all__ = ["LTO", "PTX", "SASS", "Arch", "BinaryReport", "FatbinEntry", "Finding", "SectionSize", "WheelReport",
+           "is_debug_section"]
+
+#: Host debug info (DWARF, and ``.zdebug_*``, its old compressed form): what ``strip --strip-debug`` removes.
+DEBUG_PREFIXES = (".debug_", ".zdebug_")
+
+
+def is_debug_section(name: str) -> bool:
+    return name.startswith(DEBUG_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,11 @@ class BinaryReport:
     @property
     def ptx_archs(self) -> tuple[str, ...]:
         return _sorted_names(e for e in self.ptx)
+
+    @property
+    def debug_sections(self) -> tuple[SectionSize, ...]:
+        """Its host debug info sections (``.debug_info``, ``.debug_str``, ...), largest first."""
+        return tuple(sorted((s for s in self.sections if is_debug_section(s.name)), key=lambda s: (-s.size, s.name)))
 
     @property
     def linked_binary_symbols(self) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ also rewrites a built wheel's version with a local label (``+cu130torch2.11``), 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -29,6 +30,7 @@ from kforge.config.repairpolicy import RepairPolicy, default_policy, unmangle
 from kforge.doctor.wheel import inspect_wheel
 from kforge.errors import RepairError
 from kforge.fsutil import prepend_path
+from kforge.wheels import debuginfo
 from kforge.wheels.auditwheel import Auditwheel
 from kforge.wheels.delvewheel import Delvewheel
 from kforge.wheels.repairkit import (
@@ -111,6 +113,7 @@ def repair_wheel(
     python: str = sys.executable,
     runner: Runner = run_tool,
     env: Mapping[str, str] | None = None,
+    strip_debug: bool = False,
 ) -> RepairResult:
     """Repair ``wheel`` into ``out_dir`` with auditwheel (``platform="linux"``) or delvewheel
     (``platform="windows"``), never bundling what ``policy`` excludes.
@@ -121,7 +124,8 @@ def repair_wheel(
     system symbols fails with those symbols named. ``lib_paths`` are extra directories to find libraries in
     (``AUDITWHEEL_LD_LIBRARY_PATH`` / delvewheel ``--add-path``). The repaired wheel appears in
     ``out_dir`` only once complete. A wheel without ELF binaries needs no repair on Linux: it
-    is copied as it is and ``repaired`` is False.
+    is copied as it is and ``repaired`` is False. ``strip_debug`` (a Linux wheel): its own binaries lose their host
+    debug info first (:mod:`kforge.wheels.debuginfo`), before the tool edits them; the notes say how much went.
     """
     wheel = Path(wheel)
     out_dir = Path(out_dir)
@@ -135,7 +139,12 @@ def repair_wheel(
     env["PATH"] = prepend_path(Path(python).parent, env.get("PATH"))
     paths = [str(Path(p).resolve()) for p in lib_paths]
     with tempfile.TemporaryDirectory(prefix=".kforge-repair-", dir=out_dir) as tmp:
-        prepared = tool.prepare(wheel, Path(tmp) / "prepared", members, plat=plat, platform_policy=platform_policy)
+        stripped = debuginfo.strip_wheel(wheel, Path(tmp) / "stripped", env=env) if strip_debug and platform == "linux" \
+            else None
+        prepared = tool.prepare(stripped.wheel if stripped else wheel, Path(tmp) / "prepared", members, plat=plat,
+                                platform_policy=platform_policy)
+        if stripped is not None:
+            prepared = dataclasses.replace(prepared, notes=(*stripped.notes(), *prepared.notes))
         cmd = tool.command(prepared.wheel, Path(tmp), python=python, plat=prepared.plat, policy=policy, paths=paths,
                            env=env)
         code, log = runner(cmd, env)
