@@ -5,7 +5,7 @@ on a 132-SM H100/H200 at 2k: 1984, 2048 and 2112 tiles).
 
 If the tail costs a whole tile, 15.0 and 15.5 waves take as long as 16.0; if it costs nothing,
 the time grows with the tile count. Columns (timed in interleaved rounds,
-fmha_vs_sdpa.time_interleaved): the kforge paths of --paths and SDPA cuDNN on the same tensors.
+timing.time_interleaved): the kforge paths of --paths and SDPA cuDNN on the same tensors.
 
     python benchmarks/fmha_tail.py [--paths tma-dyn-skew,tma-dyn] [--runs 20] [--json out.json]
 """
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fmha_vs_sdpa import flops, shape_seed, time_interleaved  # noqa: E402
+from timing import flops, shape_seed, time_interleaved  # noqa: E402
 
 
 def columns(q, k, v, paths: list[str]):

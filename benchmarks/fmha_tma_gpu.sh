@@ -23,7 +23,7 @@
 #      flash/efficient/cuDNN in the same run, and the fastest path per shape
 #                                              -> $OUT/bench.md, bench.json
 # Step 5 times all columns of a shape in interleaved rounds (--interleave; since run 29 in balanced
-# random orders, each round behind a GPU sleep, see fmha_vs_sdpa.time_interleaved): the GPU's clock
+# random orders, each round behind a GPU sleep, see timing.time_interleaved): the GPU's clock
 # moves with its power draw during a run, and column after column let that drift decide the ratios.
 # BENCH_RUNS sets the rounds (default 10); BENCH_DEFAULT=1 benchmarks "default" as a path of
 # its own too (in full mode it is otherwise only tested). FMHA_BENCH_ARGS adds arguments to step 5 (e.g. --fa3 for a FlashAttention-3 column, with the

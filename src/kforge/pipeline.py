@@ -260,8 +260,8 @@ def build_step(plan: Plan, run: Run, done: Done) -> BuildResult:
         run.log.warning(f"a compile unit ran out of memory; the build was retried with MAX_JOBS={result.retried_with_jobs}")
     if result.units:
         ran_with = result.retried_with_jobs or plan.jobs.max_jobs
-        profiles.record(run.cache_dir, plan.project.name, len(plan.archs), result.units, jobs=ran_with,
-                    cpus=run.host.cpus)
+        profiles.record(run.cache_dir, plan.project.name, len(plan.archs), result.units, build_profile=plan.profile,
+                        jobs=ran_with, cpus=run.host.cpus)
     run.log.info(f"built {result.artifact.name} in {result.seconds:.0f} s, peak RSS {result.peak_rss / 2**30:.2f} GiB")
     return result
 

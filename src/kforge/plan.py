@@ -30,7 +30,7 @@ from kforge.build.toolchain import host_include_env
 from kforge.config.forge import normalise_env_value
 from kforge.config.model import BACKEND_NAMES, ArchKnob, Forge, GpuTests, Platform, Project
 from kforge.config.options import BY_NAME, PlanOptions, parse_value
-from kforge.config.repairpolicy import RepairPolicy, default_policy
+from kforge.config.repairpolicy import TORCH_LIBRARIES, RepairPolicy, default_policy
 from kforge.config.source import GitSource, LocalSource, SdistSource, Source
 from kforge.config.targets import Target
 from kforge.config.variant import Provisioning, Variant, parse_python, parse_version, provisioning
@@ -44,7 +44,7 @@ from kforge.sources.series import PatchContext, Series, load_series, series_hash
 from kforge.wheels.platformtag import parse_tag
 from kforge.wheels.repair import repairer_name
 
-__all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"]
+__all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan", "profile_name"]
 
 #: The lowest CUDA kforge can provision from PyPI (12.x ships ptxas only, no nvcc).
 PROVISIONABLE_FROM = Version("13.0")
@@ -199,7 +199,8 @@ class Plan:
             + (self.jobs.reason if verbose else jobs_sentence(self.jobs)),
             f"  order       {order_line(self.jobs)}",
             f"  version     +{self.local_version}" if self.local_version else "  version     no local label",
-            f"  repair      {self.repairer}, policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}",
+            f"  repair      {self.repairer}, policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}"
+            + (f"; torch-free: no binary may need {', '.join(TORCH_LIBRARIES)}" if self.repair_policy.torch_free else ""),
             f"  work dir    {self.work_dir}",
             "  nvcc flags  " + " ".join(self.nvcc_flags),
             f"  platform    {self.platform_tag or 'the best tag the binaries allow'}"
@@ -255,7 +256,6 @@ def effective_archs(project: Project, archs: tuple[Arch, ...], cuda: Version) ->
     return archs
 
 
-
 def make_plan(
     forge: Forge,
     target: Target,
@@ -272,9 +272,9 @@ def make_plan(
     project = forge.project(target.project)
     require_current_knowledge(project)
     platform = forge.platforms[target.platform]
-    profile = _profile_name(project, options.profile)
+    profile = profile_name(project, options.profile)
     toolchain, archs = _toolchain(forge, project, target, host, options)
-    jobs = _jobs(project, host, options, job_profile, len(archs))
+    jobs = _jobs(project, host, options, job_profile, len(archs), project.units(profile))
     variant = Variant(cuda=Version(f"{toolchain.cuda.major}.{toolchain.cuda.minor}"), python=toolchain.python,
                       torch=toolchain.torch if project.torch_abi else None)
     local_version = local_version_label(project, target.archs, toolchain.cuda, toolchain.torch)
@@ -354,15 +354,13 @@ def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str,
                             scripts_dir=tree, scan_note=note)
 
 
-def _profile_name(project: Project, asked: str | None) -> str | None:
-    name = asked
-    if name is None and project.profiles:
-        name = "full" if "full" in project.profiles else next(iter(project.profiles))
+def profile_name(project: Project, asked: str | None) -> str | None:
+    """The build profile a build uses (``--profile``, else the project's default); an unknown one is an error."""
+    name = asked if asked is not None else project.default_profile
     if name is not None and name not in project.profiles:
-        known = ", ".join(project.profiles) or "none"
         raise TargetError(
             f"{project.name} has no build profile '{name}'{did_you_mean(name, project.profiles)}",
-            why=f"its profiles are: {known}",
+            why=f"its profiles are: {', '.join(project.profiles) or 'none'}",
             fix="pick one of those, or drop --profile (and unset KFORGE_PROFILE, which applies to every target)",
         )
     return name
@@ -433,10 +431,12 @@ def _cuda_action(forge: Forge, target: Target, host: HostFacts, cuda: Version, n
             f"when it is not installed: then install the CUDA {cuda} toolkit there, or point CUDA_HOME at it")
 
 
-def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobProfile, archs: int) -> JobChoice:
+def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobProfile, archs: int,
+          units: int | None) -> JobChoice:
     """The job choice, with ``--env MAX_JOBS=..`` / ``NVCC_THREADS=..`` / ``<threads_env>=..`` read back into it.
 
-    The profile is taken to the plan's arch count first (nvcc threads only pay with more than one arch)."""
+    The profile is taken to the plan's arch count first (nvcc threads only pay with more than one arch); ``units``
+    is the build's compile-unit count from forge.toml (the build profile's, else the project's), if declared."""
     profile = for_arch_count(profile, max(1, archs))
     max_jobs, threads = options.max_jobs, options.nvcc_threads
     if options.env.get("MAX_JOBS", "").strip():
@@ -444,7 +444,8 @@ def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobP
     for var in dict.fromkeys((GENERIC_THREADS, project.threads_env)):  # the project's own name wins
         if options.env.get(var, "").strip():
             threads = parse_value(BY_NAME["nvcc_threads"], options.env[var], f"--env {var}")
-    choice = choose_jobs(host.resources, profile, override_max_jobs=max_jobs, override_nvcc_threads=threads)
+    choice = choose_jobs(host.resources, profile, override_max_jobs=max_jobs, override_nvcc_threads=threads,
+                         units=units)
     return replace(choice, thread_vars=tuple(dict.fromkeys((GENERIC_THREADS, project.threads_env))))
 
 

@@ -35,7 +35,7 @@ from kforge.errors import ConfigError, KforgeError, PublishError
 from kforge.fsutil import atomic_write_text, work_root
 from kforge.gputest import GpuTestOutcome
 from kforge.pipeline import BuildOutcome, Run, run_build
-from kforge.plan import Plan, make_plan
+from kforge.plan import Plan, make_plan, profile_name
 from kforge.sources import upstream as sources
 from kforge.wheels import wheelhouse
 
@@ -153,7 +153,7 @@ def source_identity(plan: Plan, cache_dir: Path) -> str:
 
 def estimate(plan: Plan, cache_dir: Path) -> tuple[float | None, str]:
     """Compile seconds from the project's measured unit times (kforge.build.jobs), or None where nothing was measured."""
-    profile = profiles.load_profile(cache_dir, plan.project.name, len(plan.archs))
+    profile = profiles.load_profile(cache_dir, plan.project.name, len(plan.archs), plan.profile)
     if profile.source.startswith("seed"):
         return None, f"nothing measured here; the {profile.source.split(':', 1)[1].strip()} seed is another machine's"
     if not profile.source.startswith("measured"):
@@ -162,7 +162,7 @@ def estimate(plan: Plan, cache_dir: Path) -> tuple[float | None, str]:
         return plan.jobs.predicted_seconds, (f"longest-first schedule of {len(plan.jobs.order)} measured units, "
                                              f"{plan.jobs.max_jobs} jobs x {plan.jobs.nvcc_threads} threads")
     builds = max(1, len(profile.history))
-    units = plan.project.compile_units or max(1, round(profile.samples / builds))
+    units = plan.project.units(plan.profile) or max(1, round(profile.samples / builds))
     seconds = math.ceil(units / plan.jobs.max_jobs) * jobs.unit_seconds(profile, plan.jobs.nvcc_threads)
     return seconds, f"{units} units x {jobs.unit_seconds(profile, plan.jobs.nvcc_threads):.0f} s, {plan.jobs.max_jobs} jobs"
 
@@ -196,8 +196,8 @@ def plan_release(forge: Forge, project_name: str, host: HostFacts, options: Plan
         v = build.variant
         opts = replace(options, cuda=f"{v.cuda.major}.{v.cuda.minor}", cuda_from="the release matrix",
                        torch=str(v.torch) if v.torch is not None else None, python=v.python)
-        plan = make_plan(forge, target, host, opts,
-                         job_profile=profiles.load_profile(cache_dir, project.name, 1))
+        plan = make_plan(forge, target, host, opts, job_profile=profiles.load_profile(
+            cache_dir, project.name, 1, profile_name(project, opts.profile)))
         key = repr(plan.source)
         if key not in identities:
             identities[key] = source_identity(plan, cache_dir)

@@ -80,6 +80,14 @@ def test_torch_readers_only_count_for_torch_extensions(project) -> None:
     assert by_name["CPLUS_INCLUDE_PATH"].status == "read by g++ (the host compiler)"
 
 
+def test_cmake_args_of_a_profile_count_as_read_by_the_cmake_front_ends(project) -> None:
+    """flash-attn3-standalone's profiles pass FA3S_PROFILE as CMAKE_ARGS: no upstream script reads it, CMake's
+    front ends do (scikit-build-core, kforge's cmake backend)."""
+    profiled = dataclasses.replace(project, env={"DEMO_FORCE_BUILD": "TRUE", "CMAKE_ARGS": "-DFA3S_PROFILE=minimal"})
+    knob = {k.name: k for k in audit.audit(profiled, audit.dir_tree(DEMO)).knobs}["CMAKE_ARGS"]
+    assert knob.status.startswith("read by scikit-build-core") and not knob.dead
+
+
 def test_version_mismatch_is_a_problem(project) -> None:
     bumped = dataclasses.replace(project, env={"DEMO_FORCE_BUILD": "TRUE"}, upstream_version="1.3.0")
     report = audit.audit(bumped, audit.dir_tree(DEMO), patches=[("p", (FIXTURE / "demo.patch").read_text())])

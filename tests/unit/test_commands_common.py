@@ -48,3 +48,20 @@ def test_a_torch_free_build_never_probes_torch(monkeypatch: pytest.MonkeyPatch) 
     bare = _common.detect_host({"PATH": "/usr/bin:/bin"})
     plan, host = _common.plan_and_host(_args(), "fmha-sm90", environ={"PATH": "/usr/bin:/bin"}, host=bare)
     assert host is bare and plan.project.name == "fmha"
+
+
+def test_the_plan_reads_the_job_profile_of_the_build_profile_it_builds(tmp_path: Path) -> None:
+    """A minimal build's measured units size later minimal builds, never a full one (FA3's units differ)."""
+    from kforge.build import profiles
+    from kforge.build.measure import UnitMeasure
+
+    profiles.record(tmp_path, "flash-attn3-standalone", 1, [UnitMeasure("u.o", 100.0, 2 * 2**30)], build_profile="minimal")
+    environ = {"PATH": "/usr/bin:/bin", "KFORGE_CACHE": str(tmp_path)}
+    bare = _common.detect_host(environ)
+    args = _args()
+    args.profile = "minimal"
+    minimal, _ = _common.plan_and_host(args, "flash-attn3-standalone-sm90", environ=environ, host=bare)
+    assert "measured (1 builds)" in minimal.jobs.reason
+    args.profile = None  # the default profile, full: nothing measured for it yet
+    full, _ = _common.plan_and_host(args, "flash-attn3-standalone-sm90", environ=environ, host=bare)
+    assert full.profile == "full" and "seed: FA3 fwd units" in full.jobs.reason

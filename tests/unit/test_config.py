@@ -35,7 +35,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_real_forge_toml_declares_every_project() -> None:
     forge = load_forge(ROOT)
-    assert list(forge.projects) == ["fmha", "flash-attn", "flash-attn3", "flashmla", "flashinfer"]
+    assert list(forge.projects) == ["fmha", "flash-attn", "flash-attn3", "flash-attn3-standalone", "flashmla", "flashinfer"]
     assert forge.projects["fmha"].source.path == "kernels/fmha"
     fa = forge.projects["flash-attn"]
     assert fa.sdist is not None and fa.sdist.version == "2.8.3.post2" and len(fa.sdist.sha256) == 64
@@ -43,6 +43,37 @@ def test_real_forge_toml_declares_every_project() -> None:
     assert forge.projects["flash-attn3"].build_dir == "hopper"
     assert set(forge.projects["flash-attn3"].profiles) == {"minimal", "full"}
     assert {p.name for p in forge.platforms.values()} >= {"linux-x86_64", "windows-amd64"}
+
+
+def test_the_standalone_fa3_library_shares_flash_attn3s_pin_and_series() -> None:
+    forge = load_forge(ROOT)
+    fa3, lib = forge.projects["flash-attn3"], forge.projects["flash-attn3-standalone"]
+    assert lib.git == fa3.git and lib.source == fa3.source and lib.patches == fa3.patches
+    assert lib.upstream_version == fa3.upstream_version and lib.knobs_valid_for == fa3.knobs_valid_for
+    assert lib.build_dir == "hopper/standalone" and [a.sm for a in lib.archs] == ["sm_90a"]
+    assert (lib.backend, lib.torch_abi, lib.build_isolation) == ("native", False, True)
+    assert [(k.env, k.format) for k in lib.arch_knobs] == [("CMAKE_CUDA_ARCHITECTURES", "cmake")]
+    assert {p: lib.profiles[p].env["CMAKE_ARGS"] for p in lib.profiles} == {
+        "minimal": "-DFA3S_PROFILE=minimal", "full": "-DFA3S_PROFILE=full"}
+    assert (lib.units("minimal"), lib.units("full"), lib.default_profile) == (23, 225, "full")
+    assert lib.gpu_tests is not None and lib.gpu_tests.paths == ("hopper/standalone/tests/python",)
+    assert "scikit-build-core>=0.10" in lib.build_requires and lib.ci_runner == "self-hosted"
+
+
+def test_compile_units_per_profile_fall_back_to_the_projects(tmp_path: Path) -> None:
+    text = MINIMAL.replace("[projects.demo]", "[projects.demo]\ncompile_units = 7") + (
+        '\n[projects.demo.profiles.small]\ncompile_units = 3\n[projects.demo.profiles.full]\nenv = {}\n')
+    demo = load_forge(write(tmp_path, text)).projects["demo"]
+    assert (demo.units("small"), demo.units("full"), demo.units(None), demo.default_profile) == (3, 7, 7, "full")
+    bare = load_forge(write(tmp_path, MINIMAL)).projects["demo"]
+    assert (bare.units(None), bare.default_profile, bare.ci_runner) == (None, None, "hosted")
+
+
+def test_ci_runner_defaults_to_self_hosted_for_torch_abi_projects(tmp_path: Path) -> None:
+    torch = load_forge(write(tmp_path, MINIMAL + "torch_abi = true\n")).projects["demo"]
+    assert torch.ci_runner == "self-hosted"
+    hosted = load_forge(write(tmp_path, MINIMAL + 'torch_abi = true\nci_runner = "hosted"\n')).projects["demo"]
+    assert hosted.ci_runner == "hosted"
 
 
 def test_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
@@ -85,6 +116,12 @@ def test_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
         (MINIMAL + 'arch_sets = { "a-b" = ["sm_90a"] }\n', "projects.demo.arch_sets.a-b", "not a valid arch set name"),
         (MINIMAL + 'arch_sets = { release = [] }\n', "projects.demo.arch_sets.release", "is empty"),
         (MINIMAL + 'arch_sets = { release = ["sm_90f"] }\n', "projects.demo.arch_sets.release[0]", "no 'f' variant"),
+        (MINIMAL + '\n[projects.demo.profiles.small]\ncompile_units = 0\n', "projects.demo.profiles.small.compile_units",
+         "positive integer"),
+        (MINIMAL + '\n[projects.demo.profiles.small]\ncompile_unit = 3\n', "projects.demo.profiles.small.compile_unit",
+         "did you mean 'compile_units'"),
+        (MINIMAL + '\n[projects.demo.profiles."../x"]\nenv = {}\n', "projects.demo.profiles.../x", "not a valid profile name"),
+        (MINIMAL + 'ci_runner = "self_hosted"\n', "projects.demo.ci_runner", "did you mean 'self-hosted'"),
     ],
 )
 def test_malformed_files_name_the_key(tmp_path: Path, text: str, key_path: str, hint: str) -> None:

@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from kforge_doctor_builders import tiny_elf
 
 from kforge.config.repairpolicy import default_policy
 from kforge.cuda.arch import Arch, code_kind, parse_arch
@@ -14,6 +15,7 @@ from kforge.doctor import (
     FatbinEntry,
     WheelReport,
     check,
+    inspect_bytes,
     render_text,
     to_json,
     verify,
@@ -237,3 +239,43 @@ def test_render_text_explains_its_marks_in_a_legend() -> None:
     text = render_text(wheel(binary("sm_90a", "compute_90a", path="pkg/k.so")))
     legend = next(line for line in text.splitlines() if "SASSz" in line)
     assert "compressed" in legend and "PTX" in legend and "(rdc)" in legend
+
+
+# -- torch-free projects: no binary may need torch's libraries -------------------------------------------------
+
+
+def test_the_fabricated_elf_reads_back_as_a_library_with_those_needs() -> None:
+    report = inspect_bytes(tiny_elf(("libc10.so", "libc.so.6")), "flash_attn_standalone/lib/libflash_attn_standalone.so")
+    assert report.format == "elf" and report.needed == ("libc10.so", "libc.so.6")
+    assert report.soname == "libflash_attn_standalone.so" and not report.is_cuda
+
+
+@pytest.mark.parametrize("torch_lib", ["libc10.so", "libtorch_python.so", "libtorch_cuda.so", "libc10_cuda.so"])
+def test_a_torch_free_wheel_whose_library_needs_torch_fails_the_doctor(torch_lib: str) -> None:
+    lib = inspect_bytes(tiny_elf((torch_lib, "libstdc++.so.6")), "flash_attn_standalone/lib/libflash_attn_standalone.so")
+    report = wheel(lib)
+    findings = check(report, policy=default_policy("flash-attn3-standalone", torch=False))
+    assert [(f.severity, f.code, f.binary) for f in findings] == [("error", "needs-torch", lib.path)]
+    assert torch_lib in findings[0].message and "torch_abi = false" in findings[0].message
+    with pytest.raises(DoctorError) as info:
+        verify(report, [], default_policy("flash-attn3-standalone", torch=False))
+    assert "torch_abi = true" in info.value.render() and torch_lib in info.value.render()
+    # a torch extension's policy needs torch's libraries from the user's torch: not an error there
+    assert [f for f in check(report, policy=default_policy("flash-attn3", torch=True)) if f.is_error] == []
+
+
+def test_a_torch_free_wheel_that_bundles_torch_fails_and_a_clean_one_says_torch_free() -> None:
+    grafted = wheel(inspect_bytes(tiny_elf(("libc10-1a2b3c4d.so",)), "pkg/lib/libk.so"),
+                    files=("pkg/lib/libk.so", "pkg.libs/libc10-1a2b3c4d.so"))
+    codes = [(f.code, f.binary) for f in check(grafted, policy=default_policy("p", torch=False)) if f.is_error]
+    assert codes == [("needs-torch", "pkg/lib/libk.so"), ("bundles-torch", "pkg.libs/libc10-1a2b3c4d.so")]
+    clean = wheel(inspect_bytes(tiny_elf(("libc.so.6",)), "pkg/lib/libk.so"))
+    findings = check(clean, policy=default_policy("p", torch=False))
+    assert [(f.severity, f.code) for f in findings] == [("info", "torch-free")]
+    assert "libtorch*" in findings[0].message and "libc10*" in findings[0].message
+    assert check(clean, policy=default_policy("p", torch=True)) == []  # a torch extension: nothing to say
+
+
+def test_a_torch_free_windows_dll_needing_c10_fails_too() -> None:
+    pe = BinaryReport(path="pkg/k.dll", format="pe", size=1, needed=("C10.dll", "KERNEL32.dll"))
+    assert [f.code for f in check(wheel(pe), policy=default_policy("p", torch=False))] == ["needs-torch"]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import zipfile
 from pathlib import Path
 
 import pytest
+from kforge_doctor_builders import make_wheel, tiny_elf
 
 from kforge.cli import main
+from kforge.config.repairpolicy import default_policy
+from kforge.doctor.judgement import Judgement
 from kforge.errors import ArchError, DoctorError
 
 
@@ -104,3 +108,21 @@ def test_exact_needs_archs_and_a_broken_manifest_is_an_error(tmp_path: Path, cap
     Path(str(f) + ".manifest.json").write_text("{not json")
     code, _, err = run(["doctor", str(f)], capsys)
     assert code == DoctorError.exit_code and "cannot read the wheel's manifest" in err and "Traceback" not in err
+
+
+def test_doctor_judges_a_torch_free_projects_wheel_by_its_needed_libraries(tmp_path: Path, capsys) -> None:
+    lib = "flash_attn_standalone/lib/libflash_attn_standalone.so"
+    bad = make_wheel(tmp_path / "bad", "flash-attn3-standalone", "3.0.0", "py3-none-linux_x86_64",
+                     {lib: tiny_elf(("libc10.so", "libc.so.6"))})
+    code, out, err = run(["doctor", str(bad), "--project", "flash-attn3-standalone"], capsys)
+    assert code == DoctorError.exit_code and "needs libc10.so" in out and "needs: libc10.so, libc.so.6" in out
+    assert run(["doctor", str(bad), "--policy", "torch"], capsys)[0] == 0  # a torch extension may need it
+    # a published wheel is judged by its manifest, which records that the build was torch-free
+    Path(str(bad) + ".manifest.json").write_text(json.dumps({"project": "flash-attn3-standalone", "doctor": {
+        "judged_by": Judgement(default_policy("flash-attn3-standalone", torch=False)).to_dict()}}))
+    code, out, err = run(["doctor", str(bad)], capsys)
+    assert code == DoctorError.exit_code and "needs libc10.so" in out and "judged by its manifest" in err
+    good = make_wheel(tmp_path / "good", "flash-attn3-standalone", "3.0.0", "py3-none-linux_x86_64",
+                      {lib: tiny_elf(("libc.so.6",))})
+    code, out, _ = run(["doctor", str(good), "--project", "flash-attn3-standalone"], capsys)
+    assert code == 0 and "torch-free: no binary needs libtorch*" in out

@@ -1,8 +1,9 @@
-"""benchmarks/fmha_vs_sdpa.py's interleaved timing, with fake CUDA events: every column is called
-warm-up + runs times, each round starts behind a GPU lead and calls every column once (in blocks
-of rounds that give every column every place once, in an order drawn from the seed, or rotated by
-one per round), the medians are each column's own times, and a column whose warm-up raises gets
-its error instead of a time."""
+"""benchmarks/timing.py's interleaved timing (used by fmha_vs_sdpa.py, fmha_tail.py and
+fa3_standalone_vs_torch.py), with fake CUDA events: every column is called warm-up + runs times,
+each round starts behind a GPU lead and calls every column once (in blocks of rounds that give
+every column every place once, in an order drawn from the seed, or rotated by one per round), the
+medians are each column's own times, and a column whose warm-up raises gets its error instead of
+a time."""
 
 from __future__ import annotations
 
@@ -11,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the benchmark script needs torch")
-pytest.importorskip("kforge_fmha", reason="the benchmark script imports kforge_fmha")
+torch = pytest.importorskip("torch", reason="the benchmarks' timing needs torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
 def bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("fmha_vs_sdpa", ROOT / "benchmarks" / "fmha_vs_sdpa.py")
+    spec = importlib.util.spec_from_file_location("timing", ROOT / "benchmarks" / "timing.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     clock = {"t": 0.0}

@@ -153,6 +153,35 @@ def test_measured_profile_for_other_arch_count_is_rescaled(tmp_path: Path) -> No
     assert p.peak_rss_per_unit == 2 * GB and p.unit_seconds > 10.0
 
 
+def test_each_build_profile_keeps_its_own_measurements(tmp_path: Path) -> None:
+    """FA3's minimal units must not size a full build: a build profile's measurements stay its own."""
+    profiles.record(tmp_path, "flash-attn3-standalone", 1, [UnitMeasure("a.o", 100.0, 2 * GB)], build_profile="minimal")
+    assert (tmp_path / "jobs" / "flash-attn3-standalone.minimal.json").is_file()
+    minimal = profiles.load_profile(tmp_path, "flash-attn3-standalone", 1, "minimal")
+    assert minimal.source.startswith("measured") and minimal.peak_rss_per_unit == 2 * GB
+    for other in ("full", None):  # the other profile, and a build without one, still get the seed
+        seed = profiles.load_profile(tmp_path, "flash-attn3-standalone", 1, other)
+        assert seed.source.startswith("seed") and seed.peak_rss_per_unit == 6_572_204 * 1024
+
+
+def test_the_fa3_standalone_seed_is_the_measured_forward_unit(tmp_path: Path) -> None:
+    seed = profiles.load_profile(tmp_path, "flash-attn3-standalone", 1, "full")
+    assert (seed.peak_rss_per_unit, seed.unit_seconds_max, seed.samples) == (6_572_204 * 1024, 252.16, 0)
+    assert seed.unit_seconds == pytest.approx(247.6, abs=0.1)  # the two measured forward units' mean
+    assert "hdim128 bf16 (+split) sm_90a" in seed.source and "2026-11-27" in seed.source
+    # on this 2-core 24 GB build machine: both cores, 12.5 GiB of the ~16 GiB it has after headroom
+    choice = jobs.choose_jobs(Resources(2, 18 * 2**30, 24 * 2**30), seed, units=23)
+    assert (choice.max_jobs, choice.nvcc_threads) == (2, 1) and "23 units of 248 s" in choice.reason
+
+
+def test_a_unit_count_other_than_the_seeds_is_estimated_from_the_count() -> None:
+    """flash-attn's seed holds the 73 unit times of one build: a build of 73 uses them, a build of 10 does not."""
+    same = jobs.choose_jobs(_host(16, 125), FA, units=73)
+    assert same.reason == jobs.choose_jobs(_host(16, 125), FA).reason and "seed's 73 unit times" in same.reason
+    fewer = jobs.choose_jobs(_host(16, 125), FA, units=10)
+    assert "estimate: 10 units of" in fewer.reason and fewer.max_jobs <= 10
+
+
 def test_corrupt_profile_file_falls_back(tmp_path: Path) -> None:
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "flash-attn.json").write_text("{not json")

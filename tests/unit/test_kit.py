@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from kforge.cli import main
+from kforge.config.forge import load_forge
 from kforge.errors import SourceError
-from kforge.sources.kit import MANIFEST, KitEntry, KitManifest, WheelTarget
+from kforge.sources import kit
+from kforge.sources.kit import MANIFEST, KitEntry, KitManifest, WheelTarget, isolated_build_requires
 
 
 def test_manylinux_platforms_expand_to_older_glibc_and_legacy_aliases() -> None:
@@ -41,3 +44,35 @@ def test_missing_or_broken_manifest_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / MANIFEST).write_text("{\"files\": [{}]}")
     with pytest.raises(SourceError, match="not a valid kit manifest"):
         KitManifest.read(tmp_path)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_isolated_builds_bring_their_build_backend_and_non_isolated_ones_do_not() -> None:
+    forge = load_forge(ROOT)
+    got = isolated_build_requires(list(forge.projects.values()))
+    assert got["flash-attn3-standalone"] == ("scikit-build-core>=0.10", "cmake>=3.24", "ninja>=1.10")
+    assert "flash-attn" not in got  # no build isolation: its setup.py uses the interpreter's packages
+
+
+def test_a_standalone_fa3_kit_holds_the_shared_flash_attention_tree_and_the_backends_wheels(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kforge sources kit build --project flash-attn3-standalone`: the flash-attention pin (with its nested cutlass,
+    shared with flash-attn3) and, besides kforge's wheels, those of scikit-build-core, cmake and ninja."""
+    asked: dict = {}
+
+    def fake_build(out: Path, **kw):  # noqa: ANN003, ANN202
+        asked.update(kw)
+        return KitManifest(tuple(kw["projects"]), kw["target"], ())
+
+    monkeypatch.setattr(kit, "build", fake_build)
+    assert main(["-C", str(ROOT), "sources", "kit", "build", str(tmp_path / "kit"),
+                 "--project", "flash-attn3-standalone", "--with", "ninja>=1.10"]) == 0
+    forge = load_forge(ROOT)
+    assert asked["sources"] == [("flash-attn3-standalone", forge.projects["flash-attn3"].source)]
+    assert asked["extra_requirements"] == ["ninja>=1.10", "scikit-build-core>=0.10", "cmake>=3.24"]  # once each
+    assert "its isolated build installs scikit-build-core>=0.10" in capsys.readouterr().out
+    main(["-C", str(ROOT), "sources", "kit", "build", str(tmp_path / "kit2"), "--project", "flash-attn3",
+          "--project", "flash-attn3-standalone"])
+    assert [label for label, _ in asked["sources"]] == ["flash-attn3"]  # one tree for both projects

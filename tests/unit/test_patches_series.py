@@ -205,4 +205,4 @@ def test_every_git_series_names_the_pin_it_was_checked_against() -> None:
         header = "\n".join(load_series(project.patches).header)
         assert project.git.commit in header, f"patches/{project.name}/series does not name {project.git.commit}"
         checked += 1
-    assert checked == 3  # flash-attn3, flashmla, flashinfer
+    assert checked == 4  # flash-attn3 and flash-attn3-standalone (one series), flashmla, flashinfer

@@ -7,6 +7,7 @@ results, the cmake path, the lock's work dir, and the GPU-test step's skip/fail/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -41,6 +42,16 @@ gpu_tests = { paths = ["tests"], args = ["-x"] }
 source = { local = "tiny" }
 archs = ["sm_90"]
 backend = "cmake"
+
+[projects.pf]
+source = { local = "tiny" }
+archs = ["sm_90"]
+
+[projects.pf.profiles.small]
+compile_units = 1
+
+[projects.pf.profiles.full]
+compile_units = 9
 """
 
 
@@ -212,6 +223,41 @@ def test_cmake_path_verifies_the_library_and_publishes_nothing(tmp_path: Path, m
     assert outcome.manifest is None and outcome.wheel.name == "tiny-install.tar.gz"
     assert outcome.done.doctor is not None and [p.name for p in outcome.done.doctor.binaries] == ["libtiny.so"]
     assert not (tmp_path / "wheelhouse").exists()
+
+
+def test_a_torch_free_projects_binaries_may_not_need_torch_in_a_wheel_or_a_cmake_archive(tmp_path: Path, mono) -> None:
+    """tiny and cm have torch_abi = false: the doctor step fails a binary that needs libc10/libtorch_python."""
+    def needing(lib: str) -> BinaryReport:
+        return dataclasses.replace(binary_with("sm_90", "compute_90"), needed=(lib, "libc.so.6"))
+
+    plan, host = mono("cm-sm90")
+    assert plan.repair_policy.torch_free
+    run, _ = make_run(tmp_path / "cm", plan, host)
+    run = dataclasses.replace(run, services=dataclasses.replace(run.services, inspect_binary=lambda _: needing("libc10.so")))
+    with pytest.raises(DoctorError, match="needs libc10.so"):
+        pipeline.run_build(plan, run)
+
+    plan, host = mono("tiny-sm90")
+    wheel = inspect_as("sm_90", "compute_90")
+    run, _ = make_run(tmp_path / "tiny", plan, host,
+                      inspect=lambda w: dataclasses.replace(wheel(w), binaries=(needing("libtorch_python.so"),)))
+    with pytest.raises(DoctorError, match="needs libtorch_python.so"):
+        pipeline.run_build(plan, run)
+    assert not (tmp_path / "tiny" / "wheelhouse" / "tiny").exists()  # nothing published
+    run, _ = make_run(tmp_path / "ok", plan, host)
+    outcome = pipeline.run_build(plan, run)
+    judged = json.loads(outcome.manifest.read_text())["doctor"]["judged_by"]
+    assert judged["torch_free"] is True  # `kforge doctor` on the published wheel checks it again
+    assert any(f["code"] == "torch-free" for f in json.loads(outcome.manifest.read_text())["doctor"]["findings"])
+
+
+def test_a_build_profiles_measured_units_go_to_that_profiles_job_profile(tmp_path: Path, mono) -> None:
+    plan, host = mono("pf-sm90", profile="small")
+    assert "estimate: 1 units of" in plan.jobs.reason  # the profile's compile_units sized the choice
+    pipeline.run_build(plan, make_run(tmp_path, plan, host)[0])
+    jobs_dir = tmp_path / "cache" / "jobs"
+    assert (jobs_dir / "pf.small.json").is_file() and not (jobs_dir / "pf.full.json").exists()
+    assert not (jobs_dir / "pf.json").exists()
 
 
 def test_a_windows_target_is_refused_before_any_step(tmp_path: Path, forge_and_plan) -> None:

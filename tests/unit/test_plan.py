@@ -368,3 +368,67 @@ def test_a_plan_that_needs_uv_says_so_when_uv_is_missing(forge):
                       job_profile=profile("flash-attn"))
     assert "NOT FOUND" not in found.render()
     assert "NOT FOUND" not in plan_for(forge, "flash-attn-sm90").render()  # no uv environment: no word of uv
+
+
+# -- flash-attn3-standalone: FA3's forward kernels as a torch-free C library (issue 30) --------------------------
+
+
+def standalone(forge, profile_name: str, h: HostFacts | None = None, **opts):
+    h = h or host()
+    target = parse_target(forge, "flash-attn3-standalone-sm90", h.platform)
+    job_profile = load_profile(Path("/nonexistent-kforge-cache"), target.project, 1, profile_name)
+    return make_plan(forge, target, h, PlanOptions(profile=profile_name, **opts), job_profile=job_profile)
+
+
+def test_fa3_standalone_passes_its_profile_to_cmake_and_builds_torch_free(forge) -> None:
+    from kforge.pipeline import judgement
+
+    minimal = standalone(forge, "minimal")
+    assert minimal.env["CMAKE_ARGS"] == "-DFA3S_PROFILE=minimal" and minimal.env["CMAKE_CUDA_ARCHITECTURES"] == "90a"
+    assert standalone(forge, "full").env["CMAKE_ARGS"] == "-DFA3S_PROFILE=full"
+    assert plan_for(forge, "flash-attn3-standalone-sm90").profile == "full"
+    assert not any(k.startswith("FLASH_ATTENTION_") for k in minimal.env)  # flash-attn3's setup.py knobs are not ours
+    assert minimal.build_dir == "hopper/standalone" and minimal.build_isolation and minimal.backend == "native"
+    assert minimal.toolchain.torch is None and minimal.local_version == "sm90a" and minimal.local_version_in_wheel
+    assert minimal.patches_dir == "patches/flash-attn3" and minimal.gpu_tests is not None
+    assert minimal.repair_policy.torch_free and not minimal.repair_policy.excludes("libc10.so")
+    assert "torch-free: no binary may need libtorch*, libc10*" in minimal.render()
+    assert "CMAKE_ARGS=-DFA3S_PROFILE=minimal" in minimal.render()
+    # the doctor holds every binary to exactly the plan's arch: SASS sm_90a and PTX compute_90a
+    judged = judgement(minimal)
+    assert judged.exact and judged.expect == ("sm_90a", "compute_90a") and judged.policy.torch_free
+    cmake = standalone(forge, "minimal", backend="cmake")
+    assert not cmake.makes_wheel and cmake.env["CMAKE_ARGS"] == "-DFA3S_PROFILE=minimal"
+
+
+def test_fa3_standalone_jobs_come_from_the_measured_unit_and_each_profiles_unit_count(forge) -> None:
+    minimal, full = standalone(forge, "minimal"), standalone(forge, "full")
+    for plan, units in ((minimal, 23), (full, 225)):
+        assert f"estimate: {units} units of 248 s" in plan.jobs.reason
+        assert "6.7 GB/unit (seed: FA3 fwd units hdim128 bf16 (+split) sm_90a" in plan.jobs.reason
+        assert "6.7 GB/unit" in plan.render(verbose=True) and f"MAX_JOBS={plan.jobs.max_jobs}" in plan.render()
+    assert full.jobs.predicted_seconds > minimal.jobs.predicted_seconds
+
+
+@pytest.mark.parametrize(("cpus", "available", "total"), [(2, 18 * GiB, 24 * GiB), (16, 118 * GiB, 125 * GiB),
+                                                          (16, 60 * GiB, 125 * GiB), (4, 16 * GiB, 16 * GiB)])
+@pytest.mark.parametrize("profile_name", ["minimal", "full"])
+def test_fa3_standalone_never_plans_more_memory_than_the_host_has(forge, cpus, available, total, profile_name) -> None:
+    from kforge.build.jobs import headroom, unit_memory
+
+    resources = Resources(cpus, available, total)
+    plan = standalone(forge, profile_name, host(resources=resources))
+    per_unit = unit_memory(load_profile(Path("/nonexistent-kforge-cache"), "flash-attn3-standalone", 1), 1)
+    assert per_unit == 6_572_204 * 1024  # the measured hdim128 bf16 forward unit
+    assert 1 <= plan.jobs.max_jobs <= cpus and plan.jobs.nvcc_threads == 1
+    assert plan.jobs.max_jobs * per_unit <= available - headroom(resources)
+    assert "WARNING" not in plan.jobs.reason
+
+
+def test_fa3_standalone_on_the_build_hosts_we_have(forge) -> None:
+    """This 2-core 24 GB machine runs both cores; the 16-core 125 GiB GPU host's full build uses most of its cores
+    and stays under its memory (the flash-attn3 minimal build there peaked at 60 GiB with 16 jobs, verified.md)."""
+    small = standalone(forge, "minimal", host(resources=Resources(2, 18 * GiB, 24 * GiB)))
+    assert (small.jobs.max_jobs, small.jobs.est_peak_memory) == (2, 2 * 6_572_204 * 1024)
+    big = standalone(forge, "full", host(resources=Resources(16, 118 * GiB, 125 * GiB)))
+    assert 12 <= big.jobs.max_jobs <= 16 and big.jobs.est_peak_memory <= 118 * GiB * 0.9

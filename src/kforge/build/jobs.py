@@ -142,7 +142,9 @@ def _work(profile: JobProfile, cpus: int, units: int | None) -> _Work:
     if profile.unit_builds:
         measured = unit_times(profile, cpus)
         return _Work(measured, None, f"LPT schedule of {len(measured)} measured units")
-    if profile.seed_units and units is None:
+    # The seed's unit times describe one build of its own unit count; a build of another count (another
+    # profile of the project) is estimated from its count instead.
+    if profile.seed_units and units in (None, sum(n for _, _, n in profile.seed_units)):
         expanded = tuple((f"{glob}#{i}", seconds) for glob, seconds, n in profile.seed_units for i in range(n))
         return _Work(expanded, None, f"estimate: LPT schedule of the seed's {len(expanded)} unit times "
                      f"({sum(t for _, t in expanded):.0f} s uncontended; measured on another host)")

@@ -1,6 +1,7 @@
-"""Job profiles: what one compile unit of a project cost (peak RSS, per-unit times), kept per project and arch
-count in ``<cache>/jobs/<project>.json``, with the host's contention curve in ``<cache>/jobs/host.json``.
-:mod:`kforge.build.jobs` chooses ``MAX_JOBS`` and the nvcc threads from them."""
+"""Job profiles: what one compile unit of a project cost (peak RSS, per-unit times), kept per project, build
+profile and arch count in ``<cache>/jobs/<project>.json`` (``<project>.<profile>.json`` for a build with a
+``--profile``: FA3's ``minimal`` and ``full`` compile different units), with the host's contention curve in
+``<cache>/jobs/host.json``. :mod:`kforge.build.jobs` chooses ``MAX_JOBS`` and the nvcc threads from them."""
 
 from __future__ import annotations
 
@@ -116,11 +117,44 @@ SEEDS: dict[str, JobProfile] = {
         unit_count=73,
         seed_units=_FA2_SEED_UNITS,
     ),
+    # FA3's forward units, which is all the standalone library compiles (plus combine, prepare_scheduler and the
+    # API, all smaller). Measured one at a time with /usr/bin/time -v on kforge's 2-core build machine (AMD EPYC,
+    # no GPU, nvcc 13.0.88, sm_90a only, -DFLASHATTENTION_DISABLE_BACKWARD, 2026-11-27):
+    #   flash_fwd_hdim128_bf16_sm90.cu        6,572,204 KiB (6.27 GiB) peak RSS, 252.2 s wall
+    #   flash_fwd_hdim128_bf16_split_sm90.cu  6,452,672 KiB (6.15 GiB) peak RSS, 243.1 s wall
+    # The same 6.27 GiB was the largest unit of every flash-attn3 minimal build on the nvidia-h100-x1 and
+    # nvidia-h200 hosts (2026-11-23 and 11-27, docs/verified.md). The full profile's hdim 96/192/256 and FP8
+    # units were not measured: its first build measures them (kept apart from minimal's, kforge.build.profiles).
+    # The torch extension compiles the same forward units (plus backward ones) and had no seed: kforge's 3 GiB
+    # default would plan about 9 jobs of 6.27 GiB on a 32 GB machine. The peak is the largest unit of its minimal
+    # builds on the nvidia-h100-x1 and nvidia-h200 hosts (docs/verified.md); the unit time is the forward unit's
+    # from this 2-core machine (next entry), until a build measures its own.
+    "flash-attn3": JobProfile(
+        project="flash-attn3",
+        arch_count=1,
+        peak_rss_per_unit=6_572_204 * 1024,
+        unit_seconds=(252.16 + 243.08) / 2,
+        unit_seconds_max=252.16,
+        samples=0,
+        source="seed: largest flash-attn3 minimal unit 6.27 GiB (H100/H200 builds); FA3 fwd unit 248 s (nvcc 13.0, "
+               "2-core host, 2026-11-27)",
+    ),
+    "flash-attn3-standalone": JobProfile(
+        project="flash-attn3-standalone",
+        arch_count=1,
+        peak_rss_per_unit=6_572_204 * 1024,
+        unit_seconds=(252.16 + 243.08) / 2,
+        unit_seconds_max=252.16,
+        samples=0,
+        source="seed: FA3 fwd units hdim128 bf16 (+split) sm_90a, 6.27 GiB peak RSS, 248 s (nvcc 13.0, 2-core host, "
+               "2026-11-27)",
+    ),
 }
 
 
-def _profile_path(cache_dir: Path, project: str) -> Path:
-    return Path(cache_dir) / "jobs" / f"{project}.json"
+def _profile_path(cache_dir: Path, project: str, build_profile: str | None = None) -> Path:
+    """Project names have no '.', so ``<project>.<profile>`` never reads as another project's file."""
+    return Path(cache_dir) / "jobs" / (f"{project}.{build_profile}.json" if build_profile else f"{project}.json")
 
 
 def _read_profiles(path: Path) -> dict[str, dict]:
@@ -167,14 +201,15 @@ def _from_entry(project: str, arch_count: int, entry: Mapping) -> JobProfile:
     )
 
 
-def load_profile(cache_dir: Path, project: str, arch_count: int) -> JobProfile:
-    """The profile for this project and arch count (measured, else nearest measured, seed, or default),
-    with this host's measured contention curve where there is one."""
-    return replace(_load_profile(cache_dir, project, arch_count), contention=load_contention(cache_dir))
+def load_profile(cache_dir: Path, project: str, arch_count: int, build_profile: str | None = None) -> JobProfile:
+    """The profile for this project, build profile and arch count (measured, else nearest measured, seed, or
+    default), with this host's measured contention curve where there is one. One build profile's measurements never
+    stand in for another's: a ``minimal`` build's smaller units would size a ``full`` build's jobs too big."""
+    return replace(_load_profile(cache_dir, project, arch_count, build_profile), contention=load_contention(cache_dir))
 
 
-def _load_profile(cache_dir: Path, project: str, arch_count: int) -> JobProfile:
-    entries = _read_profiles(_profile_path(cache_dir, project))
+def _load_profile(cache_dir: Path, project: str, arch_count: int, build_profile: str | None) -> JobProfile:
+    entries = _read_profiles(_profile_path(cache_dir, project, build_profile))
     if str(arch_count) in entries:
         return _from_entry(project, arch_count, entries[str(arch_count)])
     if entries:
@@ -215,7 +250,7 @@ def for_arch_count(base: JobProfile, arch_count: int, source: str | None = None)
 
 
 def record(cache_dir: Path, project: str, arch_count: int, units: Sequence[UnitMeasure], *,
-           jobs: int | None = None, cpus: int | None = None) -> JobProfile:
+           build_profile: str | None = None, jobs: int | None = None, cpus: int | None = None) -> JobProfile:
     """Fold one build's measured units into the project's profile (atomically) and return it.
 
     With ``jobs`` (the MAX_JOBS the units ran under) the unit times are kept by name with their load, for
@@ -224,8 +259,8 @@ def record(cache_dir: Path, project: str, arch_count: int, units: Sequence[UnitM
     """
     good = [u for u in units if u.returncode == 0 and u.peak_rss > 0]
     if not good:
-        return load_profile(cache_dir, project, arch_count)
-    path = _profile_path(cache_dir, project)
+        return load_profile(cache_dir, project, arch_count, build_profile)
+    path = _profile_path(cache_dir, project, build_profile)
     entries = _read_profiles(path)
     old = entries.get(str(arch_count), {})
     history = [tuple(h) for h in old.get("history", [])]

@@ -104,7 +104,7 @@ class CiTarget:
     platform: Platform
     cuda: Version
     torch: Version | None
-    self_hosted: bool  # torch-ABI builds need a self-hosted build runner
+    self_hosted: bool  # the project's ci_runner: torch-ABI builds (and builds too big for a hosted runner)
     gpu_label: str  # sm90: the label of a GPU runner that can run it
 
     @property
@@ -152,7 +152,7 @@ def ci_targets(forge: Forge) -> tuple[CiTarget, ...]:
                 platform=plat,
                 cuda=plan.toolchain.cuda,
                 torch=plan.toolchain.torch,
-                self_hosted=project.torch_abi,
+                self_hosted=project.ci_runner == "self-hosted",
                 gpu_label=f"sm{target.arch.number}",
             ))
     return tuple(sorted(out, key=lambda t: t.key))

@@ -18,7 +18,7 @@ from kforge.config.forge import find_root, load_forge
 from kforge.config.model import Forge
 from kforge.config.targets import parse_target
 from kforge.fsutil import cache_dir
-from kforge.plan import Plan, PlanOptions, make_plan
+from kforge.plan import Plan, PlanOptions, make_plan, profile_name
 
 __all__ = ["add_plan_options", "cache_dir", "console", "forge_from_args", "plan_and_host", "plan_from_args", "wheelhouse_root"]
 
@@ -70,5 +70,6 @@ def plan_and_host(args: argparse.Namespace, target_text: str, *, environ: Mappin
         host = with_torch(host, sys.executable)
     cli = {opt.name: getattr(args, opt.name, None) for opt in options.OPTIONS}
     opts = PlanOptions.from_cascade(environ, **cli, env=options.parse_env_pairs(args.env))
-    profile = load_profile(cache_dir(environ), target.project, 1)
+    build_profile = profile_name(forge.projects[target.project], opts.profile)  # its own measurements size the jobs
+    profile = load_profile(cache_dir(environ), target.project, 1, build_profile)
     return make_plan(forge, target, host, opts, job_profile=profile), host

@@ -225,10 +225,15 @@ def run_kit_build(args: argparse.Namespace) -> int:
         spec = project.source
         if isinstance(spec, (GitSource, SdistSource)) and all(spec != s for _, s in chosen):
             chosen.append((project.name, spec))
+    isolated = kit.isolated_build_requires(projects)
+    for name, reqs in isolated.items():
+        if args.wheels:
+            out.print(f"{name}: its isolated build installs {', '.join(reqs)}: their wheels go into the kit", highlight=False)
+    requirements = list(dict.fromkeys([*args.extra, *(r for reqs in isolated.values() for r in reqs)]))
     manifest = kit.build(args.out, root=forge.root, sources=chosen, projects=[p.name for p in projects],
                          cache_dir=cache_dir(), mirrors=_mirrors(args),
                          target=kit.WheelTarget(args.python, args.platform), wheels=args.wheels,
-                         extra_requirements=args.extra, trim=args.trim,
+                         extra_requirements=requirements, trim=args.trim,
                          extras=[e.strip() for e in args.extras.split(",") if e.strip()], skip_nested=args.skip_nested,
                          compression=args.compression, substitutes=_pairs(args.nested_from),
                          log=lambda line: out.print(line, highlight=False))

@@ -25,6 +25,7 @@ from kforge.config.model import (
     BACKEND_NAMES,
     CI_CUDA,
     CI_PUBLISH,
+    CI_RUNNER_KINDS,
     DEFAULT_CI_RUNNERS,
     VARIANT_RULES,
     ArchKnob,
@@ -146,6 +147,7 @@ class ProjectTable:
     unbuildable: Mapping[str, str] = field(default_factory=_empty)  # arch -> why it can't build yet
     arch_sets: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)  # each a set of declared archs
     arch_enforce: str = "on"  # on | check | off (kforge.cuda.enforce)
+    ci_runner: str | None = None  # hosted | self-hosted (default: self-hosted for a torch-ABI project)
 
 
 @dataclass(frozen=True)
@@ -311,6 +313,8 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
     _one_of(r, f"{key}.arch_enforce", t.arch_enforce, ARCH_ENFORCE_MODES)
     if t.compile_units is not None and t.compile_units <= 0:
         raise r.error(f"{key}.compile_units", "must be a positive integer")
+    if t.ci_runner is not None:
+        _one_of(r, f"{key}.ci_runner", t.ci_runner, CI_RUNNER_KINDS)
     git, sdist, local, source = _sources(r, f"{key}.source", t.source)
     _upstream_versions(r, key, t, git)
     arch_sets = _arch_sets(r, f"{key}.arch_sets", t.arch_sets, archs, platforms)
@@ -330,9 +334,19 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         release=read_release(t.release, f"{key}.release", project_archs=archs, torch_abi=t.torch_abi,
                              error=r.error, arch_sets=arch_sets) if t.release else None,
         arch_sets=arch_sets,
-        profiles=MappingProxyType({p: Profile(name=p, **r.values(Profile, d, f"{key}.profiles.{p}", skip=("name",)))
-                                   for p, d in t.profiles.items()}),
+        ci_runner=t.ci_runner or ("self-hosted" if t.torch_abi else "hosted"),
+        profiles=MappingProxyType({p: _profile(r, f"{key}.profiles.{p}", p, d) for p, d in t.profiles.items()}),
     )
+
+
+def _profile(r: Reader, key: str, name: str, data: Mapping[str, Any]) -> Profile:
+    if not name or not name.isascii() or not all(c.isalnum() or c in "-_" for c in name) or name != name.lower():
+        raise r.error(key, "is not a valid profile name",
+                      fix="use lower-case ASCII letters, digits, '-' and '_' (it names the job profile kept per build profile)")
+    profile = Profile(name=name, **r.values(Profile, data, key, skip=("name",)))
+    if profile.compile_units is not None and profile.compile_units <= 0:
+        raise r.error(f"{key}.compile_units", "must be a positive integer")
+    return profile
 
 
 def _upstream_versions(r: Reader, key: str, t: ProjectTable, git: GitSource | None) -> None:

@@ -63,6 +63,7 @@ class Profile:
     name: str
     description: str = ""
     env: Mapping[str, EnvValue] = field(default_factory=lambda: MappingProxyType({}))
+    compile_units: int | None = None  # this profile's unit count (the project's compile_units otherwise)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ DEFAULT_CI_RUNNERS = {
 }
 CI_PUBLISH = ("pages", "release")
 CI_CUDA = ("pypi", "action")
+CI_RUNNER_KINDS = ("hosted", "self-hosted")  # a project's ci_runner
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,19 @@ class Project:
     #: archs (base spelling, ``sm_120``) that plan but cannot build yet, with the reason: CI leaves them out
     unbuildable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     arch_enforce: str = "on"  # on | check | off: kforge's nvcc wrapper enforces the plan's archs (kforge.cuda.enforce)
+    ci_runner: str = "hosted"  # hosted | self-hosted: where CI builds it (forge.toml's default: self-hosted for torch ABI)
+
+    @property
+    def default_profile(self) -> str | None:
+        """The build profile a build without ``--profile`` uses: ``full`` when declared, else the first (or none)."""
+        if not self.profiles:
+            return None
+        return "full" if "full" in self.profiles else next(iter(self.profiles))
+
+    def units(self, profile: str | None) -> int | None:
+        """Compile units of a build with ``profile``: the profile's own count, else the project's."""
+        own = self.profiles[profile].compile_units if profile is not None and profile in self.profiles else None
+        return own or self.compile_units
 
     def unbuildable_reason(self, arch: Arch) -> str | None:
         return self.unbuildable.get(arch.base.sm)

@@ -12,9 +12,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: Never bundled, torch provides them (Linux sonames, Windows DLL names).
+#: Never bundled, torch provides them (Linux sonames, Windows DLL names); libtorch* covers libtorch_python.
 TORCH_LINUX = ("libtorch*", "libc10*")
 TORCH_WINDOWS = ("torch*.dll", "c10*.dll")
+TORCH_LIBRARIES = TORCH_LINUX + TORCH_WINDOWS
 #: Never bundled, the NVIDIA driver provides them.
 DRIVER_LINUX = ("libcuda.so*",)
 DRIVER_WINDOWS = ("nvcuda.dll",)
@@ -61,9 +62,16 @@ class RepairPolicy:
     exclude: tuple[str, ...]
     system: tuple[str, ...] = LINUX_SYSTEM + WINDOWS_SYSTEM
     name: str = "default"
+    #: A torch-free project's wheel (``torch_abi = false``): no binary may need torch's libraries, bundled or not
+    #: (it would fail to load where torch is not imported first, and be tied to one torch build where it is).
+    torch_free: bool = False
 
     def excludes(self, library: str) -> bool:
         return _matches(unmangle(os.path.basename(library)), self.exclude)
+
+    def forbids(self, library: str) -> bool:
+        """``library`` is torch's, and this policy is torch-free: no binary of the wheel may need or bundle it."""
+        return self.torch_free and _matches(unmangle(os.path.basename(library)), TORCH_LIBRARIES)
 
     def is_system(self, library: str) -> bool:
         return _matches(os.path.basename(library), self.system)
@@ -84,11 +92,12 @@ def _matches(name: str, patterns: Sequence[str]) -> bool:
 
 def default_policy(project: str = "default", *, torch: bool = True, cudart_shared: bool = False, extra: Sequence[str] = ()) -> RepairPolicy:
     """The per-project default: the driver always; torch's libraries when the project builds against
-    torch; the CUDA runtime only when it is linked shared; plus ``extra`` patterns from forge.toml."""
+    torch (without torch, they are forbidden: ``torch_free``); the CUDA runtime only when it is linked shared;
+    plus ``extra`` patterns from forge.toml."""
     exclude: list[str] = [*DRIVER_LINUX, *DRIVER_WINDOWS]
     if torch:
         exclude += [*TORCH_LINUX, *TORCH_WINDOWS]
     if cudart_shared:
         exclude += [*CUDART_LINUX, *CUDART_WINDOWS]
     exclude += [p for p in extra if p not in exclude]
-    return RepairPolicy(exclude=tuple(exclude), name=project)
+    return RepairPolicy(exclude=tuple(exclude), name=project, torch_free=not torch)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from kforge.config.repairpolicy import RepairPolicy, unmangle
+from kforge.config.repairpolicy import TORCH_LIBRARIES, RepairPolicy, unmangle
 from kforge.cuda.arch import PTX, Arch, code_kind, parse_arch
 from kforge.doctor.model import BinaryReport, Finding, WheelReport
 from kforge.doctor.resources import resource_findings
@@ -158,6 +158,9 @@ def verify(
         )
     if "unresolved-device-link" in codes:
         fixes.append("link the device code: let nvcc link the library, add an `nvcc -dlink` step, or set CUDA_RESOLVE_DEVICE_SYMBOLS ON")
+    if codes & {"needs-torch", "bundles-torch"}:
+        fixes.append("drop the torch link from the build (no libtorch/c10 in its link line, no torch.utils.cpp_extension), "
+                     "or, if the project really builds against torch, set torch_abi = true for it in forge.toml")
     if "bundled-excluded" in codes:
         fixes.append("repair the wheel again with kforge's repair policy so that these libraries are excluded, not grafted")
     more = f" (and {len(errors) - 1} more error(s))" if len(errors) > 1 else ""
@@ -267,7 +270,7 @@ def _describe(binary: BinaryReport) -> str:
 
 
 def _library_findings(label: str, binaries: Sequence[BinaryReport], files: Sequence[str], policy: RepairPolicy) -> list[Finding]:
-    findings = []
+    findings = _torch_findings(label, binaries, files, policy) if policy.torch_free else []
     basenames = {f.rsplit("/", 1)[-1] for f in files} | {b.path.rsplit("/", 1)[-1] for b in binaries}
     for f in files:
         base = f.rsplit("/", 1)[-1]
@@ -283,7 +286,8 @@ def _library_findings(label: str, binaries: Sequence[BinaryReport], files: Seque
             )
     for binary in binaries:
         for lib in binary.needed:
-            if policy.excludes(lib) or policy.is_system(lib) or lib in basenames or lib.lower() in {b.lower() for b in basenames}:
+            if policy.forbids(lib) or policy.excludes(lib) or policy.is_system(lib) or lib in basenames \
+                    or lib.lower() in {b.lower() for b in basenames}:
                 continue
             findings.append(
                 Finding(
@@ -294,6 +298,23 @@ def _library_findings(label: str, binaries: Sequence[BinaryReport], files: Seque
                     binary=binary.path,
                 )
             )
+    return findings
+
+
+def _torch_findings(label: str, binaries: Sequence[BinaryReport], files: Sequence[str],
+                    policy: RepairPolicy) -> list[Finding]:
+    """A torch-free policy: an error for every binary that needs (and every file that is) one of torch's libraries;
+    an info finding that says the check ran when none does."""
+    why = (f"the repair policy '{policy.name}' is torch-free (its project has torch_abi = false): the wheel must "
+           "load without torch, and work with any torch")
+    findings = [Finding("error", "needs-torch", f"{label}: {b.path} needs {lib}; {why}", binary=b.path)
+                for b in binaries for lib in b.needed if policy.forbids(lib)]
+    findings += [Finding("error", "bundles-torch", f"{label}: bundles {f} ({unmangle(f.rsplit('/', 1)[-1])}); {why}",
+                         binary=f) for f in files if not f.endswith("/") and _is_library(f.rsplit("/", 1)[-1])
+                 and policy.forbids(f)]
+    if not findings:
+        findings.append(Finding("info", "torch-free", f"{label}: torch-free: no binary needs "
+                                f"{', '.join(TORCH_LIBRARIES)} ({len(binaries)} checked)"))
     return findings
 
 

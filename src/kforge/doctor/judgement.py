@@ -27,15 +27,16 @@ class Judgement:
     source: str = ""  # where it came from, for the report ("manifest <name>", "forge.toml project")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy.name, "exclude": list(self.policy.exclude), "expect": list(self.expect),
-                "exact": self.exact, "exact_ptx": self.exact_ptx}
+        return {"policy": self.policy.name, "exclude": list(self.policy.exclude), "torch_free": self.policy.torch_free,
+                "expect": list(self.expect), "exact": self.exact, "exact_ptx": self.exact_ptx}
 
     @classmethod
     def from_manifest(cls, data: Mapping[str, Any], source: str) -> Judgement:
         judged = (data.get("doctor") or {}).get("judged_by")
         project = str(data.get("project") or "default")
         if isinstance(judged, Mapping):
-            policy = RepairPolicy(exclude=tuple(judged.get("exclude") or ()), name=str(judged.get("policy") or project))
+            policy = RepairPolicy(exclude=tuple(judged.get("exclude") or ()), name=str(judged.get("policy") or project),
+                                  torch_free=bool(judged.get("torch_free")))  # manifests before it: not checked
             return cls(policy=policy, expect=tuple(judged.get("expect") or ()), exact=bool(judged.get("exact")),
                        exact_ptx=bool(judged.get("exact_ptx", True)), source=source)
         torch = (data.get("toolchain") or {}).get("torch") is not None  # older manifests: built against torch or not

@@ -49,6 +49,7 @@ TOOLCHAIN_READERS: Mapping[str, str] = {
     "NVCC_APPEND_FLAGS": "nvcc itself",
     "DISTUTILS_USE_SDK": "setuptools (MSVC)",
     "CMAKE_CUDA_ARCHITECTURES": "CMake",
+    "CMAKE_ARGS": "scikit-build-core and kforge's cmake backend (extra CMake options: flash-attn3-standalone's FA3S_PROFILE)",
 }
 #: Variables kforge sets for every project whatever its upstream reads: not reading one is no finding.
 GENERIC = frozenset({"NVCC_THREADS", "MAX_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL", "CUDA_HOME", "CUDACXX"})

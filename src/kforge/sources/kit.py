@@ -3,7 +3,8 @@
 ``kforge sources kit build OUT`` writes::
 
     OUT/kit.json                                        the manifest: every file, its sha256 and size
-    OUT/wheels/*.whl                                    kforge and its dependencies, for the host's Python/platform
+    OUT/wheels/*.whl                                    kforge and its dependencies, for the host's Python/platform,
+                                                        and what isolated builds of the kit's projects install
     OUT/cache/sdists/<name>-<version>-<sha16>/<file>    pinned sdists, in the layout kforge's cache uses
     OUT/cache/git/<owner>+<name>-<commit>.tar.xz(.json) pinned git trees with nested submodules (gitarchive)
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kforge import __version__
+from kforge.config.model import Project
 from kforge.config.source import GitSource, SdistSource, Source
 from kforge.errors import SourceError
 from kforge.fsutil import PUBLIC_FILE_MODE, atomic_write_text, sha256_file
@@ -126,6 +128,14 @@ class KitManifest:
         except (ValueError, KeyError, TypeError) as exc:
             raise SourceError(f"{path} is not a valid kit manifest", why=str(exc),
                               fix="build the kit again with `kforge sources kit build`") from exc
+
+
+def isolated_build_requires(projects: Sequence[Project]) -> dict[str, tuple[str, ...]]:
+    """Per project built in isolation (``build_isolation``), the requirements pip's isolated build installs
+    (forge.toml's ``build_requires``: scikit-build-core, and the cmake and ninja it asks for where the host's are
+    missing or too old). An offline host's pip finds them among the kit's wheels (``PIP_FIND_LINKS``); a build
+    without isolation uses the interpreter's own packages instead."""
+    return {p.name: p.build_requires for p in projects if p.build_isolation and p.build_requires}
 
 
 def pip_runner(argv: Sequence[str]) -> None:
