@@ -624,7 +624,7 @@ def test_training_smoke_loss_curve_matches_sdpa() -> None:
         y[:, LAG:] = x[:, :-LAG]
         batches.append((x, y))
     torch.manual_seed(0)
-    base = TwoLayers().cuda()
+    base = TwoLayers().to("cuda")
     curves = {}
     for name, attn in (("fp32", _attn_fp32), ("sdpa", _attn_sdpa), ("kforge", _attn_kforge)):
         model = copy.deepcopy(base)
