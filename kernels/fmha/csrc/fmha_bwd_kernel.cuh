@@ -269,10 +269,11 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   constexpr int ES = static_cast<int>(sizeof(T));
   constexpr uint32_t kQBuf = BM * HDIM_QK * ES;  // bytes of one Q buffer
   constexpr uint32_t kDoBuf = BM * HDIM_V * ES;
-#ifndef KFORGE_FMHA_BWD_KUNROLL
-#define KFORGE_FMHA_BWD_KUNROLL 1
-#endif
+#ifdef KFORGE_FMHA_BWD_KUNROLL  // one value for every pair (a tuning sweep)
   constexpr int kKUnroll = KFORGE_FMHA_BWD_KUNROLL;
+#else
+  constexpr int kKUnroll = S::kTile.k_unroll;
+#endif
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw + S::kOffK);
