@@ -391,6 +391,21 @@ def test_no_grad_forward_equals_fmha_fwd() -> None:
     torch.testing.assert_close(out, kforge_fmha.fmha_fwd(q, k, v, causal=True), atol=0, rtol=0)
 
 
+def test_float32_inputs_under_autocast_run_in_its_dtype() -> None:
+    """Under torch.autocast, float32 q, k, v run in the autocast dtype (as SDPA's do), and the
+    gradients flow back to the float32 tensors."""
+    q, k, v = (torch.randn(1, 100, 2, 64, device="cuda", requires_grad=True) for _ in range(3))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = kforge_fmha.attention(q, k, v, causal=True)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.float32 and torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0
+    ones = torch.ones(1, 100, 2, 64, device="cuda")
+    ref = sdpa_reference(q.bfloat16(), k.bfloat16(), v.bfloat16(), ones, True, 0.125, torch.float32)
+    low = sdpa_reference(q.bfloat16(), k.bfloat16(), v.bfloat16(), ones, True, 0.125, torch.bfloat16)
+    check_rule("autocast", [out.detach(), q.grad, k.grad, v.grad], ref, low, torch.bfloat16)
+
+
 def test_backward_kernel_is_named(bwd_path) -> None:
     need_bwd(bwd_path, 128, 128)
     from kforge_fmha import _autograd

@@ -315,6 +315,11 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                        "torch tensors (for other DLPack producers, fmha_fwd runs the forward alone)")
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
+    if q.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+        # As SDPA under autocast: float32 inputs run in the autocast dtype (fp16 or bf16).
+        low = torch.get_autocast_dtype("cuda")
+        if low in (torch.float16, torch.bfloat16):
+            q, k, v = (t.to(low) if t.dtype == torch.float32 else t for t in (q, k, v))
     if torch.compiler.is_compiling() or q.device.type == "meta":
         # Check the shapes now (the fake implementation does not), then emit the op.
         s = validate(*_describe_all(q, k, v, cu_seqlens_q, cu_seqlens_k), max_seqlen_q,
