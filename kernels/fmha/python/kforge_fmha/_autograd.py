@@ -203,8 +203,9 @@ def backward_torch(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seql
     """(dq, dk, dv) for the gradient dout of out = attention(q, k, v): the forward's own out and
     lse must be passed. dout may have any layout (autograd hands out expanded or strided
     gradients); it is copied when the kernels cannot read it as it is."""
-    if q.numel() == 0 or k.numel() == 0:  # nothing was attended: zero gradients (contiguous,
-        return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # as the fake's)
+    if q.numel() == 0 or k.numel() == 0:
+        # Nothing was attended: zero gradients, contiguous like the fake implementation's.
+        return tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if dout.dtype != out.dtype:
         dout = dout.to(out.dtype)
     if not _kernel_ready(dout):
