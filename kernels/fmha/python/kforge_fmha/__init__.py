@@ -1,5 +1,10 @@
-"""kforge_fmha: fused forward attention (FlashAttention-2 style) for fp16/bf16, head dims 64
-and 128, causal or not, GQA/MQA and packed variable-length batches.
+"""kforge_fmha: fused attention (FlashAttention-2 style) for fp16/bf16, head dims 64 and 128
+((d_qk, d_v) = (192, 128) and (128, 192) too with gradients), causal or not, GQA/MQA and packed
+variable-length batches.
+
+``fmha_fwd`` / ``fmha_varlen_fwd`` run the forward; ``attention`` / ``varlen_attention`` are the
+same attention with gradients (torch only: a torch.autograd.Function whose backward runs the
+library's backward kernels).
 
 The kernels live in libkforge_fmha.so, a plain C library called through ctypes; nothing here
 links against torch. torch tensors and any DLPack producer (CuPy, JAX, ...) are accepted.
@@ -41,6 +46,7 @@ __all__ = [
     "FmhaError",
     "FmhaNoDeviceError",
     "FmhaUnsupportedError",
+    "attention",
     "built_archs",
     "default_path",
     "device_check",
@@ -54,6 +60,7 @@ __all__ = [
     "path_kernel",
     "sm90_paths",
     "tuning_paths_built",
+    "varlen_attention",
 ]
 
 
@@ -122,6 +129,62 @@ def fmha_varlen_fwd(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any
                  softmax_scale, return_lse, out, lse, stream)
 
 
+def attention(q: Any, k: Any, v: Any, causal: bool = False, softmax_scale: float | None = None, *,
+              deterministic: bool | None = None) -> Any:
+    """Attention over a fixed-length batch, differentiable: torch tensors only.
+
+    q: (batch, seqlen_q, num_heads, d_qk); k: (batch, seqlen_k, num_heads_k, d_qk); v: (batch,
+    seqlen_k, num_heads_k, d_v), with (d_qk, d_v) in (64, 64), (128, 128), (192, 128), (128,
+    192); fp16 or bf16 on a CUDA device. Returns out (batch, seqlen_q, num_heads, d_v). GQA/MQA
+    when num_heads_k divides num_heads (dk, dv summed over each group). Causal masks are aligned
+    to the bottom-right corner (query i sees key j <= i + seqlen_k - seqlen_q). softmax_scale
+    defaults to 1/sqrt(d_qk). deterministic: dq bit for bit reproducible (slower); None follows
+    torch.are_deterministic_algorithms_enabled().
+
+    The backward runs kforge_fmha's backward kernels on the saved q, k, v, out and log-sum-exp.
+    Under torch.compile the call is the custom op torch.ops.kforge_fmha.attn_fwd, whose
+    backward is torch.ops.kforge_fmha.attn_bwd (register_autograd), so fullgraph=True works.
+    """
+    _require("attention", q=q, k=k, v=v)
+    return _autograd_module().run(q, k, v, None, None, None, None, causal, softmax_scale,
+                                  deterministic)
+
+
+def varlen_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                     max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                     softmax_scale: float | None = None, *,
+                     deterministic: bool | None = None) -> Any:
+    """attention() over a packed variable-length batch, differentiable: torch tensors only.
+
+    q: (total_q, num_heads, d_qk); k: (total_k, num_heads_k, d_qk); v: (total_k, num_heads_k,
+    d_v); cu_seqlens_q/k: int32 (batch + 1,) prefix sums on the GPU; max_seqlen_q/k at least
+    every length. Empty sequences are allowed (their rows get out 0 and zero gradients).
+    """
+    _require("varlen_attention", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
+             cu_seqlens_k=cu_seqlens_k)
+    return _autograd_module().run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, causal, softmax_scale, deterministic)
+
+
+_autograd_mod = None  # kforge_fmha._autograd once imported (it imports torch)
+
+
+def _autograd_module():
+    global _autograd_mod
+    if _autograd_mod is None:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise FmhaError(
+                "kforge_fmha: attention() and varlen_attention() need torch, which is not "
+                "installed; install it (pip install 'kforge-fmha[torch]'), or call fmha_fwd / "
+                "fmha_varlen_fwd, which run the forward on any DLPack producer") from None
+        from . import _autograd
+
+        _autograd_mod = _autograd
+    return _autograd_mod
+
+
 def _require(func: str, **tensors: Any) -> None:
     """A missing tensor is a TypeError that names it (not a KeyError from deep inside)."""
     for name, value in tensors.items():
@@ -148,15 +211,15 @@ def _call(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, return_lse, 
             from . import _torch
 
             _torch.ensure_registered()
-            o, l = torch.ops.kforge_fmha.fwd(q, k, v, cu_q, cu_k, p.seqlen_q, p.seqlen_k,
+            o, lse_ = torch.ops.kforge_fmha.fwd(q, k, v, cu_q, cu_k, p.seqlen_q, p.seqlen_k,
                                              p.softmax_scale, p.causal)
         else:
             # Eager: the op's own body, without the dispatcher's per-call cost.
-            o, l = _api.run_torch(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal)
-        return (o, l) if return_lse else o
+            o, lse_ = _api.run_torch(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal)
+        return (o, lse_) if return_lse else o
 
     names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
-    infos = [describe(n, t, stream) if t is not None else None for n, t in zip(names, tensors)]
+    infos = [describe(n, t, stream) if t is not None else None for n, t in zip(names, tensors, strict=False)]
     qi, ki, vi = infos[:3]
     ci, cki = (infos[3], infos[4]) if varlen else (None, None)
     p = _api.validate(qi, ki, vi, varlen=varlen, cu_q=ci, cu_k=cki, max_seqlen_q=max_q,
@@ -188,3 +251,4 @@ if "torch" in sys.modules:  # torch already imported by the caller: register the
     from . import _torch as _torch_mod
 
     _torch_mod.ensure_registered()
+    _autograd_module()  # and the autograd ops (kforge_fmha::attn_fwd / attn_bwd)
