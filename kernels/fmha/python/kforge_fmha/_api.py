@@ -103,34 +103,8 @@ def validate(q: TensorInfo, k: TensorInfo, v: TensorInfo, *, varlen: bool,
     for t in (q, k, v):
         _check_layout(t)
 
-    if varlen:
-        if cu_q is None or cu_k is None:
-            raise _err("cu_seqlens_q and cu_seqlens_k are both required for a varlen call")
-        for t in (cu_q, cu_k):
-            _check_device(t, q)
-            if t.dtype != "int32":
-                raise _err(f"{t.name} has dtype {t.dtype}; it must be int32 (prefix sums of the "
-                           "sequence lengths, starting at 0)")
-            if len(t.shape) != 1 or t.shape[0] < 2:
-                raise _err(f"{t.name} has shape {t.shape}; expected (batch + 1,) with batch >= 1")
-            if t.shape[0] > 1 and t.strides[0] != 1:
-                raise _err(f"{t.name} must be contiguous")
-        if cu_q.shape != cu_k.shape:
-            raise _err(f"cu_seqlens_q has {cu_q.shape[0]} entries and cu_seqlens_k has "
-                       f"{cu_k.shape[0]}; both must be batch + 1")
-        if max_seqlen_q is None or max_seqlen_k is None:
-            raise _err("max_seqlen_q and max_seqlen_k are required for a varlen call")
-        if int(max_seqlen_q) < 0 or int(max_seqlen_k) < 0:
-            raise _err("max_seqlen_q and max_seqlen_k must be >= 0")
-        batch, seqlen_q, seqlen_k = cu_q.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k)
-    else:
-        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        if k.shape[0] != batch:
-            raise _err(f"q has batch {batch} but k/v have {k.shape[0]}")
-
-    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
-    if not math.isfinite(scale) or scale <= 0.0:
-        raise _err(f"softmax_scale is {scale}; it must be finite and > 0")
+    batch, seqlen_q, seqlen_k = _batch_and_lengths(q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k, varlen)
+    scale = _softmax_scale(softmax_scale, head_dim)
     return Problem(varlen=varlen, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                    num_heads=num_heads, num_heads_k=num_heads_k, head_dim=head_dim,
                    dtype=q.dtype, device_index=q.device_index, softmax_scale=scale,
@@ -329,3 +303,40 @@ def bwd_torch(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *,
             stream or None)
     _lib.check(status)
     return dq, dk, dv
+
+
+def _batch_and_lengths(q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k, varlen: bool) -> tuple:
+    """(batch, seqlen_q, seqlen_k) of a call; a varlen call's cu_seqlens arrays and maxima are checked first.
+    Shared by the forward here and the autograd functions (_autograd.py)."""
+    if not varlen:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        if k.shape[0] != batch:
+            raise _err(f"q has batch {batch} but k/v have {k.shape[0]}")
+        return batch, seqlen_q, seqlen_k
+    if cu_q is None or cu_k is None:
+        raise _err("cu_seqlens_q and cu_seqlens_k are both required for a varlen call")
+    for t in (cu_q, cu_k):
+        _check_device(t, q)
+        if t.dtype != "int32":
+            raise _err(f"{t.name} has dtype {t.dtype}; it must be int32 (prefix sums of the "
+                       "sequence lengths, starting at 0)")
+        if len(t.shape) != 1 or t.shape[0] < 2:
+            raise _err(f"{t.name} has shape {t.shape}; expected (batch + 1,) with batch >= 1")
+        if t.strides[0] != 1:
+            raise _err(f"{t.name} must be contiguous")
+    if cu_q.shape != cu_k.shape:
+        raise _err(f"cu_seqlens_q has {cu_q.shape[0]} entries and cu_seqlens_k has "
+                   f"{cu_k.shape[0]}; both must be batch + 1")
+    if max_seqlen_q is None or max_seqlen_k is None:
+        raise _err("max_seqlen_q and max_seqlen_k are required for a varlen call")
+    if int(max_seqlen_q) < 0 or int(max_seqlen_k) < 0:
+        raise _err("max_seqlen_q and max_seqlen_k must be >= 0")
+    return cu_q.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k)
+
+
+def _softmax_scale(softmax_scale, head_dim: int) -> float:
+    """The scale a call uses: 1/sqrt(head_dim of q and k) unless given; finite and > 0."""
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise _err(f"softmax_scale is {scale}; it must be finite and > 0")
+    return scale
