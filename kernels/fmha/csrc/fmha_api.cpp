@@ -538,17 +538,16 @@ BwdPath bwd_path(const char** raw) {
   return BwdPath::kInvalid;
 }
 
-// The calls the sm_90a backward takes, whatever the device: (d_qk, d_v) = (64, 64) or (128, 128),
-// not deterministic (the deterministic mode is the portable kernel's), and a library with sm_90a
-// code. Without a reason (nullptr) it only answers.
-bool bwd_sm90_fits(int head_dim_qk, int head_dim_v, bool deterministic, const char** why) {
+// The calls the sm_90a backward takes, whatever the device: (d_qk, d_v) = (64, 64) or (128, 128)
+// and a library with sm_90a code. (The deterministic mode runs the portable kernels on every
+// path, "sm90" included: the sm_90a kernel's dQ atomics add in scheduling order.) Without a
+// reason (nullptr) it only answers.
+bool bwd_sm90_fits(int head_dim_qk, int head_dim_v, const char** why) {
   const char* w = nullptr;
   if (!built_with_90a()) {
     w = "arch";
   } else if (head_dim_qk != head_dim_v || (head_dim_qk != 64 && head_dim_qk != 128)) {
     w = "dims";
-  } else if (deterministic) {
-    w = "deterministic";
   }
   if (why != nullptr) *why = w;
   return w == nullptr;
@@ -610,8 +609,8 @@ kforge_fmha_status check_bwd(const BwdArgs& a, std::initializer_list<NamedPtr> t
                 raw);
   }
   const char* why = nullptr;
-  if (path == BwdPath::kSm90 &&
-      !bwd_sm90_fits(a.s.head_dim, a.s.head_dim_v, a.deterministic, &why)) {
+  if (path == BwdPath::kSm90 && !a.deterministic &&
+      !bwd_sm90_fits(a.s.head_dim, a.s.head_dim_v, &why)) {
     if (std::strcmp(why, "arch") == 0) {
       return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
                   "KFORGE_FMHA_BWD_PATH is 'sm90', but this library was built for CUDA archs "
@@ -620,19 +619,12 @@ kforge_fmha_status check_bwd(const BwdArgs& a, std::initializer_list<NamedPtr> t
                   "it to portable) to run the mma.sync backward",
                   KFORGE_FMHA_ARCHS);
     }
-    if (std::strcmp(why, "dims") == 0) {
-      return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
-                  "KFORGE_FMHA_BWD_PATH is 'sm90', but the sm_90a backward has (head_dim_qk, "
-                  "head_dim_v) = (64, 64) and (128, 128) only, not (%d, %d); unset "
-                  "KFORGE_FMHA_BWD_PATH (or set it to portable) to run the mma.sync backward, "
-                  "which has every supported pair",
-                  a.s.head_dim, a.s.head_dim_v);
-    }
     return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
-                "KFORGE_FMHA_BWD_PATH is 'sm90', but the sm_90a backward has no deterministic "
-                "mode (its dQ atomics add in scheduling order); pass deterministic = 0, or unset "
-                "KFORGE_FMHA_BWD_PATH (or set it to portable): the deterministic mode runs the "
-                "mma.sync backward");
+                "KFORGE_FMHA_BWD_PATH is 'sm90', but the sm_90a backward has (head_dim_qk, "
+                "head_dim_v) = (64, 64) and (128, 128) only, not (%d, %d); unset "
+                "KFORGE_FMHA_BWD_PATH (or set it to portable) to run the mma.sync backward, "
+                "which has every supported pair",
+                a.s.head_dim, a.s.head_dim_v);
   }
   kforge_fmha_status st = check_common(a.s, tensors, lse);
   if (st != KFORGE_FMHA_SUCCESS) return st;
@@ -720,12 +712,15 @@ kforge_fmha_status run_bwd(const BwdArgs& a, kforge_fmha::BwdParams& p, bool cau
   if (st != KFORGE_FMHA_SUCCESS) return st;
 
   // The main kernel: sm_90a where the path allows it and the device runs it (check_bwd has
-  // refused an explicit "sm90" that no device could run).
+  // refused an explicit "sm90" that no device could run); the deterministic mode is always the
+  // portable kernel's.
   const char* raw = nullptr;
   const BwdPath path = bwd_path(&raw);
   const bool hopper = major == 9 && minor == 0;
   bool sm90 = false;
-  if (path == BwdPath::kSm90) {
+  if (a.deterministic) {
+    sm90 = false;
+  } else if (path == BwdPath::kSm90) {
     if (!hopper) {
       return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
                   "KFORGE_FMHA_BWD_PATH is 'sm90', but the sm_90a backward needs a GPU of compute "
@@ -742,8 +737,7 @@ kforge_fmha_status run_bwd(const BwdArgs& a, kforge_fmha::BwdParams& p, bool cau
     }
     sm90 = true;
   } else if (path == BwdPath::kDefault) {
-    sm90 = hopper && bwd_sm90_fits(s.head_dim, s.head_dim_v, a.deterministic, nullptr) &&
-           bwd_sm90_binary(s);
+    sm90 = hopper && bwd_sm90_fits(s.head_dim, s.head_dim_v, nullptr) && bwd_sm90_binary(s);
   }
   if (s.batch == 0) return ok();  // nothing to compute
 

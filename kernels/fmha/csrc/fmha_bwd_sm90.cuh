@@ -386,6 +386,8 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
     }
   }
 
+  cp_async_wait<0>();  // n_iter == 0: the K / V loads are still in flight
+
   // dK (scaled) and dV of this thread's keys, in the input dtype (zero where no query sees the
   // key block).
   const float scale = p.softmax_scale;
