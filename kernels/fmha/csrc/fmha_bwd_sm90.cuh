@@ -30,7 +30,8 @@
 //                        warpgroups' dS^T (a 256-thread barrier), warpgroup wg computes columns
 //                        64 wg .. 64 wg + 63 over all 128 keys; head dim 64: each warpgroup its
 //                        own 64 keys (a 128-thread barrier), all 64 columns. fp32 vector
-//                        reductions (red.global.add.v2.f32) into the dQ accumulator.
+//                        reductions (red.global.add.v4.f32 at head dim 64, .v2 at 128) into
+//                        the dQ accumulator.
 // At the end dK * scale and dV go to global memory in the input dtype.
 #pragma once
 
@@ -43,6 +44,13 @@ namespace sm90bwd {
 constexpr int kBlockN = 128;  // keys per CTA
 constexpr int kBlockM = 64;   // query rows per step
 constexpr int kThreads = 256;
+// dQ's adds as red.global.add.v4.f32 (lane pairs swap halves of their rows) instead of .v2: at
+// head dim 128 the shuffles' registers made ptxas spill (255 registers), so there .v2.
+#ifndef KFORGE_FMHA_BWD_SM90_DQ_V4
+#define KFORGE_FMHA_BWD_SM90_DQ_V4 1
+#endif
+template <int HDIM>
+constexpr bool kDqV4 = KFORGE_FMHA_BWD_SM90_DQ_V4 != 0 && HDIM == 64;
 
 template <int HDIM>
 struct Shape {
@@ -85,6 +93,13 @@ struct Shape {
 KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_tt_bf16, "bf16")
 KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_tt_f16, "f16")
 #undef KFORGE_FMHA_WGMMA_SS_TT
+
+// p[0..3] += {a, b, c, d} in global memory, one vector reduction (sm_90); p is 16-byte aligned.
+__device__ __forceinline__ void atomic_add4(float* p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+}
 
 template <typename T>
 __device__ __forceinline__ void ss_tt(float (&d)[32], uint64_t da, uint64_t db, int acc) {
@@ -366,22 +381,46 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
                k_desc + (HDIM == 128 ? wg : 0) * kKvHalfU + (ks0 + kk) * kRows16U, kk > 0);
     }
     wgmma_commit();
-    wgmma_wait0();  // dK and dQ done
-    keep(dq);
+    wgmma_wait1();  // dK done: da is free
     keep(da);
 #pragma unroll
     for (int dh = 0; dh < KH; ++dh) keep(dk[dh]);
+    wgmma_wait0();  // dQ done
+    keep(dq);
 
     // Accumulator entry 4 j + 2 r + e of dq: query row 16 warp + g + 8 r, column dcol0 + 8 j +
     // 2 t + e.
     float* dq_acc = p.dq_accum + (h * p.rows + s.ws_row) * HDIM;
+    if constexpr (kDqV4<HDIM>) {
+      // Lanes t and t ^ 1 swap halves so that each adds 4 consecutive columns of one row
+      // (red.global.add.v4.f32): the even lane columns 2 t .. 2 t + 3 of row g, the odd lane
+      // columns 2 t - 2 .. 2 t + 1 of row g + 8.
+      const bool odd = (t & 1) != 0;
+      const int row = r0 + warp * 16 + g + (odd ? 8 : 0);
+      float* dst = dq_acc + static_cast<int64_t>(row) * HDIM + dcol0 + 2 * (t & ~1);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = r0 + warp * 16 + g + 8 * r;
-      if (row < sq) {
-        float* dst = dq_acc + static_cast<int64_t>(row) * HDIM + dcol0 + 2 * t;
+      for (int j = 0; j < 8; ++j) {
+        const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j] : dq[4 * j + 2], 1);
+        const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
+        if (row < sq) {
+          if (odd) {
+            atomic_add4(dst + 8 * j, x0, x1, dq[4 * j + 2], dq[4 * j + 3]);
+          } else {
+            atomic_add4(dst + 8 * j, dq[4 * j], dq[4 * j + 1], x0, x1);
+          }
+        }
+      }
+    } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) atomic_add2(dst + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+      for (int r = 0; r < 2; ++r) {
+        const int row = r0 + warp * 16 + g + 8 * r;
+        if (row < sq) {
+          float* dst = dq_acc + static_cast<int64_t>(row) * HDIM + dcol0 + 2 * t;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            atomic_add2(dst + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+          }
+        }
       }
     }
   }
