@@ -521,20 +521,36 @@ kforge_fmha_status run(const Shapes& s, kforge_fmha::FwdParams& p, bool causal,
 
 // ---- backward -------------------------------------------------------------------------------
 
-// Which backward kernels a call asks for: KFORGE_FMHA_BWD_PATH, read at every call. Unset, empty,
-// "default" or "portable": the mma.sync kernels of fmha_bwd_kernel.cuh (every GPU of compute
-// capability 8.0 and newer); "sm90": the sm_90a kernels, not in this library yet.
-enum class BwdPath { kPortable, kSm90, kInvalid };
+// Which backward kernels a call asks for: KFORGE_FMHA_BWD_PATH, read at every call. Unset, empty
+// or "default": the sm_90a main kernel (fmha_bwd_sm90.cuh) where bwd_sm90_fits() and the device
+// runs it (compute capability 9.0, the library's sm_90a code), else the portable one;
+// "portable": the mma.sync kernels of fmha_bwd_kernel.cuh (every GPU of compute capability 8.0
+// and newer); "sm90": the sm_90a main kernel, and a clear error where it cannot run. The
+// preprocess and convert kernels are the portable ones on every path.
+enum class BwdPath { kDefault, kPortable, kSm90, kInvalid };
 
 BwdPath bwd_path(const char** raw) {
   const char* e = std::getenv("KFORGE_FMHA_BWD_PATH");
   *raw = e;
-  if (e == nullptr || *e == '\0' || std::strcmp(e, "default") == 0 ||
-      std::strcmp(e, "portable") == 0) {
-    return BwdPath::kPortable;
-  }
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "default") == 0) return BwdPath::kDefault;
+  if (std::strcmp(e, "portable") == 0) return BwdPath::kPortable;
   if (std::strcmp(e, "sm90") == 0) return BwdPath::kSm90;
   return BwdPath::kInvalid;
+}
+
+// The calls the sm_90a backward takes, whatever the device: (d_qk, d_v) = (64, 64) or (128, 128)
+// and a library with sm_90a code. (The deterministic mode runs the portable kernels on every
+// path, "sm90" included: the sm_90a kernel's dQ atomics add in scheduling order.) Without a
+// reason (nullptr) it only answers.
+bool bwd_sm90_fits(int head_dim_qk, int head_dim_v, const char** why) {
+  const char* w = nullptr;
+  if (!built_with_90a()) {
+    w = "arch";
+  } else if (head_dim_qk != head_dim_v || (head_dim_qk != 64 && head_dim_qk != 128)) {
+    w = "dims";
+  }
+  if (why != nullptr) *why = w;
+  return w == nullptr;
 }
 
 // The workspace of a backward call: the fp32 dQ accumulator, D and LSE * log2(e) for every
@@ -587,15 +603,28 @@ kforge_fmha_status check_bwd(const BwdArgs& a, std::initializer_list<NamedPtr> t
   const BwdPath path = bwd_path(&raw);
   if (path == BwdPath::kInvalid) {
     return fail(KFORGE_FMHA_ERROR_INVALID_ARGUMENT,
-                "KFORGE_FMHA_BWD_PATH is '%s'; use portable (the mma.sync kernels, the default) "
-                "or sm90, or unset it",
+                "KFORGE_FMHA_BWD_PATH is '%s'; use default (sm90 where it can run, else "
+                "portable), portable (the mma.sync kernels) or sm90 (the sm_90a wgmma kernel), or "
+                "unset it",
                 raw);
   }
-  if (path == BwdPath::kSm90) {
+  const char* why = nullptr;
+  if (path == BwdPath::kSm90 && !a.deterministic &&
+      !bwd_sm90_fits(a.s.head_dim, a.s.head_dim_v, &why)) {
+    if (std::strcmp(why, "arch") == 0) {
+      return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                  "KFORGE_FMHA_BWD_PATH is 'sm90', but this library was built for CUDA archs "
+                  "[%s], without 90a, so it has no sm_90a backward kernel; rebuild with "
+                  "CMAKE_CUDA_ARCHITECTURES including 90a, or unset KFORGE_FMHA_BWD_PATH (or set "
+                  "it to portable) to run the mma.sync backward",
+                  KFORGE_FMHA_ARCHS);
+    }
     return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
-                "KFORGE_FMHA_BWD_PATH is 'sm90', but this library has no sm_90a backward kernels "
-                "yet; unset KFORGE_FMHA_BWD_PATH (or set it to portable) to run the mma.sync "
-                "backward, which runs on sm_90 too");
+                "KFORGE_FMHA_BWD_PATH is 'sm90', but the sm_90a backward has (head_dim_qk, "
+                "head_dim_v) = (64, 64) and (128, 128) only, not (%d, %d); unset "
+                "KFORGE_FMHA_BWD_PATH (or set it to portable) to run the mma.sync backward, "
+                "which has every supported pair",
+                a.s.head_dim, a.s.head_dim_v);
   }
   kforge_fmha_status st = check_common(a.s, tensors, lse);
   if (st != KFORGE_FMHA_SUCCESS) return st;
@@ -629,6 +658,28 @@ kforge_fmha_status check_bwd(const BwdArgs& a, std::initializer_list<NamedPtr> t
   return KFORGE_FMHA_SUCCESS;
 }
 
+// The sm_90a backward of this call (bwd_sm90_fits said yes): preprocess, the wgmma main
+// kernel, convert.
+template <typename T>
+cudaError_t dispatch_bwd_sm90(const Shapes& s, const kforge_fmha::BwdParams& p, bool causal,
+                              cudaStream_t stream) {
+  using namespace kforge_fmha;
+  if (s.head_dim == 64) {
+    return causal ? launch_bwd_sm90<T, 64, true>(p, stream) : launch_bwd_sm90<T, 64, false>(p, stream);
+  }
+  return causal ? launch_bwd_sm90<T, 128, true>(p, stream) : launch_bwd_sm90<T, 128, false>(p, stream);
+}
+
+// Whether this device runs the sm_90a backward's body for this dtype and head dim.
+bool bwd_sm90_binary(const Shapes& s) {
+  using namespace kforge_fmha;
+  if (s.dtype == KFORGE_FMHA_FP16) {
+    return s.head_dim == 64 ? bwd_sm90_available<__half, 64>() : bwd_sm90_available<__half, 128>();
+  }
+  return s.head_dim == 64 ? bwd_sm90_available<__nv_bfloat16, 64>()
+                          : bwd_sm90_available<__nv_bfloat16, 128>();
+}
+
 template <typename T>
 cudaError_t dispatch_bwd(const Shapes& s, const kforge_fmha::BwdParams& p, bool causal,
                          cudaStream_t stream) {
@@ -659,6 +710,35 @@ kforge_fmha_status run_bwd(const BwdArgs& a, kforge_fmha::BwdParams& p, bool cau
        {"cu_seqlens_k", p.cu_seqlens_k}, {"workspace", a.workspace}},
       &major, &minor);
   if (st != KFORGE_FMHA_SUCCESS) return st;
+
+  // The main kernel: sm_90a where the path allows it and the device runs it (check_bwd has
+  // refused an explicit "sm90" that no device could run); the deterministic mode is always the
+  // portable kernel's.
+  const char* raw = nullptr;
+  const BwdPath path = bwd_path(&raw);
+  const bool hopper = major == 9 && minor == 0;
+  bool sm90 = false;
+  if (a.deterministic) {
+    sm90 = false;
+  } else if (path == BwdPath::kSm90) {
+    if (!hopper) {
+      return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                  "KFORGE_FMHA_BWD_PATH is 'sm90', but the sm_90a backward needs a GPU of compute "
+                  "capability 9.0 (H100, H200) and this one is %d.%d; unset KFORGE_FMHA_BWD_PATH "
+                  "(or set it to portable) to run the mma.sync backward",
+                  major, minor);
+    }
+    if (!bwd_sm90_binary(s)) {
+      return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                  "KFORGE_FMHA_BWD_PATH is 'sm90', but this library's code for this GPU has no "
+                  "sm_90a backward kernel (built for CUDA archs [%s]); rebuild with "
+                  "CMAKE_CUDA_ARCHITECTURES including 90a, or unset KFORGE_FMHA_BWD_PATH",
+                  KFORGE_FMHA_ARCHS);
+    }
+    sm90 = true;
+  } else if (path == BwdPath::kDefault) {
+    sm90 = hopper && bwd_sm90_fits(s.head_dim, s.head_dim_v, nullptr) && bwd_sm90_binary(s);
+  }
   if (s.batch == 0) return ok();  // nothing to compute
 
   p.batch = s.batch;
@@ -696,12 +776,17 @@ kforge_fmha_status run_bwd(const BwdArgs& a, kforge_fmha::BwdParams& p, bool cau
   p.dq_semaphore =
       a.deterministic ? reinterpret_cast<int*>(base + w.dq_accum + w.dpsum + w.lse_log2) : nullptr;
 
-  const cudaError_t err = s.dtype == KFORGE_FMHA_FP16
-                              ? dispatch_bwd<__half>(s, p, causal, stream)
-                              : dispatch_bwd<__nv_bfloat16>(s, p, causal, stream);
+  cudaError_t err;
+  if (sm90) {
+    err = s.dtype == KFORGE_FMHA_FP16 ? dispatch_bwd_sm90<__half>(s, p, causal, stream)
+                                      : dispatch_bwd_sm90<__nv_bfloat16>(s, p, causal, stream);
+  } else {
+    err = s.dtype == KFORGE_FMHA_FP16 ? dispatch_bwd<__half>(s, p, causal, stream)
+                                      : dispatch_bwd<__nv_bfloat16>(s, p, causal, stream);
+  }
   if (owned) cudaFreeAsync(ws, stream);  // stream-ordered: after the kernels
   st = launch_status(err, major, minor);
-  if (st == KFORGE_FMHA_SUCCESS) g_last_kernel = "bwd_mma_sync";
+  if (st == KFORGE_FMHA_SUCCESS) g_last_kernel = sm90 ? "bwd_sm90_wgmma" : "bwd_mma_sync";
   return st;
 }
 

@@ -664,17 +664,31 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 
 // ---- launch -----------------------------------------------------------------------------------
 
+// The preprocess and convert kernels alone (the sm_90a main kernel, fmha_bwd_sm90.cuh, runs
+// between them too).
+template <typename T, int HDIM_QK, int HDIM_V>
+cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
+  const int m_ctas = (p.seqlen_q + kBwdRowsPerCta - 1) / kBwdRowsPerCta;
+  if (m_ctas <= 0 || p.batch <= 0 || p.num_heads <= 0) return cudaSuccess;
+  fmha_bwd_preprocess_kernel<T, HDIM_QK, HDIM_V>
+      <<<dim3(m_ctas, p.num_heads, p.batch), 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int HDIM_QK, int HDIM_V>
+cudaError_t launch_bwd_convert(const BwdParams& p, cudaStream_t stream) {
+  const int m_ctas = (p.seqlen_q + kBwdRowsPerCta - 1) / kBwdRowsPerCta;
+  if (m_ctas <= 0 || p.batch <= 0 || p.num_heads <= 0) return cudaSuccess;
+  fmha_bwd_convert_dq_kernel<T, HDIM_QK>
+      <<<dim3(m_ctas, p.num_heads, p.batch), 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <typename T, int HDIM_QK, int HDIM_V, bool CAUSAL>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   using S = BwdShape<HDIM_QK, HDIM_V>;
-  cudaError_t err;
-  const int m_ctas = (p.seqlen_q + kBwdRowsPerCta - 1) / kBwdRowsPerCta;
-  if (m_ctas > 0) {
-    fmha_bwd_preprocess_kernel<T, HDIM_QK, HDIM_V>
-        <<<dim3(m_ctas, p.num_heads, p.batch), 128, 0, stream>>>(p);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
+  cudaError_t err = launch_bwd_preprocess<T, HDIM_QK, HDIM_V>(p, stream);
+  if (err != cudaSuccess) return err;
   const int n_ctas = (p.seqlen_k + S::kBlockN - 1) / S::kBlockN;
   if (n_ctas > 0) {
     auto kernel = fmha_bwd_kernel<T, HDIM_QK, HDIM_V, CAUSAL>;
@@ -692,19 +706,17 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  if (m_ctas > 0) {
-    fmha_bwd_convert_dq_kernel<T, HDIM_QK>
-        <<<dim3(m_ctas, p.num_heads, p.batch), 128, 0, stream>>>(p);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return launch_bwd_convert<T, HDIM_QK, HDIM_V>(p, stream);
 }
 
 }  // namespace kforge_fmha
 
 // One compile unit per (element type, head-dim pair): both masks, and the launch manifest.
 #define KFORGE_FMHA_INSTANTIATE_BWD(T, HDIM_QK, HDIM_V)                                        \
+  template cudaError_t kforge_fmha::launch_bwd_preprocess<T, HDIM_QK, HDIM_V>(                 \
+      const kforge_fmha::BwdParams&, cudaStream_t);                                            \
+  template cudaError_t kforge_fmha::launch_bwd_convert<T, HDIM_QK, HDIM_V>(                    \
+      const kforge_fmha::BwdParams&, cudaStream_t);                                            \
   template cudaError_t kforge_fmha::launch_bwd<T, HDIM_QK, HDIM_V, false>(                     \
       const kforge_fmha::BwdParams&, cudaStream_t);                                            \
   template cudaError_t kforge_fmha::launch_bwd<T, HDIM_QK, HDIM_V, true>(                      \

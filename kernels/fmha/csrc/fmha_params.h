@@ -106,6 +106,20 @@ struct BwdWorkspace {
 template <typename T, int HDIM_QK, int HDIM_V, bool CAUSAL>
 cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
 
+// The portable preprocess and convert kernels alone (instantiated with launch_bwd), for the
+// sm_90a main kernel: launch_bwd_sm90 runs preprocess, its main kernel, convert
+// (fmha_bwd_sm90.cuh, (d_qk, d_v) = (64, 64) and (128, 128), not deterministic).
+// bwd_sm90_available() says whether the current device runs its sm_90a body; both are defined in
+// fmha_bwd_sm90_{fp16,bf16}_hdim{64,128}.cu.
+template <typename T, int HDIM_QK, int HDIM_V>
+cudaError_t launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
+template <typename T, int HDIM_QK, int HDIM_V>
+cudaError_t launch_bwd_convert(const BwdParams& params, cudaStream_t stream);
+template <typename T, int HDIM>
+bool bwd_sm90_available();
+template <typename T, int HDIM, bool CAUSAL>
+cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
+
 // The sm_90a (wgmma) kernel for head dim 128, fmha_fwd_sm90.cuh. sm90_available() says whether
 // the current device runs its sm_90a body; defined in fmha_fwd_{fp16,bf16}_hdim128.cu.
 template <typename T, bool CAUSAL>

@@ -80,9 +80,12 @@ KFORGE_FMHA_API const char* kforge_fmha_status_name(kforge_fmha_status status);
 KFORGE_FMHA_API const char* kforge_fmha_built_archs(void);
 
 /* Name of the kernel that the last successful call on this thread launched ("" before any). The
- * backward (kforge_fmha_bwd / kforge_fmha_varlen_bwd) reports "bwd_mma_sync" (its portable
- * kernels; KFORGE_FMHA_BWD_PATH, read at every call, may be unset, "default" or "portable"; "sm90"
- * is refused with KFORGE_FMHA_ERROR_UNSUPPORTED until the sm_90a backward exists). The forwards
+ * backward (kforge_fmha_bwd / kforge_fmha_varlen_bwd) reports "bwd_sm90_wgmma" (the sm_90a main
+ * kernel) or "bwd_mma_sync" (the portable one). KFORGE_FMHA_BWD_PATH, read at every call:
+ * "portable" runs the portable kernels; "sm90" the sm_90a one, at (head_dim_qk, head_dim_v) =
+ * (64, 64) and (128, 128) on a GPU of compute capability 9.0 with a 90a build, else
+ * KFORGE_FMHA_ERROR_UNSUPPORTED; unset or "default" the sm_90a kernel where "sm90" would run it,
+ * else the portable one. deterministic != 0 runs the portable kernels on every path. The forwards
  * report "mma_sync" (portable), "sm90_wgmma" (sm_90a, hdim 128) or
  * one of the TMA kernels of sm_90a ("sm90_tma_overlap_dyn_fs", ...; kforge_fmha_path_kernel).
  * On compute capability 9.0 with a 90a build, the environment variable KFORGE_FMHA_SM90_PATH,
@@ -179,7 +182,8 @@ KFORGE_FMHA_API kforge_fmha_status kforge_fmha_varlen_fwd_v2(
  *
  * dq is accumulated over key blocks in fp32 with atomic adds, whose order depends on scheduling:
  * bit-for-bit reproducible only with deterministic != 0 (key blocks then add in a fixed order,
- * waiting on counters in the workspace; slower). dk and dv are always deterministic.
+ * waiting on counters in the workspace; slower; always the portable mma.sync kernels, also where
+ * the sm_90a backward would run: kforge_fmha_last_kernel). dk and dv are always deterministic.
  *
  * workspace: device memory of at least kforge_fmha_bwd_workspace_size (or
  * kforge_fmha_varlen_bwd_workspace_size) bytes, 16-byte aligned, not used by anything else

@@ -19,8 +19,15 @@ says whether the check passes the strict rule (2x + 1e-3), and the summary count
 Cases: fp16 and bf16; (d_qk, d_v) = (64, 64), (128, 128), (192, 128), (128, 192); causal and not;
 MHA, GQA and MQA; seqlen_q != seqlen_k both ways (causal rows that see no key included);
 lengths 1; q/k/v as strided views of a packed qkv tensor; varlen batches with empty and
-length-1 sequences; the deterministic mode (dQ bitwise equal over two runs). The portable
-backward is the only path today (KFORGE_FMHA_BWD_PATH unset or "portable").
+length-1 sequences; the deterministic mode (dQ bitwise equal over two runs).
+
+Backward path: KFORGE_FMHA_BWD_PATH, "portable" when unset (this script's default), "sm90" for
+the sm_90a wgmma main kernel ((64, 64) and (128, 128); the other pairs and the deterministic mode
+run the portable kernels), or "default". Every case checks that the kernel the path must run ran
+(a "path" line); where the sm_90a kernel ran, the portable backward runs too and an "sm90 vs
+portable" line gives the max difference per gradient (information, no verdict):
+
+    KFORGE_FMHA_BWD_PATH=sm90 python kernels/fmha/scripts/bwd_check.py --quick
 
 Run on the GPU host, from the repository root:
 
@@ -166,6 +173,18 @@ def maxerr(a, b) -> float:
     return (a.float() - b).abs().max().item()
 
 
+def expected_bwd_kernel(d_qk: int, d_v: int, deterministic: bool) -> str:
+    """The backward kernel KFORGE_FMHA_BWD_PATH must run (fmha_api.cpp's rule)."""
+    path = os.environ.get("KFORGE_FMHA_BWD_PATH", "")
+    fits = d_qk == d_v and d_qk in (64, 128) and not deterministic
+    if path == "sm90":
+        return "bwd_sm90_wgmma" if fits else "bwd_mma_sync"
+    if path == "portable":
+        return "bwd_mma_sync"
+    hopper = torch.cuda.get_device_capability() == (9, 0) and "90a" in kforge_fmha.built_archs()
+    return "bwd_sm90_wgmma" if fits and hopper else "bwd_mma_sync"
+
+
 def check_case(name, q, k, v, dout, causal, scale, *, varlen=None, deterministic=False):
     """One case: forward, backward, comparison. varlen: (lens_q, lens_k) for packed 3-D tensors."""
     dtype = q.dtype
@@ -196,9 +215,23 @@ def check_case(name, q, k, v, dout, causal, scale, *, varlen=None, deterministic
     dq, dk, dv = _api.bwd_torch(q, k, v, o, dout, lse, softmax_scale=scale, causal=causal,
                                 deterministic=deterministic, **extra)
     kernel = kforge_fmha.last_kernel()
+    want = expected_bwd_kernel(q.shape[-1], v.shape[-1], deterministic)
+    report(name, "path", 0.0 if kernel == want else float("inf"), 0.0,
+           f"(ran {kernel}, expected {want})")
     for what, got, r, lo in (("dQ", dq, ref_dq, low_dq), ("dK", dk, ref_dk, low_dk),
                              ("dV", dv, ref_dv, low_dv)):
         report_rule(name, what, maxerr(got, r), maxerr(lo, r), dtype, f"[{kernel}]")
+    if kernel == "bwd_sm90_wgmma":
+        before = os.environ["KFORGE_FMHA_BWD_PATH"]
+        os.environ["KFORGE_FMHA_BWD_PATH"] = "portable"
+        try:
+            portable = _api.bwd_torch(q, k, v, o, dout, lse, softmax_scale=scale, causal=causal,
+                                      **extra)
+        finally:
+            os.environ["KFORGE_FMHA_BWD_PATH"] = before
+        diffs = "  ".join(f"{what} {maxerr(a, b.float()):9.3e}"
+                          for what, a, b in zip(("dQ", "dK", "dV"), (dq, dk, dv), portable, strict=True))
+        print(f"info {name:<58} sm90 vs portable: {diffs}", flush=True)
     if deterministic:
         dq2, dk2, dv2 = _api.bwd_torch(q, k, v, o, dout, lse, softmax_scale=scale, causal=causal,
                                        deterministic=True, **extra)
@@ -282,7 +315,7 @@ def main() -> int:
     shapes = [(2, 128, 128, 4, 4), (1, 257, 300, 4, 2), (2, 300, 129, 6, 1), (1, 1, 77, 2, 2),
               (1, 70, 1, 2, 1)]
     if not args.quick:
-        shapes += [(1, 1000, 1000, 2, 2), (2, 513, 1024, 4, 1)]
+        shapes += [(1, 1000, 1000, 2, 2), (2, 513, 1024, 4, 1), (1, 200, 700, 8, 2)]
     for dtype in (torch.float16, torch.bfloat16):
         dn = str(dtype).replace("torch.", "")
         for d_qk, d_v in PAIRS:

@@ -195,7 +195,13 @@ int main() {
          KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "total_q is -1");
 #if !defined(_WIN32)
   setenv("KFORGE_FMHA_BWD_PATH", "sm90", 1);
-  expect("KFORGE_FMHA_BWD_PATH=sm90", bwd(good), KFORGE_FMHA_ERROR_UNSUPPORTED, "no sm_90a backward kernels");
+  b = good, b.dqk = 192;  // the sm_90a backward has (64, 64) and (128, 128) only
+  if (std::strstr(kforge_fmha_built_archs(), "90a") != nullptr) {
+    expect("KFORGE_FMHA_BWD_PATH=sm90 at (192, 128)", bwd(b), KFORGE_FMHA_ERROR_UNSUPPORTED,
+           "(64, 64) and (128, 128) only, not (192, 128)");
+  } else {
+    expect("KFORGE_FMHA_BWD_PATH=sm90 without 90a", bwd(good), KFORGE_FMHA_ERROR_UNSUPPORTED, "without 90a");
+  }
   setenv("KFORGE_FMHA_BWD_PATH", "fast", 1);
   expect("KFORGE_FMHA_BWD_PATH=fast", bwd(good), KFORGE_FMHA_ERROR_INVALID_ARGUMENT, "KFORGE_FMHA_BWD_PATH is 'fast'");
   unsetenv("KFORGE_FMHA_BWD_PATH");

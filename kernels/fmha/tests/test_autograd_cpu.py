@@ -283,6 +283,43 @@ def test_valid_calls_reach_the_library_and_get_no_device(cpu_as_cuda, pair) -> N
                                    torch.zeros(8, 200), cu, cu, 163, 163, 0.1, False, True)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour on a machine without a GPU")
+def test_backward_path_variable_is_checked_before_the_device(cpu_as_cuda, monkeypatch) -> None:
+    """KFORGE_FMHA_BWD_PATH: "sm90" refuses the pairs the sm_90a backward lacks (or a build without
+    90a) before any CUDA call; it takes (64, 64) and (128, 128), and every pair in the
+    deterministic mode (the portable kernels run it on every path); an unknown value is an
+    argument error. Calls that pass these checks get NO_DEVICE here."""
+
+    def bwd(d_qk, d_v, deterministic=False):
+        q, k = torch.zeros(1, 64, 2, d_qk, dtype=torch.float16), torch.zeros(1, 64, 2, d_qk, dtype=torch.float16)
+        v, out = torch.zeros(1, 64, 2, d_v, dtype=torch.float16), torch.zeros(1, 64, 2, d_v, dtype=torch.float16)
+        return cpu_as_cuda.backward_torch(out, q, k, v, out, torch.zeros(1, 2, 64), None, None, None, None,
+                                          0.1, True, deterministic)
+
+    has_90a = "90a" in kforge_fmha.built_archs()
+    monkeypatch.setenv("KFORGE_FMHA_BWD_PATH", "sm90")
+    for pair in [(64, 64), (128, 128)]:
+        if has_90a:
+            with pytest.raises(FmhaNoDeviceError, match="NO_DEVICE"):
+                bwd(*pair)
+        else:
+            with pytest.raises(FmhaUnsupportedError, match="without 90a"):
+                bwd(*pair)
+    for pair in [(192, 128), (128, 192)]:
+        why = r"\(64, 64\) and \(128, 128\) only, not \(%d, %d\)" % pair if has_90a else "without 90a"
+        with pytest.raises(FmhaUnsupportedError, match=why):
+            bwd(*pair)
+        with pytest.raises(FmhaNoDeviceError, match="NO_DEVICE"):
+            bwd(*pair, deterministic=True)
+    for value in ["default", "portable", ""]:
+        monkeypatch.setenv("KFORGE_FMHA_BWD_PATH", value)
+        with pytest.raises(FmhaNoDeviceError, match="NO_DEVICE"):
+            bwd(192, 128)
+    monkeypatch.setenv("KFORGE_FMHA_BWD_PATH", "fast")
+    with pytest.raises(FmhaArgumentError, match="KFORGE_FMHA_BWD_PATH is 'fast'"):
+        bwd(128, 128)
+
+
 def test_empty_batches_need_no_library_call(cpu_as_cuda, monkeypatch) -> None:
     """No query rows: empty outputs; no keys: out 0 and lse -inf; zero gradients. The C API takes
     no NULL pointers, so these never reach it."""

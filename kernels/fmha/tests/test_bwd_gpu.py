@@ -20,8 +20,11 @@ read at every call; at hdim 64 it is the portable mma.sync kernel); every (d_qk 
 portable. The portable forward at (128, 128) on Hopper needs KFORGE_FMHA_SM90=0, which the library
 reads once per process: run this file a second time with it set (the "wgmma" cases then skip and
 "default" is the portable kernel). Each forward's kernel is checked with kforge_fmha.last_kernel().
-The backward path (KFORGE_FMHA_BWD_PATH) is "portable", and "sm90" where the library has it
-(today it refuses it with FmhaUnsupportedError: those cases skip with the library's message).
+The backward path (KFORGE_FMHA_BWD_PATH) is "portable", and "sm90" on an sm_90 GPU with a 90a
+build: the wgmma main kernel at (64, 64) and (128, 128) (the library refuses the other pairs with
+FmhaUnsupportedError: those cases skip with its message; the deterministic mode runs the portable
+kernels on every path). Every backward through ours() checks the kernel that ran
+(kforge_fmha.last_kernel(), read by a gradient hook on the autograd thread that ran it).
 
     KFORGE_REQUIRE_GPU=1 pytest kernels/fmha/tests/test_bwd_gpu.py
     KFORGE_REQUIRE_GPU=1 KFORGE_FMHA_SM90=0 pytest kernels/fmha/tests/test_bwd_gpu.py
@@ -146,6 +149,17 @@ def need_bwd(path: str, d_qk: int, d_v: int) -> None:
         pytest.skip(f"backward path {path} at ({d_qk}, {d_v}): {refusal}")
 
 
+def expected_bwd_kernel(d_qk: int, d_v: int, deterministic: bool) -> str:
+    """The backward kernel kforge_fmha must report (fmha_api.cpp: KFORGE_FMHA_BWD_PATH "sm90"
+    and, on an sm_90 GPU with a 90a build, unset or "default", run the sm_90a main kernel at (64,
+    64) and (128, 128) unless deterministic; "portable" and every other case the mma.sync one)."""
+    path = os.environ.get("KFORGE_FMHA_BWD_PATH", "")
+    fits = d_qk == d_v and d_qk in (64, 128) and not deterministic
+    if path == "portable" or not fits or (path != "sm90" and not _hopper_90a()):
+        return "bwd_mma_sync"
+    return "bwd_sm90_wgmma"
+
+
 def expected_fwd_kernel(path: str, d_qk: int, d_v: int, *, varlen: bool, causal: bool,
                         seqlen_k: int) -> str:
     """The forward kernel kforge_fmha must report (README: the sm_90a paths at (64, 64) and
@@ -240,7 +254,14 @@ def ours(q, k, v, dout, causal: bool, scale: float | None = None, varlen=None,
                                            softmax_scale=scale, deterministic=deterministic)
     kernel = kforge_fmha.last_kernel()
     assert out.requires_grad and out.dtype == q.dtype
+    # last_kernel() is per thread: read it on the autograd thread that ran the backward.
+    seen = []
+    q.register_hook(lambda grad: seen.append(kforge_fmha.last_kernel()))
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    det = torch.are_deterministic_algorithms_enabled() if deterministic is None else deterministic
+    want = expected_bwd_kernel(q.shape[-1], v.shape[-1], det)
+    assert seen == [want], (f"KFORGE_FMHA_BWD_PATH={os.environ.get('KFORGE_FMHA_BWD_PATH')!r}: "
+                            f"the backward ran {seen}, expected [{want!r}]")
     return [out.detach(), dq, dk, dv], kernel
 
 
@@ -410,16 +431,42 @@ def test_float32_inputs_under_autocast_run_in_its_dtype() -> None:
     check_rule("autocast", [out.detach(), q.grad, k.grad, v.grad], ref, low, torch.bfloat16)
 
 
-def test_backward_kernel_is_named(bwd_path) -> None:
-    need_bwd(bwd_path, 128, 128)
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("pair", PAIRS, ids=_ids)
+def test_backward_kernel_is_named(pair, deterministic, bwd_path) -> None:
+    d_qk, d_v = pair
+    need_bwd(bwd_path, d_qk, d_v)
     from kforge_fmha import _autograd
 
-    q, k, v, dout = (rand(1, 128, 2, 128, dtype=torch.float16) for _ in range(4))
+    q, k = (rand(1, 128, 2, d_qk, dtype=torch.float16) for _ in range(2))
+    v, dout = (rand(1, 128, 2, d_v, dtype=torch.float16) for _ in range(2))
     out, lse = _autograd.forward_torch(q, k, v, None, None, None, None, None, False)
-    _autograd.backward_torch(dout, q, k, v, out, lse, None, None, None, None, 128 ** -0.5, False,
-                             False)
+    _autograd.backward_torch(dout, q, k, v, out, lse, None, None, None, None, d_qk ** -0.5, False,
+                             deterministic)
     kernel = kforge_fmha.last_kernel()
-    assert (kernel == "bwd_mma_sync") == (bwd_path == "portable"), kernel
+    assert kernel == expected_bwd_kernel(d_qk, d_v, deterministic), kernel
+    assert kernel == ("bwd_sm90_wgmma" if bwd_path == "sm90" and not deterministic
+                      else "bwd_mma_sync"), kernel
+
+
+def test_default_backward_path(monkeypatch) -> None:
+    """KFORGE_FMHA_BWD_PATH unset: the sm_90a kernel on an sm_90 GPU with a 90a build at (64, 64)
+    and (128, 128), the portable one elsewhere; the gradients equal those of the path named."""
+    from kforge_fmha import _autograd
+
+    q, k, v, dout = (rand(2, 200, 4, 128, dtype=torch.bfloat16) for _ in range(4))
+    out, lse = _autograd.forward_torch(q, k, v, None, None, None, None, None, True)
+    monkeypatch.delenv("KFORGE_FMHA_BWD_PATH", raising=False)
+    grads = _autograd.backward_torch(dout, q, k, v, out, lse, None, None, None, None, 128 ** -0.5,
+                                     True, False)
+    kernel = kforge_fmha.last_kernel()
+    assert kernel == ("bwd_sm90_wgmma" if _hopper_90a() else "bwd_mma_sync"), kernel
+    monkeypatch.setenv("KFORGE_FMHA_BWD_PATH", "sm90" if _hopper_90a() else "portable")
+    named = _autograd.backward_torch(dout, q, k, v, out, lse, None, None, None, None, 128 ** -0.5,
+                                     True, False)
+    assert kforge_fmha.last_kernel() == kernel
+    for a, b in zip(grads, named, strict=True):  # dQ's atomics may add in another order
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=0)
 
 
 # --- torch.compile ---------------------------------------------------------------------------------

@@ -77,7 +77,10 @@ def built_archs() -> list[str]:
 def last_kernel() -> str:
     """Name of the kernel the last kforge_fmha call on this thread launched: "mma_sync",
     "sm90_wgmma" or one of the TMA kernels ("sm90_tma", "sm90_tma_overlap", "sm90_tma_lpt",
-    "sm90_tma_overlap_m192", ...; "" before any call).
+    "sm90_tma_overlap_m192", ...; "" before any call); for a backward, "bwd_sm90_wgmma" (the
+    sm_90a main kernel) or "bwd_mma_sync" (the portable one; KFORGE_FMHA_BWD_PATH "portable",
+    "sm90" or unset picks, and the deterministic mode always runs it). Autograd runs a CUDA
+    backward on its own thread: read it there (e.g. in a gradient hook).
 
     On H100/H200 the environment variable KFORGE_FMHA_SM90_PATH (read at every call) picks the
     sm_90a path: unset or "default" (a TMA path per shape, default_path()), "wgmma", or one of

@@ -1,0 +1,529 @@
+// Hopper (sm_90a) backward main kernel: wgmma for every product, (d_qk, d_v) = (64, 64) and
+// (128, 128), fp16 and bf16, fixed-length and varlen, causal (bottom-right aligned) or not,
+// GQA / MQA. The preprocess (D, LSE * log2(e), dQ accumulator zeroed) and convert (dQ = scale *
+// dQ_accum) kernels are the portable ones of fmha_bwd_kernel.cuh; fmha_api.cpp picks this path
+// (KFORGE_FMHA_BWD_PATH) and falls back to the portable main kernel for the deterministic mode.
+//
+// The kernel body exists only in the sm_90a compile pass (__CUDA_ARCH_FEAT_SM90_ALL, through
+// fmha_fwd_sm90.cuh's KFORGE_FMHA_HAS_SM90_BODY); the other passes compile an empty stub that is
+// never launched (bwd_sm90_available() checks the binary).
+//
+// One CTA = 2 warpgroups (256 threads) = one block of 128 keys of one (kv head, batch) pair;
+// warpgroup wg owns keys 64 wg .. 64 wg + 63 of the block and their dK / dV accumulators in
+// registers (64 keys x head_dim each: 2 x 64 floats a thread at head dim 128). K and V of the key
+// block stay in shared memory; the CTA loops over the query heads of its GQA group and, for each,
+// over the 64-row query blocks that see the key block (the portable kernel's rule), and Q, dO,
+// LSE and D of step i + 1 stream in with cp.async (all threads) while step i is computed.
+// Every tile is in the forward's 128-byte-swizzle layout (fmha_fwd_sm90.cuh: a [rows][d] tile as
+// d / 64 column halves of [rows][64], 16-byte chunk c of row r at chunk c ^ (r % 8)).
+// Per warpgroup and query block (M = 64 keys):
+//   S^T  = K_wg Q^T      m64n64k16, A = K (K-major), B = Q (K-major), both shared memory
+//   dP^T = V_wg dO^T     the same with V, dO (issued right behind S^T)
+//   P^T  = exp2(S^T * scale * log2(e) - LSE * log2(e)), masked as the portable kernel
+//   dV  += P^T dO        m64n64k16 per 64 columns, P^T from the accumulators as the register A
+//                        operand (the forward's P V), dO read MN-major (the forward's V)
+//   dS^T = P^T (dP^T - D)
+//   dK  += dS^T Q        the same, Q read MN-major
+//   dS^T -> shared memory ([128 keys][64 queries], swizzled), then
+//   dQ   = dS K          m64n64k16 with A = dS read MN-major from the dS^T tile (transposed A,
+//                        allowed for 16-bit types) and B = K read MN-major. Head dim 128: both
+//                        warpgroups' dS^T (a 256-thread barrier), warpgroup wg computes columns
+//                        64 wg .. 64 wg + 63 over all 128 keys; head dim 64: each warpgroup its
+//                        own 64 keys (a 128-thread barrier), all 64 columns. fp32 vector
+//                        reductions (red.global.add.v4.f32 at head dim 64, .v2 at 128) into
+//                        the dQ accumulator.
+// At the end dK * scale and dV go to global memory in the input dtype.
+#pragma once
+
+#include "fmha_bwd_kernel.cuh"  // BwdParams helpers: bwd_seq, atomic_add2, cp_async4
+#include "fmha_fwd_sm90.cuh"    // wgmma, descriptors, fences, named barriers
+
+namespace kforge_fmha {
+namespace sm90bwd {
+
+constexpr int kBlockN = 128;  // keys per CTA
+constexpr int kBlockM = 64;   // query rows per step
+constexpr int kThreads = 256;
+// dQ's adds as red.global.add.v4.f32 (lane pairs swap halves of their rows) instead of .v2: at
+// head dim 128 the shuffles' registers made ptxas spill (255 registers), so there .v2.
+#ifndef KFORGE_FMHA_BWD_SM90_DQ_V4
+#define KFORGE_FMHA_BWD_SM90_DQ_V4 1
+#endif
+template <int HDIM>
+constexpr bool kDqV4 = KFORGE_FMHA_BWD_SM90_DQ_V4 != 0 && HDIM == 64;
+
+template <int HDIM>
+struct Shape {
+  static_assert(HDIM == 64 || HDIM == 128, "head dim 64 or 128");
+  static constexpr int kHalves = HDIM / 64;               // 64-column halves of a tile
+  static constexpr int kKvTile = kBlockN * HDIM * 2;      // bytes of K (or V)
+  static constexpr int kQTile = kBlockM * HDIM * 2;       // bytes of one Q (or dO) buffer
+  static constexpr int kKvHalf = kBlockN * 128;           // bytes of one 64-column half
+  static constexpr int kQHalf = kBlockM * 128;
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKvTile;
+  static constexpr int kOffQ = kOffV + kKvTile;           // 2 buffers
+  static constexpr int kOffDo = kOffQ + 2 * kQTile;       // 2 buffers
+  static constexpr int kOffDs = kOffDo + 2 * kQTile;      // dS^T [128 keys][64 queries]
+  static constexpr int kOffLse = kOffDs + kBlockN * kBlockM * 2;  // 2 buffers of 64 floats
+  static constexpr int kOffD = kOffLse + 2 * kBlockM * 4;
+  static constexpr int kSmemBytes = kOffD + 2 * kBlockM * 4 + 1024;  // + alignment slack
+  static_assert(kOffDs % 1024 == 0, "swizzled tiles start on 1024-byte boundaries");
+};
+
+#if defined(KFORGE_FMHA_HAS_SM90_BODY)
+
+// m64n64k16 with both operands from shared memory, both MN-major (transposed): dQ = dS K.
+#define KFORGE_FMHA_WGMMA_SS_TT(NAME, PTX_TYPE)                                                  \
+  __device__ __forceinline__ void NAME(float (&d)[32], uint64_t da, uint64_t db, int accumulate) { \
+    asm volatile(                                                                                \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                            \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " "                 \
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                               \
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                    \
+        "%32, %33, p, 1, 1, 1, 1;\n}\n"                                                          \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),   \
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),            \
+          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),         \
+          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),         \
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),         \
+          "+f"(d[31])                                                                            \
+        : "l"(da), "l"(db), "r"(accumulate));                                                    \
+  }
+KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_tt_bf16, "bf16")
+KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_tt_f16, "f16")
+#undef KFORGE_FMHA_WGMMA_SS_TT
+
+// p[0..3] += {a, b, c, d} in global memory, one vector reduction (sm_90); p is 16-byte aligned.
+__device__ __forceinline__ void atomic_add4(float* p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+}
+
+template <typename T>
+__device__ __forceinline__ void ss_tt(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    wgmma_ss64_tt_bf16(d, da, db, acc);
+  } else {
+    wgmma_ss64_tt_f16(d, da, db, acc);
+  }
+}
+
+// cp.async of a [ROWS][HDIM] tile into the swizzled layout (HDIM / 64 halves of ROWS x 128
+// bytes); rows >= valid_rows are zero-filled. Thread t copies chunk t % (HDIM / 8) of rows
+// t / (HDIM / 8) + i * (rows per pass): a multiple of 8 apart, so row % 8 is the same for every i.
+template <typename T, int ROWS, int HDIM>
+__device__ __forceinline__ void load_swz(uint32_t sbase, const T* g, int64_t stride, int valid_rows,
+                                         int tid) {
+  constexpr int kChunks = HDIM / 8;
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  static_assert(kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0, "tile loader");
+  const int c = tid % kChunks;
+  const int r = tid / kChunks;
+  const uint32_t dst = sbase + (c / 8) * (ROWS * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4);
+  const T* src = g + static_cast<int64_t>(r) * stride + c * 8;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowsPerPass; ++i) {
+    const bool valid = r + i * kRowsPerPass < valid_rows;
+    detail::cp_async16(dst + i * kRowsPerPass * 128,
+                       valid ? src + static_cast<int64_t>(i) * kRowsPerPass * stride : g, valid);
+  }
+}
+
+#endif  // KFORGE_FMHA_HAS_SM90_BODY
+
+template <typename T, int HDIM, bool CAUSAL>
+__global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdParams p) {
+#if defined(KFORGE_FMHA_HAS_SM90_BODY)
+  using namespace detail;
+  using namespace sm90;
+  using S = Shape<HDIM>;
+  constexpr int BN = kBlockN;
+  constexpr int BM = kBlockM;
+  constexpr int KH = S::kHalves;
+  constexpr int KSTEPS = HDIM / 16;  // k-steps of S^T and dP^T (over the head dim)
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  unsigned char* base = smem_raw + pad;
+  const uint32_t sbase = raw_addr + pad;
+  const uint32_t sK = sbase + S::kOffK;
+  const uint32_t sV = sbase + S::kOffV;
+  const uint32_t sQ = sbase + S::kOffQ;
+  const uint32_t sDo = sbase + S::kOffDo;
+  const uint32_t sDs = sbase + S::kOffDs;
+  const float* sLse = reinterpret_cast<const float*>(base + S::kOffLse);
+  const float* sD = reinterpret_cast<const float*>(base + S::kOffD);
+
+  const int n_block = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int warp = (tid % 128) / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  const BwdSeq s = bwd_seq(p, b);
+  const int sq = s.sq, sk = s.sk;
+  const int n0 = n_block * BN;
+  if (n0 >= sk) return;
+
+  // The query blocks that see this key block (fmha_bwd_kernel.cuh's rule).
+  const int m_total = (sq + BM - 1) / BM;
+  int m_first = 0;
+  if (CAUSAL) {
+    const int r_min = max(0, n0 - (sk - sq));
+    m_first = r_min >= sq ? m_total : r_min / BM;
+  }
+  const int m_count = m_total - m_first;
+  const int n_iter = m_count * p.head_ratio;  // (query head of the group, query block) pairs
+  const int h_first = kv_head * p.head_ratio;
+
+  const T* gK = static_cast<const T*>(p.k) + s.k + kv_head * p.k_head_stride +
+                static_cast<int64_t>(n0) * p.k_row_stride;
+  const T* gV = static_cast<const T*>(p.v) + s.v + kv_head * p.v_head_stride +
+                static_cast<int64_t>(n0) * p.v_row_stride;
+  load_swz<T, BN, HDIM>(sK, gK, p.k_row_stride, sk - n0, tid);
+  load_swz<T, BN, HDIM>(sV, gV, p.v_row_stride, sk - n0, tid);
+
+  // Q, dO, LSE * log2(e) and D of step `it` into buffer `buf`. Rows past the sequence are
+  // zero-filled: Q = dO = 0 there gives S = 0, P = exp2(0 - 0) = 1, dP = 0, D = 0, so dS = 0 and
+  // P^T dO = 0; nothing of those rows reaches dK, dV or dQ (as in the portable kernel).
+  auto load_step = [&](int it, int buf) {
+    const int h = h_first + it / m_count;
+    const int r0 = (m_first + it % m_count) * BM;
+    const T* gQ = static_cast<const T*>(p.q) + s.q + h * p.q_head_stride +
+                  static_cast<int64_t>(r0) * p.q_row_stride;
+    const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
+                   static_cast<int64_t>(r0) * p.do_row_stride;
+    load_swz<T, BM, HDIM>(sQ + buf * S::kQTile, gQ, p.q_row_stride, sq - r0, tid);
+    load_swz<T, BM, HDIM>(sDo + buf * S::kQTile, gDo, p.do_row_stride, sq - r0, tid);
+    if (tid < BM) {
+      const bool valid = r0 + tid < sq;
+      const int64_t w = h * p.rows + s.ws_row + r0 + tid;
+      cp_async4(sbase + S::kOffLse + (buf * BM + tid) * 4, valid ? p.lse_log2 + w : p.lse_log2,
+                valid);
+      cp_async4(sbase + S::kOffD + (buf * BM + tid) * 4, valid ? p.dpsum + w : p.dpsum, valid);
+    }
+  };
+  if (n_iter > 0) load_step(0, 0);
+  cp_async_commit();
+
+  float dk[KH][32], dv[KH][32];
+#pragma unroll
+  for (int h = 0; h < KH; ++h) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      dk[h][i] = 0.f;
+      dv[h][i] = 0.f;
+    }
+  }
+
+  // Descriptors (the 14-bit address field is in 16-byte units; offsets below are too).
+  // K-major A operands: this warpgroup's 64 rows of K and V; k-step kk at half kk / 4, byte
+  // 32 (kk % 4) of the row.
+  const uint64_t k_a = make_desc(sK + wg * 64 * 128);
+  const uint64_t v_a = make_desc(sV + wg * 64 * 128);
+  // Q, dO buffer 0 as K-major B (S^T, dP^T) and as MN-major B (dK, dV); K as MN-major B (dQ);
+  // dS^T as MN-major A (dQ). MN-major k-step kk: 16 rows of 128 bytes further.
+  const uint64_t q_desc = make_desc(sQ);
+  const uint64_t do_desc = make_desc(sDo);
+  const uint64_t k_desc = make_desc(sK);
+  const uint64_t ds_desc = make_desc(sDs);
+  constexpr uint64_t kQTileU = S::kQTile >> 4;
+  constexpr uint64_t kQHalfU = S::kQHalf >> 4;
+  constexpr uint64_t kKvHalfU = S::kKvHalf >> 4;
+  constexpr uint64_t kRows16U = (16 * 128) >> 4;
+  auto kmaj = [](int kk, uint64_t half_units) -> uint64_t {
+    return (kk / 4) * half_units + (kk % 4) * 2;
+  };
+
+  const float scale_log2 = p.scale_log2;
+  const int key_l = wg * 64 + warp * 16 + g;  // this thread's first key in the block (+8)
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int buf = it & 1;
+    cp_async_wait<0>();
+    fence_proxy_async();  // this thread's cp.async writes, visible to the wgmma (async) proxy
+    __syncthreads();      // step it's tiles are in; every wgmma of step it - 1 has completed
+    if (it + 1 < n_iter) load_step(it + 1, buf ^ 1);
+    cp_async_commit();
+
+    const int h = h_first + it / m_count;
+    const int m_block = m_first + it % m_count;
+    const int r0 = m_block * BM;
+    const float* lse_s = sLse + buf * BM;
+    const float* d_s = sD + buf * BM;
+
+    // S^T = K_wg Q^T, then dP^T = V_wg dO^T: two groups.
+    float st[32], dp[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      Wgmma<T>::template ss_first<64>(st, k_a + kmaj(kk, kKvHalfU),
+                                      q_desc + buf * kQTileU + kmaj(kk, kQHalfU), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      Wgmma<T>::template ss_first<64>(dp, v_a + kmaj(kk, kKvHalfU),
+                                      do_desc + buf * kQTileU + kmaj(kk, kQHalfU), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait1();  // S^T done; dP^T may still run
+    keep(st);
+
+    // P^T: accumulator entry 4 j + 2 r + e is key key_l + 8 r, query column 8 j + 2 t + e.
+    const bool masked = n0 + BN > sk || (CAUSAL && n0 + BN - 1 > r0 + sk - sq);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col = 8 * j + 2 * t;
+      const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = n0 + key_l + 8 * r;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float x = fast_exp2(fmaf(st[4 * j + 2 * r + e], scale_log2, -(e ? l.y : l.x)));
+          if (masked) {
+            const int row = r0 + col + e;
+            if (key >= sk || (CAUSAL && key > row + sk - sq)) x = 0.f;
+          }
+          st[4 * j + 2 * r + e] = x;
+        }
+      }
+    }
+
+    // dV += P^T dO: P^T as the register A operand (k-step kk = query columns 16 kk .. 16 kk +
+    // 15 = accumulator n-tiles 2 kk and 2 kk + 1, the mma.m16n8k16 A-fragment order).
+    {
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = Mma<T>::pack(st[8 * kk + 0], st[8 * kk + 1]);
+        pa[kk][1] = Mma<T>::pack(st[8 * kk + 2], st[8 * kk + 3]);
+        pa[kk][2] = Mma<T>::pack(st[8 * kk + 4], st[8 * kk + 5]);
+        pa[kk][3] = Mma<T>::pack(st[8 * kk + 6], st[8 * kk + 7]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int dh = 0; dh < KH; ++dh) {
+          Wgmma<T>::rs(dv[dh], pa[kk], do_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait0();  // dP^T and dV done: pa is free
+      keep(pa);
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) keep(dv[dh]);
+      keep(dp);
+    }
+
+    // dS^T = P^T (dP^T - D): A fragments for dK, and the swizzled dS^T tile for dQ (row key_l +
+    // 8 r, 4-byte word t of chunk j; key_l % 8 = g).
+    uint32_t da[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int j = 2 * kk + hi;
+        const float2 d = *reinterpret_cast<const float2*>(d_s + 8 * j + 2 * t);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float ds0 = st[4 * j + 2 * r] * (dp[4 * j + 2 * r] - d.x);
+          const float ds1 = st[4 * j + 2 * r + 1] * (dp[4 * j + 2 * r + 1] - d.y);
+          da[kk][2 * hi + r] = Mma<T>::pack(ds0, ds1);
+          *reinterpret_cast<uint32_t*>(base + S::kOffDs + (key_l + 8 * r) * 128 +
+                                       ((j ^ g) << 4) + t * 4) = da[kk][2 * hi + r];
+        }
+      }
+    }
+
+    // dK += dS^T Q.
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) {
+        Wgmma<T>::rs(dk[dh], da[kk], q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
+      }
+    }
+    wgmma_commit();
+
+    // dS^T visible to the async proxy, then to the warpgroup(s) that read it.
+    fence_proxy_async();
+    if constexpr (HDIM == 128) {
+      named_sync(1, kThreads);
+    } else {
+      if (wg == 0) {  // literal ids: ptxas then reserves 3 barriers, not all 16
+        named_sync(2, 128);
+      } else {
+        named_sync(3, 128);
+      }
+    }
+
+    // dQ = dS K: head dim 128, columns 64 wg .. over the 128 keys; head dim 64, all columns over
+    // this warpgroup's 64 keys.
+    constexpr int kDqSteps = HDIM == 128 ? BN / 16 : 4;
+    const int ks0 = HDIM == 128 ? 0 : wg * 4;
+    const int dcol0 = HDIM == 128 ? wg * 64 : 0;
+    float dq[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kDqSteps; ++kk) {
+      ss_tt<T>(dq, ds_desc + (ks0 + kk) * kRows16U,
+               k_desc + (HDIM == 128 ? wg : 0) * kKvHalfU + (ks0 + kk) * kRows16U, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait1();  // dK done: da is free
+    keep(da);
+#pragma unroll
+    for (int dh = 0; dh < KH; ++dh) keep(dk[dh]);
+    wgmma_wait0();  // dQ done
+    keep(dq);
+
+    // Accumulator entry 4 j + 2 r + e of dq: query row 16 warp + g + 8 r, column dcol0 + 8 j +
+    // 2 t + e.
+    float* dq_acc = p.dq_accum + (h * p.rows + s.ws_row) * HDIM;
+    if constexpr (kDqV4<HDIM>) {
+      // Lanes t and t ^ 1 swap halves so that each adds 4 consecutive columns of one row
+      // (red.global.add.v4.f32): the even lane columns 2 t .. 2 t + 3 of row g, the odd lane
+      // columns 2 t - 2 .. 2 t + 1 of row g + 8.
+      const bool odd = (t & 1) != 0;
+      const int row = r0 + warp * 16 + g + (odd ? 8 : 0);
+      float* dst = dq_acc + static_cast<int64_t>(row) * HDIM + dcol0 + 2 * (t & ~1);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j] : dq[4 * j + 2], 1);
+        const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * j + 1] : dq[4 * j + 3], 1);
+        if (row < sq) {
+          if (odd) {
+            atomic_add4(dst + 8 * j, x0, x1, dq[4 * j + 2], dq[4 * j + 3]);
+          } else {
+            atomic_add4(dst + 8 * j, dq[4 * j], dq[4 * j + 1], x0, x1);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = r0 + warp * 16 + g + 8 * r;
+        if (row < sq) {
+          float* dst = dq_acc + static_cast<int64_t>(row) * HDIM + dcol0 + 2 * t;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            atomic_add2(dst + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+          }
+        }
+      }
+    }
+  }
+
+  cp_async_wait<0>();  // n_iter == 0: the K / V loads are still in flight
+
+  // dK (scaled) and dV of this thread's keys, in the input dtype (zero where no query sees the
+  // key block).
+  const float scale = p.softmax_scale;
+  T* gdK = static_cast<T*>(p.dk) + s.dk + kv_head * p.dk_head_stride;
+  T* gdV = static_cast<T*>(p.dv) + s.dv + kv_head * p.dv_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = n0 + key_l + 8 * r;
+    if (key < sk) {
+      T* rk = gdK + static_cast<int64_t>(key) * p.dk_row_stride + 2 * t;
+      T* rv = gdV + static_cast<int64_t>(key) * p.dv_row_stride + 2 * t;
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          *reinterpret_cast<uint32_t*>(rk + dh * 64 + j * 8) =
+              Mma<T>::pack(dk[dh][4 * j + 2 * r] * scale, dk[dh][4 * j + 2 * r + 1] * scale);
+          *reinterpret_cast<uint32_t*>(rv + dh * 64 + j * 8) =
+              Mma<T>::pack(dv[dh][4 * j + 2 * r], dv[dh][4 * j + 2 * r + 1]);
+        }
+      }
+    }
+  }
+#endif  // KFORGE_FMHA_HAS_SM90_BODY
+}
+
+}  // namespace sm90bwd
+
+// True when this library's code for the current device holds the sm_90a body of the backward
+// kernel (checked once per device, as sm90_available()).
+template <typename T, int HDIM>
+bool bwd_sm90_available() {
+  static int state[64] = {};  // 0: unknown, 1: yes, 2: no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev < 64) {
+    const int st = __atomic_load_n(&state[dev], __ATOMIC_ACQUIRE);
+    if (st != 0) return st == 1;
+  }
+  cudaFuncAttributes attr;
+  const bool yes =
+      cudaFuncGetAttributes(&attr, sm90bwd::fmha_bwd_sm90_kernel<T, HDIM, false>) == cudaSuccess &&
+      attr.binaryVersion == 90;
+  if (!yes) cudaGetLastError();
+  if (dev < 64) __atomic_store_n(&state[dev], yes ? 1 : 2, __ATOMIC_RELEASE);
+  return yes;
+}
+
+// Preprocess (portable), the sm_90a main kernel, convert (portable).
+template <typename T, int HDIM, bool CAUSAL>
+cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
+  using S = sm90bwd::Shape<HDIM>;
+  cudaError_t err = launch_bwd_preprocess<T, HDIM, HDIM>(p, stream);
+  if (err != cudaSuccess) return err;
+  const int n_ctas = (p.seqlen_k + sm90bwd::kBlockN - 1) / sm90bwd::kBlockN;
+  if (n_ctas > 0 && p.batch > 0 && p.num_heads_k > 0) {
+    auto kernel = sm90bwd::fmha_bwd_sm90_kernel<T, HDIM, CAUSAL>;
+    static int configured[64] = {};
+    int dev = 0;
+    err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    if (dev >= 64 || !__atomic_load_n(&configured[dev], __ATOMIC_ACQUIRE)) {
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 S::kSmemBytes);
+      if (err != cudaSuccess) return err;
+      if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
+    }
+    kernel<<<dim3(n_ctas, p.num_heads_k, p.batch), sm90bwd::kThreads, S::kSmemBytes, stream>>>(p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return launch_bwd_convert<T, HDIM, HDIM>(p, stream);
+}
+
+}  // namespace kforge_fmha
+
+// The dynamic shared memory the launcher asks for, for the launch manifest: the sm_90a pass (and
+// the host pass) declare it; in the other archs' passes the kernel is a stub that is never
+// launched, so they declare 0 (sm_120's 99 KiB per block would otherwise fail `kforge doctor`).
+#if defined(KFORGE_FMHA_HAS_SM90_BODY) || !defined(__CUDA_ARCH__)
+#define KFORGE_FMHA_BWD_SM90_SMEM(HDIM) kforge_fmha::sm90bwd::Shape<HDIM>::kSmemBytes
+#else
+#define KFORGE_FMHA_BWD_SM90_SMEM(HDIM) 0
+#endif
+
+// One compile unit per (element type, head dim): both masks, and the launch manifest. The
+// preprocess and convert launchers are instantiated in the portable unit of the pair
+// (fmha_bwd_*_hdim*.cu): extern here, so that this unit does not compile their kernels again.
+#define KFORGE_FMHA_INSTANTIATE_BWD_SM90(T, HDIM)                                              \
+  extern template cudaError_t kforge_fmha::launch_bwd_preprocess<T, HDIM, HDIM>(               \
+      const kforge_fmha::BwdParams&, cudaStream_t);                                            \
+  extern template cudaError_t kforge_fmha::launch_bwd_convert<T, HDIM, HDIM>(                  \
+      const kforge_fmha::BwdParams&, cudaStream_t);                                            \
+  template bool kforge_fmha::bwd_sm90_available<T, HDIM>();                                    \
+  template cudaError_t kforge_fmha::launch_bwd_sm90<T, HDIM, false>(                           \
+      const kforge_fmha::BwdParams&, cudaStream_t);                                            \
+  template cudaError_t kforge_fmha::launch_bwd_sm90<T, HDIM, true>(                            \
+      const kforge_fmha::BwdParams&, cudaStream_t);                                            \
+  [[maybe_unused]] static __device__ const KforgeLaunchSmem kforge_launch_smem[] = {           \
+      {"fmha_bwd_sm90_kernel", KFORGE_FMHA_BWD_SM90_SMEM(HDIM)}};
