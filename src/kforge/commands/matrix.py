@@ -20,10 +20,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--project", action="append", help="only these projects (the table and --json)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the rows with their runs as JSON")
-    out.add_argument("--markdown", action="store_true",
-                     help=f"write the matrix section of {DOC_FILE} (between its marker lines) from the records")
-    out.add_argument("--check", action="store_true",
-                     help=f"fail when the matrix section of {DOC_FILE} differs from what --markdown writes")
+    out.add_argument(
+        "--markdown",
+        action="store_true",
+        help=f"write the matrix section of {DOC_FILE} (between its marker lines) from the records",
+    )
+    out.add_argument(
+        "--check",
+        action="store_true",
+        help=f"fail when the matrix section of {DOC_FILE} differs from what --markdown writes",
+    )
     p.add_argument("--records", default=None, help=f"the records file (default: {RECORDS_FILE} under the root)")
     p.add_argument("--doc", default=None, help=f"the page --markdown and --check use (default: {DOC_FILE})")
     p.set_defaults(func=run)
@@ -41,13 +47,17 @@ def run(args: argparse.Namespace) -> int:
         try:
             page = doc.read_text(encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(f"cannot read {doc}: {exc.strerror}", fix="pass --doc PATH, or run in a kforge checkout") from None
+            raise ConfigError(
+                f"cannot read {doc}: {exc.strerror}", fix="pass --doc PATH, or run in a kforge checkout"
+            ) from None
         new = replace_section(page, markdown(rows, here), doc.name)
         if args.check:
             if new != page:
-                raise ConfigError(f"the matrix section of {doc} is not what the records give",
-                                  why=f"{RECORDS_FILE} or forge.toml changed after the page was written",
-                                  fix="run `kforge matrix --markdown` and commit the page")
+                raise ConfigError(
+                    f"the matrix section of {doc} is not what the records give",
+                    why=f"{RECORDS_FILE} or forge.toml changed after the page was written",
+                    fix="run `kforge matrix --markdown` and commit the page",
+                )
             print(f"{doc.name}: the matrix section is current ({summary(rows)})")
         elif new == page:
             print(f"{doc.name}: the matrix section was current ({summary(rows)})")
@@ -55,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
             atomic_write_text(doc, new)
             print(f"{doc.name}: wrote the matrix section ({summary(rows)})")
         return 0
-    rows = tuple(r for r in build_rows(forge, runs, platform_name()) if not args.project or r.target.project in args.project)
+    rows = tuple(
+        r for r in build_rows(forge, runs, platform_name()) if not args.project or r.target.project in args.project
+    )
     print(json.dumps(as_json(rows), indent=2) if args.json else text_table(rows))
     return 0

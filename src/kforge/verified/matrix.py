@@ -70,7 +70,9 @@ def build_rows(forge: Forge, runs: Sequence[Run], here: str) -> tuple[Row, ...]:
         reason = unbuildable_reason(forge, project, target, here)
         for profile in tuple(project.profiles) or (None,):
             mine = tuple(r for r in ordered if r.key == key and r.through_kforge and r.profile == profile)
-            outside = tuple(r for r in ordered if r.key == key and not r.through_kforge and r.profile in (None, profile))
+            outside = tuple(
+                r for r in ordered if r.key == key and not r.through_kforge and r.profile in (None, profile)
+            )
             rows.append(Row(target, profile, _status(mine, reason), reason, mine, outside))
     _check_every_run_has_a_row(runs, rows)
     return tuple(rows)
@@ -112,8 +114,11 @@ def unbuildable_reason(forge: Forge, project: Project, target: Target, here: str
     the versions kforge's knobs were checked for, and archs no CUDA of ``[toolchains] cuda`` compiles.
     """
     reasons = [f"needs a {target.platform} host"] if target.platform != here else []
-    reasons += [f"{project.unbuildable_reason(a)} (forge.toml: {a.sm} unbuildable)" for a in target.archs
-                if project.unbuildable_reason(a)]
+    reasons += [
+        f"{project.unbuildable_reason(a)} (forge.toml: {a.sm} unbuildable)"
+        for a in target.archs
+        if project.unbuildable_reason(a)
+    ]
     try:
         require_current_knowledge(project)
     except ConfigError as exc:
@@ -126,8 +131,11 @@ def _toolchain_reason(forge: Forge, project: Project, target: Target) -> str | N
     """None when some CUDA of forge.toml's toolchains compiles every arch (and meets the project's min_cuda)."""
     first: str | None = None
     for cuda in forge.toolchains.cuda:
-        errors = [e for a in effective_archs(project, target.archs, cuda)
-                  if (e := unsupported_reason(a, cuda, source="toolkit")) is not None]
+        errors = [
+            e
+            for a in effective_archs(project, target.archs, cuda)
+            if (e := unsupported_reason(a, cuda, source="toolkit")) is not None
+        ]
         problem = errors[0].what if errors else None
         if problem is None and project.min_cuda and cuda < project.min_cuda:
             problem = f"{project.name} needs CUDA {project.min_cuda} or newer"

@@ -24,7 +24,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["RECORDS_FILE", "REFERENCE_PLATFORM", "STATUSES", "VIA", "Run", "load_runs", "parse_runs", "reference_platform"]
+__all__ = [
+    "RECORDS_FILE",
+    "REFERENCE_PLATFORM",
+    "STATUSES",
+    "VIA",
+    "Run",
+    "load_runs",
+    "parse_runs",
+    "reference_platform",
+]
 
 #: Where the records live, under the monorepo root.
 RECORDS_FILE = "docs/verified/records.toml"
@@ -106,13 +115,17 @@ def load_runs(forge: Forge, path: Path | None = None) -> tuple[Run, ...]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read the records of verified builds, {path}: {exc.strerror}",
-                          why="`kforge matrix` joins them with the targets forge.toml declares",
-                          fix=f"run it in a kforge checkout (it holds {RECORDS_FILE}), or pass --records PATH") from None
+        raise ConfigError(
+            f"cannot read the records of verified builds, {path}: {exc.strerror}",
+            why="`kforge matrix` joins them with the targets forge.toml declares",
+            fix=f"run it in a kforge checkout (it holds {RECORDS_FILE}), or pass --records PATH",
+        ) from None
     try:
         data = tomllib.loads(decode_utf8(raw, path))
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path.name} is not valid TOML: {exc}", fix=f"fix the syntax at that line of {path}") from None
+        raise ConfigError(
+            f"{path.name} is not valid TOML: {exc}", fix=f"fix the syntax at that line of {path}"
+        ) from None
     return parse_runs(forge, data, path)
 
 
@@ -121,8 +134,11 @@ def parse_runs(forge: Forge, data: dict, path: Path) -> tuple[Run, ...]:
     reader = _Reader(path)
     unknown = sorted(set(data) - {"run"})
     if unknown:
-        raise reader.error(unknown[0], f"is not a known table{did_you_mean(unknown[0], ['run'])}",
-                           fix=f"write each run as a [[run]] table; {_FIX}")
+        raise reader.error(
+            unknown[0],
+            f"is not a known table{did_you_mean(unknown[0], ['run'])}",
+            fix=f"write each run as a [[run]] table; {_FIX}",
+        )
     tables = data.get("run", [])
     if not isinstance(tables, list):
         raise reader.error("run", "must be an array of tables ([[run]])")
@@ -140,8 +156,11 @@ def _run(forge: Forge, reader: _Reader, index: int, t: RunTable) -> Run:
     except ValueError:
         raise reader.error(f"{key}.date", f"must be a date written YYYY-MM-DD, not {t.date!r}") from None
     if t.time is not None and not _TIME.match(t.time):
-        raise reader.error(f"{key}.time", f"must be HH:MM or HH:MM-HH:MM (UTC), not {t.time!r}",
-                           fix=f"write approximate or several times in the run's note; {_FIX}")
+        raise reader.error(
+            f"{key}.time",
+            f"must be HH:MM or HH:MM-HH:MM (UTC), not {t.time!r}",
+            fix=f"write approximate or several times in the run's note; {_FIX}",
+        )
     if not t.host or not all(h.strip() for h in t.host):
         raise reader.error(f"{key}.host", "must name the machine the run used")
     if t.status == "gpu-tested" and not t.device:
@@ -153,9 +172,21 @@ def _run(forge: Forge, reader: _Reader, index: int, t: RunTable) -> Run:
         if value is not None and ("\n" in value or "|" in value or not value.strip()):
             raise reader.error(f"{key}.{name}", "must be one line of text without '|' (it becomes a table cell)")
     target = _target(forge, reader, key, t)
-    return Run(index=index, target=target, profile=_profile(forge, reader, key, t, target), via=t.via,
-               status=t.status, host=t.host, device=t.device, date=t.date, time=t.time, section=t.section,
-               wheel_bytes=t.wheel_bytes, tests=t.tests, note=t.note)
+    return Run(
+        index=index,
+        target=target,
+        profile=_profile(forge, reader, key, t, target),
+        via=t.via,
+        status=t.status,
+        host=t.host,
+        device=t.device,
+        date=t.date,
+        time=t.time,
+        section=t.section,
+        wheel_bytes=t.wheel_bytes,
+        tests=t.tests,
+        note=t.note,
+    )
 
 
 def _choice(reader: _Reader, key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -181,7 +212,8 @@ def _profile(forge: Forge, reader: _Reader, key: str, t: RunTable, target: Targe
     if t.profile is None:
         return project.default_profile if t.via == "kforge" else None
     if not project.profiles:
-        raise reader.error(f"{key}.profile", f"is {t.profile!r}, and {project.name} has no build profiles",
-                           fix=f"drop the key; {_FIX}")
+        raise reader.error(
+            f"{key}.profile", f"is {t.profile!r}, and {project.name} has no build profiles", fix=f"drop the key; {_FIX}"
+        )
     _choice(reader, f"{key}.profile", t.profile, tuple(project.profiles))
     return t.profile

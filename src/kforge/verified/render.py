@@ -20,8 +20,12 @@ DOC_FILE = "docs/verified.md"
 BEGIN = "<!-- kforge matrix --markdown: generated from here (edit docs/verified/records.toml, not this table) -->"
 END = "<!-- kforge matrix --markdown: generated up to here -->"
 
-_WORDS = {"gpu-tested": "GPU-tested", "built-doctor": "built + doctor", "planned": "planned only",
-          "unbuildable": "unbuildable here"}
+_WORDS = {
+    "gpu-tested": "GPU-tested",
+    "built-doctor": "built + doctor",
+    "planned": "planned only",
+    "unbuildable": "unbuildable here",
+}
 
 
 def summary(rows: Sequence[Row]) -> str:
@@ -78,16 +82,39 @@ def text_table(rows: Sequence[Row]) -> str:
 
 
 def as_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
-    return [{"id": r.target.id, "project": r.target.project, "archs": [a.sm for a in r.target.archs],
-             "platform": r.target.platform, "profile": r.profile, "status": r.status, "label": r.label,
-             "reason": r.reason, "runs": [_run_json(x) for x in r.runs], "outside_kforge": [_run_json(x) for x in r.outside]}
-            for r in rows]
+    return [
+        {
+            "id": r.target.id,
+            "project": r.target.project,
+            "archs": [a.sm for a in r.target.archs],
+            "platform": r.target.platform,
+            "profile": r.profile,
+            "status": r.status,
+            "label": r.label,
+            "reason": r.reason,
+            "runs": [_run_json(x) for x in r.runs],
+            "outside_kforge": [_run_json(x) for x in r.outside],
+        }
+        for r in rows
+    ]
 
 
 def _run_json(run: Run) -> dict[str, Any]:
-    return {"record": run.index, "target": run.target.id, "profile": run.profile, "via": run.via, "status": run.status,
-            "host": list(run.host), "device": list(run.device), "date": run.date, "time": run.time,
-            "wheel_bytes": run.wheel_bytes, "tests": run.tests, "section": run.section, "note": run.note}
+    return {
+        "record": run.index,
+        "target": run.target.id,
+        "profile": run.profile,
+        "via": run.via,
+        "status": run.status,
+        "host": list(run.host),
+        "device": list(run.device),
+        "date": run.date,
+        "time": run.time,
+        "wheel_bytes": run.wheel_bytes,
+        "tests": run.tests,
+        "section": run.section,
+        "note": run.note,
+    }
 
 
 def markdown(rows: Sequence[Row], here: str) -> str:
@@ -95,13 +122,16 @@ def markdown(rows: Sequence[Row], here: str) -> str:
     head = [
         BEGIN,
         "",
-        f"{summary(rows)} (\"here\": a {here} host).",
+        f'{summary(rows)} ("here": a {here} host).',
         "",
         "| target | archs | platform | profile | status | kforge runs (newest of that status) | outside kforge |",
         "|---|---|---|---|---|---|---|",
     ]
-    body = [f"| `{r.target.id}` | {r.target.arch_names} | {r.target.platform} | {r.profile or '-'} | {_bold(r)} | "
-            f"{_cell(evidence(r))} | {_cell(outside(r))} |" for r in rows]
+    body = [
+        f"| `{r.target.id}` | {r.target.arch_names} | {r.target.platform} | {r.profile or '-'} | {_bold(r)} | "
+        f"{_cell(evidence(r))} | {_cell(outside(r))} |"
+        for r in rows
+    ]
     return "\n".join([*head, *body, "", END])
 
 
