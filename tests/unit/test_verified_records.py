@@ -104,6 +104,7 @@ def test_an_unknown_target_names_the_run_and_says_what_to_do(forge) -> None:
         (("wheel_bytes = 123", 'wheel_bytes = "123"'), ["run[0].wheel_bytes", "integer"]),
         (("wheel_bytes = 123", "wheel_bytes = 0"), ["run[0].wheel_bytes"]),
         (('tests = "5 passed"', 'tests = "5 | passed"'), ["run[0].tests", "'|'"]),
+        (('device = "NVIDIA H200"', 'device = ["NVIDIA H200", " "]'), ["run[0].device[1]", "one line"]),
         (('tests = "5 passed"', 'test = "5 passed"'), ["run[0].test", "did you mean 'tests'"]),
         (('via = "kforge"', 'via = "kforge"\nprofile = "smal"'), ["run[0].profile", "did you mean 'small'"]),
     ],

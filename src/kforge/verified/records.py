@@ -161,14 +161,15 @@ def _run(forge: Forge, reader: _Reader, index: int, t: RunTable) -> Run:
             f"must be HH:MM or HH:MM-HH:MM (UTC), not {t.time!r}",
             fix=f"write approximate or several times in the run's note; {_FIX}",
         )
-    if not t.host or not all(h.strip() for h in t.host):
+    if not t.host:
         raise reader.error(f"{key}.host", "must name the machine the run used")
     if t.status == "gpu-tested" and not t.device:
         raise reader.error(f"{key}.device", "is missing: a gpu-tested run names the GPU its tests ran on")
     if t.wheel_bytes is not None and t.wheel_bytes <= 0:
         raise reader.error(f"{key}.wheel_bytes", f"must be the wheel's size in bytes, not {t.wheel_bytes}")
-    for name in ("target", "section", "tests", "note", *(() if t.profile is None else ("profile",))):
-        value = getattr(t, name)
+    texts = [(n, getattr(t, n)) for n in ("target", "section", "tests", "note", "profile")]
+    texts += [(f"{n}[{i}]", v) for n in ("host", "device") for i, v in enumerate(getattr(t, n))]
+    for name, value in texts:
         if value is not None and ("\n" in value or "|" in value or not value.strip()):
             raise reader.error(f"{key}.{name}", "must be one line of text without '|' (it becomes a table cell)")
     target = _target(forge, reader, key, t)
