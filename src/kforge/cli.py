@@ -20,7 +20,7 @@ from kforge.config import inputs
 from kforge.errors import KforgeError, as_error
 
 #: Subcommand modules under kforge.commands, in the order ``kforge --help`` lists them.
-COMMANDS = ("plan", "targets", "build", "release", "test", "repair", "doctor", "sources", "patches", "audit",
+COMMANDS = ("plan", "targets", "matrix", "build", "release", "test", "repair", "doctor", "sources", "patches", "audit",
             "wheelhouse", "ci", "image")
 
 
