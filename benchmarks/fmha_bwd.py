@@ -45,7 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import shape_seed, time_interleaved  # noqa: E402
 
 OURS = "kforge"
-COLUMNS = ("kforge", "sdpa-flash", "sdpa-cudnn", "fa2", "fa3")
+COLUMNS = ("kforge", "kforge-portable", "sdpa-flash", "sdpa-cudnn", "fa2", "fa3")
+# kforge-portable: kforge_fmha with its backward forced onto the mma.sync kernels
+# (KFORGE_FMHA_BWD_PATH=portable while its backward runs; the C API reads it at every call), so the
+# sm_90a and the portable backward are timed in the same process on the same tensors.
+PORTABLE = "kforge-portable"
 MODES = ("bwd", "fwd+bwd")
 MODE_FACTOR = {"bwd": 2.5, "fwd+bwd": 3.5}  # times the forward's FLOPs
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -153,7 +157,10 @@ def render(meta: dict, rows: list[dict]) -> str:
         groups.setdefault((r["mode"], r["dtype"], r["d_qk"], r["d_v"]), []).append(r)
     for (mode, dtype, d_qk, d_v), group in groups.items():
         lines += ["", f"### {mode}, {dtype}, (d_qk, d_v) = ({d_qk}, {d_v}), {group[0]['heads']} heads", ""]
-        head = ["causal", "seqlen", "batch"] + cols + [f"kforge/{c}" for c in others]
+        # the portable backward against FlashAttention-2's kernel (SDPA flash, the FA2 wheel)
+        port = [c for c in ("sdpa-flash", "fa2") if PORTABLE in cols and c in cols]
+        head = (["causal", "seqlen", "batch"] + cols + [f"kforge/{c}" for c in others]
+                + [f"{PORTABLE}/{c}" for c in port])
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for r in group:
@@ -164,6 +171,11 @@ def render(meta: dict, rows: list[dict]) -> str:
                     cells.append(f"n/a (grads differ: {r['max_rel_diff'][c]:.2g})")
                 else:
                     cells.append(_fmt(r["ratio"].get(c), 2))
+            for c in port:
+                a = r["results"].get(PORTABLE, {}).get("tflops")
+                b = r["results"].get(c, {}).get("tflops")
+                ok = a and b and r["same_work"].get(PORTABLE) is not False and r["same_work"].get(c) is not False
+                cells.append(_fmt(a / b if ok else None, 2))
             lines.append("| " + " | ".join(cells) + " |")
     errors = [(r, c, res["error"]) for r in rows for c, res in r["results"].items() if res.get("error")]
     if errors:
@@ -210,7 +222,7 @@ def _first(result):
 
 def forward_fn(column: str, causal: bool, libs: dict):
     """column -> f(q, k, v) on (B, L, H, D) tensors, returning out as (B, L, H, D)."""
-    if column == OURS:
+    if column in (OURS, PORTABLE):
         return lambda q, k, v: libs["kforge"].attention(q, k, v, causal=causal)
     if column in ("sdpa-flash", "sdpa-cudnn"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -226,6 +238,29 @@ def forward_fn(column: str, causal: bool, libs: dict):
         return sdpa
     mod = libs[column]
     return lambda q, k, v: _first(mod.flash_attn_func(q, k, v, causal=causal))
+
+
+class _BwdPath:
+    """KFORGE_FMHA_BWD_PATH set to `value` inside the block (None: left as it is), restored after."""
+
+    def __init__(self, value: str | None):
+        self.value, self.saved = value, None
+
+    def __enter__(self):
+        if self.value is not None:
+            self.saved = os.environ.get("KFORGE_FMHA_BWD_PATH")
+            os.environ["KFORGE_FMHA_BWD_PATH"] = self.value
+
+    def __exit__(self, *exc):
+        if self.value is not None:
+            if self.saved is None:
+                os.environ.pop("KFORGE_FMHA_BWD_PATH", None)
+            else:
+                os.environ["KFORGE_FMHA_BWD_PATH"] = self.saved
+
+
+def _path_of(column: str) -> str | None:
+    return "portable" if column == PORTABLE else None
 
 
 def bench_shape(shape: dict, modes: list[str], columns: list[str], libs: dict, args) -> list[dict]:
@@ -248,10 +283,20 @@ def bench_shape(shape: dict, modes: list[str], columns: list[str], libs: dict, a
     for c in columns:  # gradients once, for the same-work check (and to find refusals early)
         q, k, v, dout = inputs(dims[c])
         try:
-            out = forward_fn(c, causal, libs)(q, k, v)
-            if c == OURS:
-                kernel = libs["kforge"].last_kernel()
-            grads[c] = torch.autograd.grad(out, (q, k, v), dout)
+            with _BwdPath(_path_of(c)):
+                out = forward_fn(c, causal, libs)(q, k, v)
+                ran = {}
+                if c in (OURS, PORTABLE):
+                    # the backward kernel: last_kernel() of the autograd thread, read in q's hook
+                    ran["fwd"] = libs["kforge"].last_kernel()
+                    hook = q.register_hook(lambda g, ran=ran: ran.__setitem__("bwd", libs["kforge"].last_kernel()))
+                try:
+                    grads[c] = torch.autograd.grad(out, (q, k, v), dout)
+                finally:
+                    if c in (OURS, PORTABLE):
+                        hook.remove()
+                if c in (OURS, PORTABLE):
+                    kernel = ((kernel + "; ") if kernel else "") + f"{c}: {ran['fwd']} / {ran.get('bwd', '?')}"
         except (RuntimeError, ValueError, NotImplementedError) as exc:
             errors[c] = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
     diffs = {c: rel_diff(grads[OURS], grads[c]) for c in grads
@@ -265,14 +310,17 @@ def bench_shape(shape: dict, modes: list[str], columns: list[str], libs: dict, a
                 continue
             q, k, v, dout = inputs(dims[c])
             fwd = forward_fn(c, causal, libs)
+            path = _path_of(c)
             if mode == "bwd":
                 out = fwd(q, k, v)
 
-                def fn(out=out, q=q, k=k, v=v, dout=dout):
-                    return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+                def fn(out=out, q=q, k=k, v=v, dout=dout, path=path):
+                    with _BwdPath(path):
+                        return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
             else:
-                def fn(fwd=fwd, q=q, k=k, v=v, dout=dout):
-                    return torch.autograd.grad(fwd(q, k, v), (q, k, v), dout)
+                def fn(fwd=fwd, q=q, k=k, v=v, dout=dout, path=path):
+                    with _BwdPath(path):
+                        return torch.autograd.grad(fwd(q, k, v), (q, k, v), dout)
             fns[c] = fn
         timed = time_interleaved(fns, args.warmup, args.runs, args.order,
                                  shape_seed("fmha_bwd", *shape.values(), mode)) if fns else {}
@@ -363,7 +411,7 @@ def main(argv=None) -> int:
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(), "kforge_fmha": kf.library_version(),
             "library": str(kf.library_path()), "archs": " ".join(kf.built_archs()),
-            "bwd_path": os.environ.get("KFORGE_FMHA_BWD_PATH") or "default (portable)",
+            "bwd_path": os.environ.get("KFORGE_FMHA_BWD_PATH") or "default (sm90 on an H100/H200 with a 90a build, else portable)",
             "fwd_path": ("portable (KFORGE_FMHA_SM90=0)" if os.environ.get("KFORGE_FMHA_SM90") == "0"
                          else os.environ.get("KFORGE_FMHA_SM90_PATH") or "default"),
             "fa2_version": _version(libs.get("fa2"), "flash_attn", "flash-attn"),
