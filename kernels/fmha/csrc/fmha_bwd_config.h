@@ -59,6 +59,13 @@ struct BwdTile {
 #define KFORGE_FMHA_BWD_128_KUNROLL 64  // H200: 0.73-0.80x SDPA flash against 0.64-0.68x at 1
 #endif
 
+// dQ's adds on sm_90 and newer: 0, red.global.add.v2.f32 (two columns a lane, as the mma
+// accumulators hold them); 1, red.global.add.v4.f32 after one lane swap (half the reductions,
+// two shuffles per 4 values). builds for sm_80 / sm_86 / sm_89 use two atomicAdd either way.
+#ifndef KFORGE_FMHA_BWD_DQ_V4
+#define KFORGE_FMHA_BWD_DQ_V4 0
+#endif
+
 inline constexpr BwdTile kBwdTiles[] = {
     {64, 64, KFORGE_FMHA_BWD_64_WARPS, KFORGE_FMHA_BWD_64_SPLIT, KFORGE_FMHA_BWD_64_BM,
      KFORGE_FMHA_BWD_64_QS, KFORGE_FMHA_BWD_64_KUNROLL},
@@ -89,12 +96,23 @@ constexpr int bwd_smem_bytes(const BwdTile& t) {
          + 4 * 2 * 2 * t.block_m;                               // LSE, D (two buffers)
 }
 
-constexpr bool bwd_tiles_fit_sm120() {
+// The shared memory a tile may take. sm_120's 99 KiB per block is the rule for every tile that
+// ships; a tuning sweep on sm_80 / sm_90 (benchmarks/fmha_bwd_sweep.py, CMake for 90a only) may
+// raise it with -DKFORGE_FMHA_BWD_SMEM_LIMIT=<bytes> (at most 232,448 on sm_90, 166,912 on
+// sm_80) to measure tiles that do not fit sm_120, e.g. 128-key blocks at (128, 128). A library
+// built that way is not one to ship: a launch on sm_120 would fail.
+#ifndef KFORGE_FMHA_BWD_SMEM_LIMIT
+#define KFORGE_FMHA_BWD_SMEM_LIMIT 101376
+#endif
+static_assert(KFORGE_FMHA_BWD_SMEM_LIMIT <= 232448, "over sm_90's 227 KiB per block");
+
+constexpr bool bwd_tiles_fit(int limit) {
   for (int i = 0; i < kNumBwdTiles; ++i) {
-    if (bwd_smem_bytes(kBwdTiles[i]) > 101376) return false;
+    if (bwd_smem_bytes(kBwdTiles[i]) > limit) return false;
   }
   return true;
 }
-static_assert(bwd_tiles_fit_sm120(), "a backward tile is over sm_120's 99 KiB per block");
+static_assert(bwd_tiles_fit(KFORGE_FMHA_BWD_SMEM_LIMIT),
+              "a backward tile is over sm_120's 99 KiB per block (KFORGE_FMHA_BWD_SMEM_LIMIT)");
 
 }  // namespace kforge_fmha

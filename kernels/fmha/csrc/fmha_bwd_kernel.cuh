@@ -105,6 +105,15 @@ __device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
 #endif
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// *p .. *(p + 3) += a, b, c, d as one vector reduction (sm_90 and newer). p is 16-byte aligned.
+__device__ __forceinline__ void atomic_add4(float* p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+}
+#endif
+
 template <typename T>
 __device__ __forceinline__ float2 to_float2(uint32_t x);
 template <>
@@ -615,6 +624,30 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
             Mma<T>::run(acc[2 * jp + 1], a, bk[2], bk[3]);
           }
         }
+#if KFORGE_FMHA_BWD_DQ_V4 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        // Four adjacent columns of one row a lane: lanes 2i and 2i + 1 swap a pair (the even
+        // lane keeps row lane / 4 and takes its partner's columns of it, the odd lane row
+        // lane / 4 + 8), then one red.global.add.v4.f32 per n-tile: half the reductions.
+        {
+          const int odd = lane & 1;
+          const int row = r0 + mrow + lane / 4 + 8 * odd;
+          float* dst = dq_acc + static_cast<int64_t>(row) * HDIM_QK + d0 + 2 * (lane % 4) - 2 * odd;
+#pragma unroll
+          for (int j = 0; j < S::kDqChunk / 8; ++j) {
+            const float s0 = odd ? acc[j][0] : acc[j][2];
+            const float s1 = odd ? acc[j][1] : acc[j][3];
+            const float g0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+            const float g1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            if (row < sq) {
+              if (odd) {
+                atomic_add4(dst + j * 8, g0, g1, acc[j][2], acc[j][3]);
+              } else {
+                atomic_add4(dst + j * 8, acc[j][0], acc[j][1], g0, g1);
+              }
+            }
+          }
+        }
+#else
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = r0 + mrow + lane / 4 + 8 * r;
@@ -626,6 +659,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
             }
           }
         }
+#endif
       }
     }
     if (det) {
