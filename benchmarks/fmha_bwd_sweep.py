@@ -49,34 +49,66 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FMHA = ROOT / "kernels" / "fmha"
 BIG = "KFORGE_FMHA_BWD_SMEM_LIMIT=232448"  # sweep-only: tiles over sm_120's 101,376 B
+MT2_128 = ["KFORGE_FMHA_BWD_128_SPLIT=2", "KFORGE_FMHA_BWD_128_MT=2"]  # 4 warps: 64 keys
+MT2_64 = ["KFORGE_FMHA_BWD_64_SPLIT=2", "KFORGE_FMHA_BWD_64_MT=2"]  # 8 warps: 128 keys
 
 # name -> (definitions, what it tests). The first variant is the baseline of the diff column.
 VARIANTS: dict[str, tuple[list[str], str]] = {
-    "base": ([], "the defaults: (128,128) 4 warps, 64 keys x 32 queries; (64,64) 8 warps, 128 x 64"),
-    "dqv4": (["KFORGE_FMHA_BWD_DQ_V4=1"], "dQ adds as red.global.add.v4.f32 (half the reductions)"),
-    "n128": (["KFORGE_FMHA_BWD_128_WARPS=8", BIG],
-             "(128,128): 8 warps, 128 keys a CTA (half the dQ atomics and Q/dO loads a FLOP); 109,056 B"),
-    "n128-v4": (["KFORGE_FMHA_BWD_128_WARPS=8", "KFORGE_FMHA_BWD_DQ_V4=1", BIG], "n128 + dqv4"),
-    "m64": (["KFORGE_FMHA_BWD_128_BM=64", BIG],
-            "(128,128): 64 queries a step (half the barriers a FLOP); 108,544 B"),
+    "base": ([], "the defaults: (128,128) 4 warps, 64 keys x 32 queries, 16-key slabs; (64,64) 8 "
+                 "warps, 128 x 64"),
+    "dqv4": (["KFORGE_FMHA_BWD_DQ_V4=1"], "dQ adds as red.global.add.v4.f32 (half the reductions); "
+             "ptxas: 16 spill bytes in the non-causal (128,128) kernel"),
+    "n128-v4": (["KFORGE_FMHA_BWD_128_WARPS=8", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+                "(128,128): 8 warps, 128 keys a CTA (half the dQ atomics and Q/dO loads a FLOP), "
+                "v4 dQ; 109,056 B"),
+    "m64-v4": (["KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+               "(128,128): 64 queries a step (half the barriers a FLOP), v4 dQ; 108,544 B"),
+    "mt2-m64-qs16": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_QS=16", BIG],
+                     "(128,128): 32-key slabs of 2 warps (each operand fragment feeds 2 m-tiles), "
+                     "64 queries, 16-query S slices; 117,760 B"),
+    "mt2-m64-ku4": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_KUNROLL=4", BIG],
+                    "(128,128): 32-key slabs, 64 queries, 32-query S slices (FA2's per-warp S "
+                    "tile), k-loops unrolled by 4; 117,760 B; ptxas (nvcc 13.0): 4 spill bytes "
+                    "in the causal kernel"),
+    "h64-mt2": ([*MT2_64, "KFORGE_FMHA_BWD_64_BM=64", "KFORGE_FMHA_BWD_64_QS=32", BIG],
+                "(64,64): 32-key slabs of 2 warps, 128 keys x 64 queries; 103,424 B"),
+    "h64-mt2-m128-v4": ([*MT2_64, "KFORGE_FMHA_BWD_64_BM=128", "KFORGE_FMHA_BWD_64_QS=32",
+                         "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+                        "(64,64): 32-key slabs, 128 keys x 128 queries, v4 dQ; 169,984 B"),
+    "h64-m128-v4": (["KFORGE_FMHA_BWD_64_BM=128", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+                    "(64,64): 128 queries a step (FA2's hdim-64 tile), v4 dQ; 135,168 B"),
+    # more, not in the default list (--variants NAME):
+    "n128": (["KFORGE_FMHA_BWD_128_WARPS=8", BIG], "n128-v4 without v4; 109,056 B"),
+    "m64": (["KFORGE_FMHA_BWD_128_BM=64", BIG], "m64-v4 without v4; 108,544 B"),
     "n128-m64-v4": (["KFORGE_FMHA_BWD_128_WARPS=8", "KFORGE_FMHA_BWD_128_BM=64",
                      "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
-                    "(128,128): 128 keys x 64 queries (FA2's tile), v4 dQ; 150,528 B"),
-    "h64-m128-v4": (["KFORGE_FMHA_BWD_64_BM=128", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
-                    "(64,64): 128 queries a step, v4 dQ; 135,168 B"),
-    "h64-m128": (["KFORGE_FMHA_BWD_64_BM=128", BIG], "(64,64): 128 queries a step (FA2's hdim-64 tile); 135,168 B"),
-    # more, not in the default list (--variants NAME):
-    "m64-v4": (["KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_DQ_V4=1", BIG], "m64 + dqv4"),
-    "n128-qs16": (["KFORGE_FMHA_BWD_128_WARPS=8", "KFORGE_FMHA_BWD_128_QS=16", BIG],
-                  "n128 with 16-query S slices (fewer live registers)"),
-    "ku2": (["KFORGE_FMHA_BWD_128_KUNROLL=2"], "(128,128): k-loops unrolled by 2 (was 0.64-0.68x at 1)"),
+                    "(128,128): 128 keys x 64 queries with 16-key slabs, v4 dQ; 150,528 B"),
+    "mt2-qs16": ([*MT2_128, "KFORGE_FMHA_BWD_128_QS=16"],
+                 "(128,128): 32-key slabs, 64 keys x 32 queries: fits sm_120 (76,288 B); ptxas: "
+                 "a few spill bytes in the non-causal kernel"),
+    "mt2-m64-qs16-v4": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_QS=16",
+                         "KFORGE_FMHA_BWD_DQ_V4=1", BIG], "mt2-m64-qs16 + v4 dQ"),
+    "mt2-m64-ku4-v4": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_KUNROLL=4",
+                        "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+                       "mt2-m64-ku4 + v4 dQ; ptxas: 28 spill bytes in the non-causal kernel"),
+    "h64-m128": (["KFORGE_FMHA_BWD_64_BM=128", BIG], "h64-m128-v4 without v4"),
+    "ku2": (["KFORGE_FMHA_BWD_128_KUNROLL=2"], "(128,128): k-loops unrolled by 2"),
 }
-DEFAULT_VARIANTS = ["base", "dqv4", "n128", "n128-v4", "m64", "n128-m64-v4", "h64-m128-v4", "h64-m128"]
+DEFAULT_VARIANTS = ["base", "n128-v4", "m64-v4", "mt2-m64-qs16", "mt2-m64-qs16-v4", "mt2-m64-ku4",
+                    "h64-mt2", "h64-mt2-m128-v4", "h64-m128-v4"]
 
 CHECK_SHAPES = [  # (dtype, d, causal): batch 2, 1000 queries and keys, 8 heads on 2 kv heads
     ("bf16", 128, True), ("bf16", 128, False), ("fp16", 128, True), ("bf16", 64, True),
     ("bf16", 64, False)]
 FLOOR = {"bf16": 8e-3, "fp16": 1e-3}
+
+
+def variant_dims(defines: list[str]) -> list[int]:
+    """The head dims a variant changes (its timed rows): 128 or 64 when its definitions name only
+    that pair, else both."""
+    d128 = any("_128_" in d for d in defines)
+    d64 = any("_64_" in d for d in defines)
+    return [128] if d128 and not d64 else [64] if d64 and not d128 else [128, 64]
 
 
 # --- pure parts ----------------------------------------------------------------------------------
@@ -259,7 +291,8 @@ def worker(args) -> int:
     bargs = argparse.Namespace(warmup=args.warmup, runs=args.runs, order="shuffle", max_diff=0.05,
                                fa_192_dv=192)
     columns = [c for c in ("kforge", "sdpa-flash") if c not in missing]
-    shapes = fmha_bwd.plan(["bf16"], [(128, 128), (64, 64)], args.seqlens, args.tokens, None,
+    dims = [int(x) for x in args.dims.split(",")]
+    shapes = fmha_bwd.plan(["bf16"], [(d, d) for d in dims], args.seqlens, args.tokens, None,
                            [False, True])
     out["rows"] = []
     for shape in shapes:
@@ -302,8 +335,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     ap.add_argument("--seqlens", default="4096,8192")
     ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--max-diff", type=float, default=2e-2)
     ap.add_argument("--dry-run", action="store_true", help="build and report ptxas only (no GPU)")
     ap.add_argument("--out", type=Path, help="write OUT.md and OUT.json")
@@ -311,6 +344,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lib", help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)
     ap.add_argument("--grads", help=argparse.SUPPRESS)
+    ap.add_argument("--dims", default="128,64", help=argparse.SUPPRESS)
     ap.add_argument("--save-grads", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.seqlens = [int(x) for x in args.seqlens.split(",")]
@@ -363,7 +397,9 @@ def main(argv=None) -> int:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--lib", r["lib"],
                    "--name", r["name"], "--grads", str(grads), "--warmup", str(args.warmup),
                    "--runs", str(args.runs), "--seqlens", ",".join(map(str, args.seqlens)),
-                   "--tokens", str(args.tokens)] + (["--save-grads"] if i == 0 else [])
+                   "--tokens", str(args.tokens),
+                   "--dims", ",".join(map(str, variant_dims(r["defines"])))]
+            cmd += ["--save-grads"] if i == 0 else []
             res = subprocess.run(cmd, env=env, capture_output=True, text=True)
             sys.stdout.write("".join(ln + "\n" for ln in res.stdout.splitlines() if not ln.startswith("RESULT ")))
             found = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -22,10 +22,12 @@ struct BwdTile {
   int block_m;      // query rows per step
   int query_slice;  // query columns of S^T / dP^T a warp holds in registers at once
   int k_unroll;     // unroll of the S^T / dP^T k-loops (over the head dims): 1, 2, ... or 64 (all)
+  int slab_mtiles = 1;  // 16-key m-tiles a slab: 1, or 2 (32-key slabs, SPLIT 2 only; a warp
+                        // then reuses each Q / dO / P^T / dS^T fragment for two m-tiles)
 };
 
-// The rows' (warps, split, block_m, query_slice, k_unroll), overridable one by one for tuning
-// sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL} with PAIR 64 or 128 (pass the
+// The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles), overridable one by one
+// for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL,MT} with PAIR 64 or 128 (pass the
 // same -D to the CUDA and the C++ compiler: the API sizes the workspace from this table).
 #ifndef KFORGE_FMHA_BWD_64_WARPS
 #define KFORGE_FMHA_BWD_64_WARPS 8
@@ -55,6 +57,13 @@ struct BwdTile {
 #define KFORGE_FMHA_BWD_128_QS 32
 #endif
 
+#ifndef KFORGE_FMHA_BWD_64_MT
+#define KFORGE_FMHA_BWD_64_MT 1
+#endif
+#ifndef KFORGE_FMHA_BWD_128_MT
+#define KFORGE_FMHA_BWD_128_MT 1
+#endif
+
 #ifndef KFORGE_FMHA_BWD_128_KUNROLL
 #define KFORGE_FMHA_BWD_128_KUNROLL 64  // H200: 0.73-0.80x SDPA flash against 0.64-0.68x at 1
 #endif
@@ -68,9 +77,9 @@ struct BwdTile {
 
 inline constexpr BwdTile kBwdTiles[] = {
     {64, 64, KFORGE_FMHA_BWD_64_WARPS, KFORGE_FMHA_BWD_64_SPLIT, KFORGE_FMHA_BWD_64_BM,
-     KFORGE_FMHA_BWD_64_QS, KFORGE_FMHA_BWD_64_KUNROLL},
+     KFORGE_FMHA_BWD_64_QS, KFORGE_FMHA_BWD_64_KUNROLL, KFORGE_FMHA_BWD_64_MT},
     {128, 128, KFORGE_FMHA_BWD_128_WARPS, KFORGE_FMHA_BWD_128_SPLIT, KFORGE_FMHA_BWD_128_BM,
-     KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL},
+     KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL, KFORGE_FMHA_BWD_128_MT},
     {192, 128, 8, 2, 32, 16, 1},
     {128, 192, 8, 2, 32, 16, 1},
 };
@@ -89,7 +98,7 @@ constexpr const BwdTile* bwd_tile(int head_dim_qk, int head_dim_v) {
 
 // Shared memory of the main kernel, for 2-byte elements.
 constexpr int bwd_smem_bytes(const BwdTile& t) {
-  const int bn = 16 * t.warps / t.split;
+  const int bn = 16 * t.slab_mtiles * t.warps / t.split;
   return 2 * (bn * (t.head_dim_qk + t.head_dim_v)               // K, V
               + 2 * t.block_m * (t.head_dim_qk + t.head_dim_v)  // Q, dO (two buffers)
               + t.split * bn * (t.block_m + 8))                 // dS^T (and P^T)
