@@ -101,6 +101,7 @@ CHECK_SHAPES = [  # (dtype, d, causal): batch 2, 1000 queries and keys, 8 heads 
     ("bf16", 128, True), ("bf16", 128, False), ("fp16", 128, True), ("bf16", 64, True),
     ("bf16", 64, False)]
 FLOOR = {"bf16": 8e-3, "fp16": 1e-3}
+DEVICE = "cuda"  # the worker's device (a CPU smoke test of the worker's plumbing sets "cpu")
 
 
 def variant_dims(defines: list[str]) -> list[int]:
@@ -251,18 +252,19 @@ def worker(args) -> int:
     assert Path(str(kf.library_path())).resolve() == Path(args.lib).resolve(), (
         f"loaded {kf.library_path()}, expected {args.lib}")
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
-    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "checks": []}
+    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE
+    out = {"device": device, "torch": torch.__version__, "checks": []}
 
     # gradients: against fp32 SDPA math and against the baseline's (saved by its process)
     grads_path = Path(args.grads)
     base = torch.load(grads_path) if grads_path.exists() and not args.save_grads else None
     mine = {}
     for dt, d, causal in CHECK_SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(d + 7 * causal)
+        g = torch.Generator(device=DEVICE).manual_seed(d + 7 * causal)
         b, s, h, hk = 2, 1000, 8, 2
 
         def rnd(*shape, dt=dt, g=g):
-            return torch.randn(*shape, device="cuda", generator=g).to(dtypes[dt])
+            return torch.randn(*shape, device=DEVICE, generator=g).to(dtypes[dt])
         q, k, v, dout = rnd(b, s, h, d), rnd(b, s, hk, d), rnd(b, s, hk, d), rnd(b, s, h, d)
         qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
         o = kf.attention(qq, kk, vv, causal=causal)
@@ -339,6 +341,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--max-diff", type=float, default=2e-2)
     ap.add_argument("--dry-run", action="store_true", help="build and report ptxas only (no GPU)")
+    ap.add_argument("--worker-timeout", type=int, default=240, help="seconds per variant's run")
     ap.add_argument("--out", type=Path, help="write OUT.md and OUT.json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--lib", help=argparse.SUPPRESS)
@@ -400,7 +403,13 @@ def main(argv=None) -> int:
                    "--tokens", str(args.tokens),
                    "--dims", ",".join(map(str, variant_dims(r["defines"])))]
             cmd += ["--save-grads"] if i == 0 else []
-            res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            try:
+                res = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                     timeout=args.worker_timeout)
+            except subprocess.TimeoutExpired:
+                r["error"], r["verdict"] = f"run timed out after {args.worker_timeout} s", "BAD"
+                print("           " + r["error"], flush=True)
+                continue
             sys.stdout.write("".join(ln + "\n" for ln in res.stdout.splitlines() if not ln.startswith("RESULT ")))
             found = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
             if res.returncode != 0 or not found:

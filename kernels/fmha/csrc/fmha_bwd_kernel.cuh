@@ -28,7 +28,12 @@
 //    CTA waits for was scheduled before it.
 // 3. convert: dQ = softmax_scale * dQ_accum, in the input dtype, with dQ's strides.
 //
-// Tile shapes per (head_dim_qk, head_dim_v) are in fmha_bwd_config.h.
+// Tile shapes per (head_dim_qk, head_dim_v) are in fmha_bwd_config.h. Variants for tuning sweeps
+// (benchmarks/fmha_bwd_sweep.py), all off by default (the default kernels compile to the same
+// cubins as before they existed): slabs of 32 keys (slab_mtiles 2, SPLIT 2 only: a warp holds
+// two 16-key m-tiles, so every Q / dO / P^T / dS^T fragment it loads feeds two mma instead of
+// one, the main lever on shared-memory traffic per mma); dQ's adds as red.global.add.v4.f32
+// (KFORGE_FMHA_BWD_DQ_V4, sm_90+); tiles over sm_120's 99 KiB (KFORGE_FMHA_BWD_SMEM_LIMIT).
 #pragma once
 
 #include "fmha_bwd_config.h"
