@@ -29,6 +29,10 @@ backward alone ("bwd" mode), kforge vs sdpa-flash, bf16, (128, 128) and (64, 64)
     # without a GPU: build the variants (or some) and report ptxas, no timing
     python benchmarks/fmha_bwd_sweep.py --dry-run --variants base,dqv4
 
+Accuracy. Then tests/test_bwd_gpu.py -k custom_softmax_scale (--accuracy) with the first
+variant's library, after the default forward and after the portable one (KFORGE_FMHA_SM90=0):
+issue 31's failing case, with the test's corrected reference.
+
 Variants over sm_120's 99 KiB of shared memory a block build with KFORGE_FMHA_BWD_SMEM_LIMIT
 raised (the build is for 90a only); a winner among them needs a shape that fits sm_120 (or an
 sm_120 row of its own) before it can become a default.
@@ -189,7 +193,11 @@ def render(meta: dict, results: list[dict]) -> str:
                 ratio = x.get("ratio")
                 cells.append("n/a" if ratio is None else f"{ratio:.2f} ({x['tflops']:.0f})")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Cells: kforge/sdpa-flash (kforge TFLOP/s).", "", "Variants:", ""]
+    lines += ["", "Cells: kforge/sdpa-flash (kforge TFLOP/s)."]
+    for acc in meta.get("accuracy", []):
+        lines.append(f"Accuracy, `{meta['baseline']}` library, {acc['forward']} forward: "
+                     f"{acc['summary']}" + "".join(f"; {f}" for f in acc["failures"]))
+    lines += ["", "Variants:", ""]
     for r in results:
         lines.append(f"- `{r['name']}`: {r['note']} (`{' '.join(r['defines']) or 'no -D'}`)"
                      + (f" — {r['error']}" if r.get("error") else ""))
@@ -342,6 +350,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-diff", type=float, default=2e-2)
     ap.add_argument("--dry-run", action="store_true", help="build and report ptxas only (no GPU)")
     ap.add_argument("--worker-timeout", type=int, default=240, help="seconds per variant's run")
+    ap.add_argument("--accuracy", default="custom_softmax_scale",
+                    help="pytest -k expression of tests/test_bwd_gpu.py run with the first variant's "
+                         "library, after the default and the portable (KFORGE_FMHA_SM90=0) forward "
+                         "(issue 31's failing case); empty: skip")
     ap.add_argument("--out", type=Path, help="write OUT.md and OUT.json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--lib", help=argparse.SUPPRESS)
@@ -424,6 +436,24 @@ def main(argv=None) -> int:
             r["verdict"], r["diff"], r["err_ratio"] = verdict(data["checks"], args.max_diff)
             if i == 0:
                 r["verdict"] = "baseline"
+    if not args.dry_run and args.accuracy and results and "lib" in results[0]:
+        meta["accuracy"] = []
+        for fwd in ("default", "portable"):
+            env = dict(os.environ, KFORGE_FMHA_LIBRARY=results[0]["lib"], KFORGE_REQUIRE_GPU="1",
+                       PYTHONPATH=os.pathsep.join([str(FMHA / "python"), os.environ.get("PYTHONPATH", "")]))
+            if fwd == "portable":
+                env["KFORGE_FMHA_SM90"] = "0"
+            cmd = [sys.executable, "-m", "pytest", str(FMHA / "tests" / "test_bwd_gpu.py"), "-q",
+                   "-k", args.accuracy, "-p", "no:cacheprovider"]
+            print(f"[{time.time() - t_start:6.0f} s] accuracy ({fwd} forward): pytest -k {args.accuracy!r}", flush=True)
+            try:
+                res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+                tail = (res.stdout.strip().splitlines() or ["?"])[-1]
+                fails = [ln for ln in res.stdout.splitlines() if ln.startswith(("FAILED", "E   AssertionError"))]
+            except subprocess.TimeoutExpired:
+                tail, fails = "timed out", []
+            print("           " + tail + "".join("\n           " + f[:300] for f in fails), flush=True)
+            meta["accuracy"].append({"forward": fwd, "summary": tail, "failures": fails})
     text = render(meta, results)
     print(text)
     if args.out:
