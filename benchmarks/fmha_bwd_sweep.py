@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     ap.add_argument("--define", action="append", default=[], metavar="NAME=D1,D2",
                     help="an extra variant: a name and its comma-separated definitions")
     ap.add_argument("--list", action="store_true", help="print the variants and exit")
-    ap.add_argument("--build-dir", type=Path, default=ROOT / "build-bwd-sweep")
+    ap.add_argument("--build-dir", type=Path, default=ROOT / "build" / "fmha-bwd-sweep")
     ap.add_argument("--arch", default="90a")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     ap.add_argument("--seqlens", default="4096,8192")
@@ -449,7 +449,7 @@ def main(argv=None) -> int:
             try:
                 res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
                 tail = (res.stdout.strip().splitlines() or ["?"])[-1]
-                fails = [ln for ln in res.stdout.splitlines() if ln.startswith(("FAILED", "E   AssertionError"))]
+                fails = [ln for ln in res.stdout.splitlines() if ln.startswith(("FAILED", "ERROR", "E   AssertionError"))]
             except subprocess.TimeoutExpired:
                 tail, fails = "timed out", []
             print("           " + tail + "".join("\n           " + f[:300] for f in fails), flush=True)
