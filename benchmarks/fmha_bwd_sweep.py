@@ -47,6 +47,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -76,6 +77,10 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
                     "in the causal kernel"),
     "h64-mt2": ([*MT2_64, "KFORGE_FMHA_BWD_64_BM=64", "KFORGE_FMHA_BWD_64_QS=32", BIG],
                 "(64,64): 32-key slabs of 2 warps, 128 keys x 64 queries; 103,424 B"),
+    "h64-mt2-do1": ([*MT2_64, "KFORGE_FMHA_BWD_64_BM=64", "KFORGE_FMHA_BWD_64_QS=32",
+                     "KFORGE_FMHA_BWD_64_DOBUF=1"],
+                    "h64-mt2 with one dO buffer (the next dO loads under dK and dQ): fits sm_120 "
+                    "(95,232 B), no spills on sm_80 / sm_90a / sm_120a"),
     "h64-mt2-m128-v4": ([*MT2_64, "KFORGE_FMHA_BWD_64_BM=128", "KFORGE_FMHA_BWD_64_QS=32",
                          "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
                         "(64,64): 32-key slabs, 128 keys x 128 queries, v4 dQ; 169,984 B"),
@@ -95,11 +100,15 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
     "mt2-m64-ku4-v4": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_KUNROLL=4",
                         "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
                        "mt2-m64-ku4 + v4 dQ; ptxas: 28 spill bytes in the non-causal kernel"),
+    "mt2-m64-qs16-do1": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_QS=16",
+                          "KFORGE_FMHA_BWD_128_DOBUF=1"],
+                         "mt2-m64-qs16 with one dO buffer: exactly sm_120's 101,376 B; ptxas: "
+                         "12-28 spill bytes on sm_90a / sm_80, none on sm_120a"),
     "h64-m128": (["KFORGE_FMHA_BWD_64_BM=128", BIG], "h64-m128-v4 without v4"),
     "ku2": (["KFORGE_FMHA_BWD_128_KUNROLL=2"], "(128,128): k-loops unrolled by 2"),
 }
-DEFAULT_VARIANTS = ["base", "n128-v4", "m64-v4", "mt2-m64-qs16", "mt2-m64-qs16-v4", "mt2-m64-ku4",
-                    "h64-mt2", "h64-mt2-m128-v4", "h64-m128-v4"]
+DEFAULT_VARIANTS = ["base", "dqv4", "n128-v4", "m64-v4", "mt2-m64-qs16", "mt2-m64-ku4", "h64-mt2",
+                    "h64-mt2-do1", "h64-mt2-m128-v4", "h64-m128-v4"]
 
 CHECK_SHAPES = [  # (dtype, d, causal): batch 2, 1000 queries and keys, 8 heads on 2 kv heads
     ("bf16", 128, True), ("bf16", 128, False), ("fp16", 128, True), ("bf16", 64, True),
@@ -342,7 +351,8 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="print the variants and exit")
     ap.add_argument("--build-dir", type=Path, default=ROOT / "build" / "fmha-bwd-sweep")
     ap.add_argument("--arch", default="90a")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 4) - 2),
+                    help="build jobs (default: all cores but 2, which the GPU runs use meanwhile)")
     ap.add_argument("--seqlens", default="4096,8192")
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--warmup", type=int, default=2)
@@ -383,19 +393,30 @@ def main(argv=None) -> int:
     t_start = time.time()
     build_dir = args.build_dir.resolve()
     log = build_dir / "sweep-build.log"
-    results = []
-    for name in names:  # builds first: one reconfigured directory, only the backward units rebuilt
-        defs, note = variants[name]
-        print(f"[{time.time() - t_start:6.0f} s] build {name}: {' '.join(defs) or '(defaults)'}", flush=True)
-        r = {"name": name, "defines": defs, "note": note}
-        r.update(build_variant(name, defs, build_dir, args.arch, args.jobs, log))
-        if "ptxas" in r:
-            r["ptxas128"] = ptxas_summary(r["ptxas"], 128)
-            r["ptxas64"] = ptxas_summary(r["ptxas"], 64)
-            print(f"           {r.get('build_s')} s; (128,128) {r['ptxas128']}; (64,64) {r['ptxas64']}", flush=True)
-        else:
-            print(f"           {r['error']}", flush=True)
-        results.append(r)
+    results = [{"name": n, "defines": variants[n][0], "note": variants[n][1]} for n in names]
+    built = [threading.Event() for _ in names]
+
+    def build_all() -> None:
+        # One reconfigured directory, only the backward units rebuilt per variant; the GPU runs
+        # variant i while variant i + 1 builds (--jobs cores; the run needs one).
+        for r, done in zip(results, built, strict=True):
+            print(f"[{time.time() - t_start:6.0f} s] build {r['name']}: "
+                  f"{' '.join(r['defines']) or '(defaults)'}", flush=True)
+            try:
+                r.update(build_variant(r["name"], r["defines"], build_dir, args.arch, args.jobs, log))
+            except Exception as exc:  # noqa: BLE001 (reported in the table, the sweep goes on)
+                r["error"] = f"build raised {exc!r}"
+            if "ptxas" in r:
+                r["ptxas128"] = ptxas_summary(r["ptxas"], 128)
+                r["ptxas64"] = ptxas_summary(r["ptxas"], 64)
+                print(f"           {r['name']} built in {r.get('build_s')} s; (128,128) "
+                      f"{r['ptxas128']}; (64,64) {r['ptxas64']}", flush=True)
+            else:
+                print(f"           {r['name']}: {r['error']}", flush=True)
+            done.set()
+
+    builder = threading.Thread(target=build_all, daemon=True)
+    builder.start()
     meta = {"arch": args.arch, "runs": args.runs, "baseline": names[0],
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": " ".join(["python", "benchmarks/fmha_bwd_sweep.py", *(sys.argv[1:] if argv is None else argv)])}
@@ -404,6 +425,7 @@ def main(argv=None) -> int:
         if grads.exists():
             grads.unlink()
         for i, r in enumerate(results):
+            built[i].wait()
             if "lib" not in r:
                 continue
             print(f"[{time.time() - t_start:6.0f} s] run {r['name']}", flush=True)
@@ -436,6 +458,7 @@ def main(argv=None) -> int:
             r["verdict"], r["diff"], r["err_ratio"] = verdict(data["checks"], args.max_diff)
             if i == 0:
                 r["verdict"] = "baseline"
+    builder.join()
     if not args.dry_run and args.accuracy and results and "lib" in results[0]:
         meta["accuracy"] = []
         for fwd in ("default", "portable"):

@@ -24,10 +24,13 @@ struct BwdTile {
   int k_unroll;     // unroll of the S^T / dP^T k-loops (over the head dims): 1, 2, ... or 64 (all)
   int slab_mtiles = 1;  // 16-key m-tiles a slab: 1, or 2 (32-key slabs, SPLIT 2 only; a warp
                         // then reuses each Q / dO / P^T / dS^T fragment for two m-tiles)
+  int do_buffers = 2;   // dO tiles in shared memory: 2, or 1 (SPLIT 2 only: the next step's dO
+                        // loads once dV is done, under dK and dQ; saves BLOCK_M x d_v x 2 B)
 };
 
-// The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles), overridable one by one
-// for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL,MT} with PAIR 64 or 128 (pass the
+// The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles, do_buffers), overridable
+// one by one for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL,MT,DOBUF} with
+// PAIR 64 or 128 (pass the
 // same -D to the CUDA and the C++ compiler: the API sizes the workspace from this table).
 #ifndef KFORGE_FMHA_BWD_64_WARPS
 #define KFORGE_FMHA_BWD_64_WARPS 8
@@ -63,6 +66,12 @@ struct BwdTile {
 #ifndef KFORGE_FMHA_BWD_128_MT
 #define KFORGE_FMHA_BWD_128_MT 1
 #endif
+#ifndef KFORGE_FMHA_BWD_64_DOBUF
+#define KFORGE_FMHA_BWD_64_DOBUF 2
+#endif
+#ifndef KFORGE_FMHA_BWD_128_DOBUF
+#define KFORGE_FMHA_BWD_128_DOBUF 2
+#endif
 
 #ifndef KFORGE_FMHA_BWD_128_KUNROLL
 #define KFORGE_FMHA_BWD_128_KUNROLL 64  // H200: 0.73-0.80x SDPA flash against 0.64-0.68x at 1
@@ -77,9 +86,11 @@ struct BwdTile {
 
 inline constexpr BwdTile kBwdTiles[] = {
     {64, 64, KFORGE_FMHA_BWD_64_WARPS, KFORGE_FMHA_BWD_64_SPLIT, KFORGE_FMHA_BWD_64_BM,
-     KFORGE_FMHA_BWD_64_QS, KFORGE_FMHA_BWD_64_KUNROLL, KFORGE_FMHA_BWD_64_MT},
+     KFORGE_FMHA_BWD_64_QS, KFORGE_FMHA_BWD_64_KUNROLL, KFORGE_FMHA_BWD_64_MT,
+     KFORGE_FMHA_BWD_64_DOBUF},
     {128, 128, KFORGE_FMHA_BWD_128_WARPS, KFORGE_FMHA_BWD_128_SPLIT, KFORGE_FMHA_BWD_128_BM,
-     KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL, KFORGE_FMHA_BWD_128_MT},
+     KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL, KFORGE_FMHA_BWD_128_MT,
+     KFORGE_FMHA_BWD_128_DOBUF},
     {192, 128, 8, 2, 32, 16, 1},
     {128, 192, 8, 2, 32, 16, 1},
 };
@@ -100,7 +111,7 @@ constexpr const BwdTile* bwd_tile(int head_dim_qk, int head_dim_v) {
 constexpr int bwd_smem_bytes(const BwdTile& t) {
   const int bn = 16 * t.slab_mtiles * t.warps / t.split;
   return 2 * (bn * (t.head_dim_qk + t.head_dim_v)               // K, V
-              + 2 * t.block_m * (t.head_dim_qk + t.head_dim_v)  // Q, dO (two buffers)
+              + t.block_m * (2 * t.head_dim_qk + t.do_buffers * t.head_dim_v)  // Q (two), dO
               + t.split * bn * (t.block_m + 8))                 // dS^T (and P^T)
          + 4 * 2 * 2 * t.block_m;                               // LSE, D (two buffers)
 }

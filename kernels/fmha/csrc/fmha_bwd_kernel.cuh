@@ -60,7 +60,8 @@ struct BwdShape {
   static constexpr int kOffV = kOffK + kBlockN * HDIM_QK * 2;
   static constexpr int kOffQ = kOffV + kBlockN * HDIM_V * 2;
   static constexpr int kOffDo = kOffQ + 2 * kBlockM * HDIM_QK * 2;
-  static constexpr int kOffDs = kOffDo + 2 * kBlockM * HDIM_V * 2;
+  static constexpr int kDoBufs = kTile.do_buffers;
+  static constexpr int kOffDs = kOffDo + kDoBufs * kBlockM * HDIM_V * 2;
   static constexpr int kOffPt = kOffDs + kBlockN * kDsStride * 2;  // P^T (SPLIT 2 only)
   static constexpr int kOffLse = kOffPt + (kSplit - 1) * kBlockN * kDsStride * 2;
   static constexpr int kOffD = kOffLse + 2 * kBlockM * 4;
@@ -69,6 +70,7 @@ struct BwdShape {
   static_assert(kBlockM % 16 == 0 && kBlockM <= kThreads, "query block");
   static_assert(kSplit == 1 || kSplit == 2, "one or two warps per 16-key slab");
   static_assert(kMt == 1 || (kMt == 2 && kSplit == 2), "32-key slabs: two warps a slab");
+  static_assert(kDoBufs == 2 || (kDoBufs == 1 && kSplit == 2), "one dO buffer: SPLIT 2 only");
   static_assert(kQuerySlice % 16 == 0 && (kBlockM / kSplit) % kQuerySlice == 0, "query slice");
   static_assert(HDIM_QK % (16 * kSplit) == 0 && HDIM_V % (16 * kSplit) == 0, "column split");
   static_assert((kDsStride * 2 / 16) % 2 == 1, "dS^T rows must be an odd number of 16-byte chunks");
@@ -287,6 +289,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   constexpr int ES = static_cast<int>(sizeof(T));
   constexpr uint32_t kQBuf = BM * HDIM_QK * ES;  // bytes of one Q buffer
   constexpr uint32_t kDoBuf = BM * HDIM_V * ES;
+  constexpr bool kDoSingle = S::kDoBufs == 1;  // one dO buffer, loaded after dV
 #ifdef KFORGE_FMHA_BWD_KUNROLL  // one value for every pair (a tuning sweep)
   constexpr int kKUnroll = KFORGE_FMHA_BWD_KUNROLL;
 #else
@@ -344,6 +347,14 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   // Q, dO, LSE * log2(e) and D of step `it` into buffer `buf`. Rows past the sequence are
   // zero-filled: Q = dO = 0 there gives S = 0, P = exp2(0 - 0) = 1, dP = 0, D = 0, so dS = 0 and
   // P^T dO = 0; nothing of those rows reaches dK, dV or dQ.
+  // One dO buffer (kDoSingle): dO of step `it` alone, issued once every warp is done with dV.
+  auto load_do = [&](int it) {
+    const int h = h_first + it / m_count;
+    const int r0 = (m_first + it % m_count) * BM;
+    const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
+                   static_cast<int64_t>(r0) * p.do_row_stride;
+    load_tile<BM, HDIM_V, NTHREADS>(sDo, gDo, p.do_row_stride, sq - r0, tid);
+  };
   auto load_step = [&](int it, int buf) {
     const int h = h_first + it / m_count;
     const int r0 = (m_first + it % m_count) * BM;
@@ -352,7 +363,9 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
                    static_cast<int64_t>(r0) * p.do_row_stride;
     load_tile<BM, HDIM_QK, NTHREADS>(sQ + buf * BM * HDIM_QK, gQ, p.q_row_stride, sq - r0, tid);
-    load_tile<BM, HDIM_V, NTHREADS>(sDo + buf * BM * HDIM_V, gDo, p.do_row_stride, sq - r0, tid);
+    if constexpr (!kDoSingle) {
+      load_tile<BM, HDIM_V, NTHREADS>(sDo + buf * BM * HDIM_V, gDo, p.do_row_stride, sq - r0, tid);
+    }
     if (tid < BM) {
       const bool valid = r0 + tid < sq;
       const int64_t w = h * p.rows + s.ws_row + r0 + tid;
@@ -360,7 +373,10 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       cp_async4(smem_addr(sD + buf * BM + tid), valid ? p.dpsum + w : p.dpsum, valid);
     }
   };
-  if (n_iter > 0) load_step(0, 0);
+  if (n_iter > 0) {
+    load_step(0, 0);
+    if constexpr (kDoSingle) load_do(0);
+  }
   cp_async_commit();
 
   float dk[MT][DTQ][4], dv[MT][DTV][4];
@@ -520,7 +536,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #pragma unroll
           for (int dd = 0; dd < DTV / 2; ++dd) {
             uint32_t bv[4];
-            ldsm_x4_t(bv, do_t + buf * kDoBuf + (c0 + kk * 16) * HDIM_V * ES + t_cols.at(dd));
+            ldsm_x4_t(bv, do_t + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + kk * 16) * HDIM_V * ES + t_cols.at(dd));
             Mma<T>::run(dv[0][2 * dd], pa[kk], bv[0], bv[1]);
             Mma<T>::run(dv[0][2 * dd + 1], pa[kk], bv[2], bv[3]);
           }
@@ -559,7 +575,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
             uint32_t bd[4];
-            ldsm_x4(bd, do_b + buf * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
+            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
             Mma<T>::run(dp[0][2 * np], a, bd[0], bd[1]);
             Mma<T>::run(dp[0][2 * np + 1], a, bd[2], bd[3]);
           }
@@ -572,7 +588,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
             uint32_t bd[4];
-            ldsm_x4(bd, do_b + buf * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
+            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
               Mma<T>::run(dp[mt][2 * np], a[mt], bd[0], bd[1]);
@@ -636,7 +652,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #pragma unroll
         for (int dd = 0; dd < DTV / 2; ++dd) {
           uint32_t bv[4];
-          ldsm_x4_t(bv, do_t + buf * kDoBuf + kk * 16 * HDIM_V * ES +
+          ldsm_x4_t(bv, do_t + (kDoSingle ? 0 : buf) * kDoBuf + kk * 16 * HDIM_V * ES +
                             t_cols.at_dyn(half * (DTV / 2) + dd));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
@@ -644,6 +660,12 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
             Mma<T>::run(dv[mt][2 * dd + 1], a[mt], bv[2], bv[3]);
           }
         }
+      }
+      if constexpr (kDoSingle) {
+        // Every warp is done with this step's dO: the next step's loads under dK and dQ.
+        __syncthreads();
+        if (it + 1 < n_iter) load_do(it + 1);
+        cp_async_commit();
       }
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
