@@ -33,7 +33,8 @@
 // cubins as before they existed): slabs of 32 keys (slab_mtiles 2, SPLIT 2 only: a warp holds
 // two 16-key m-tiles, so every Q / dO / P^T / dS^T fragment it loads feeds two mma instead of
 // one, the main lever on shared-memory traffic per mma); dQ's adds as red.global.add.v4.f32
-// (KFORGE_FMHA_BWD_DQ_V4, sm_90+); tiles over sm_120's 99 KiB (KFORGE_FMHA_BWD_SMEM_LIMIT).
+// (KFORGE_FMHA_BWD_DQ_V4, sm_90+); one dO buffer (do_buffers 1, SPLIT 2: the next step's dO is
+// loaded after dV, under dK and dQ); tiles over sm_120's 99 KiB (KFORGE_FMHA_BWD_SMEM_LIMIT).
 #pragma once
 
 #include "fmha_bwd_config.h"
