@@ -22,10 +22,15 @@ struct BwdTile {
   int block_m;      // query rows per step
   int query_slice;  // query columns of S^T / dP^T a warp holds in registers at once
   int k_unroll;     // unroll of the S^T / dP^T k-loops (over the head dims): 1, 2, ... or 64 (all)
+  int slab_mtiles = 1;  // 16-key m-tiles a slab: 1, or 2 (32-key slabs, SPLIT 2 only; a warp
+                        // then reuses each Q / dO / P^T / dS^T fragment for two m-tiles)
+  int do_buffers = 2;   // dO tiles in shared memory: 2, or 1 (SPLIT 2 only: the next step's dO
+                        // loads once dV is done, under dK and dQ; saves BLOCK_M x d_v x 2 B)
 };
 
-// The rows' (warps, split, block_m, query_slice, k_unroll), overridable one by one for tuning
-// sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL} with PAIR 64 or 128 (pass the
+// The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles, do_buffers), overridable
+// one by one for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL,MT,DOBUF} with
+// PAIR 64 or 128 (pass the
 // same -D to the CUDA and the C++ compiler: the API sizes the workspace from this table).
 #ifndef KFORGE_FMHA_BWD_64_WARPS
 #define KFORGE_FMHA_BWD_64_WARPS 8
@@ -55,15 +60,37 @@ struct BwdTile {
 #define KFORGE_FMHA_BWD_128_QS 32
 #endif
 
+#ifndef KFORGE_FMHA_BWD_64_MT
+#define KFORGE_FMHA_BWD_64_MT 1
+#endif
+#ifndef KFORGE_FMHA_BWD_128_MT
+#define KFORGE_FMHA_BWD_128_MT 1
+#endif
+#ifndef KFORGE_FMHA_BWD_64_DOBUF
+#define KFORGE_FMHA_BWD_64_DOBUF 2
+#endif
+#ifndef KFORGE_FMHA_BWD_128_DOBUF
+#define KFORGE_FMHA_BWD_128_DOBUF 2
+#endif
+
 #ifndef KFORGE_FMHA_BWD_128_KUNROLL
 #define KFORGE_FMHA_BWD_128_KUNROLL 64  // H200: 0.73-0.80x SDPA flash against 0.64-0.68x at 1
 #endif
 
+// dQ's adds on sm_90 and newer: 0, red.global.add.v2.f32 (two columns a lane, as the mma
+// accumulators hold them); 1, red.global.add.v4.f32 after one lane swap (half the reductions,
+// two shuffles per 4 values). builds for sm_80 / sm_86 / sm_89 use two atomicAdd either way.
+#ifndef KFORGE_FMHA_BWD_DQ_V4
+#define KFORGE_FMHA_BWD_DQ_V4 0
+#endif
+
 inline constexpr BwdTile kBwdTiles[] = {
     {64, 64, KFORGE_FMHA_BWD_64_WARPS, KFORGE_FMHA_BWD_64_SPLIT, KFORGE_FMHA_BWD_64_BM,
-     KFORGE_FMHA_BWD_64_QS, KFORGE_FMHA_BWD_64_KUNROLL},
+     KFORGE_FMHA_BWD_64_QS, KFORGE_FMHA_BWD_64_KUNROLL, KFORGE_FMHA_BWD_64_MT,
+     KFORGE_FMHA_BWD_64_DOBUF},
     {128, 128, KFORGE_FMHA_BWD_128_WARPS, KFORGE_FMHA_BWD_128_SPLIT, KFORGE_FMHA_BWD_128_BM,
-     KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL},
+     KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL, KFORGE_FMHA_BWD_128_MT,
+     KFORGE_FMHA_BWD_128_DOBUF},
     {192, 128, 8, 2, 32, 16, 1},
     {128, 192, 8, 2, 32, 16, 1},
 };
@@ -82,19 +109,30 @@ constexpr const BwdTile* bwd_tile(int head_dim_qk, int head_dim_v) {
 
 // Shared memory of the main kernel, for 2-byte elements.
 constexpr int bwd_smem_bytes(const BwdTile& t) {
-  const int bn = 16 * t.warps / t.split;
+  const int bn = 16 * t.slab_mtiles * t.warps / t.split;
   return 2 * (bn * (t.head_dim_qk + t.head_dim_v)               // K, V
-              + 2 * t.block_m * (t.head_dim_qk + t.head_dim_v)  // Q, dO (two buffers)
+              + t.block_m * (2 * t.head_dim_qk + t.do_buffers * t.head_dim_v)  // Q (two), dO
               + t.split * bn * (t.block_m + 8))                 // dS^T (and P^T)
          + 4 * 2 * 2 * t.block_m;                               // LSE, D (two buffers)
 }
 
-constexpr bool bwd_tiles_fit_sm120() {
+// The shared memory a tile may take. sm_120's 99 KiB per block is the rule for every tile that
+// ships; a tuning sweep on sm_80 / sm_90 (benchmarks/fmha_bwd_sweep.py, CMake for 90a only) may
+// raise it with -DKFORGE_FMHA_BWD_SMEM_LIMIT=<bytes> (at most 232,448 on sm_90, 166,912 on
+// sm_80) to measure tiles that do not fit sm_120, e.g. 128-key blocks at (128, 128). A library
+// built that way is not one to ship: a launch on sm_120 would fail.
+#ifndef KFORGE_FMHA_BWD_SMEM_LIMIT
+#define KFORGE_FMHA_BWD_SMEM_LIMIT 101376
+#endif
+static_assert(KFORGE_FMHA_BWD_SMEM_LIMIT <= 232448, "over sm_90's 227 KiB per block");
+
+constexpr bool bwd_tiles_fit(int limit) {
   for (int i = 0; i < kNumBwdTiles; ++i) {
-    if (bwd_smem_bytes(kBwdTiles[i]) > 101376) return false;
+    if (bwd_smem_bytes(kBwdTiles[i]) > limit) return false;
   }
   return true;
 }
-static_assert(bwd_tiles_fit_sm120(), "a backward tile is over sm_120's 99 KiB per block");
+static_assert(bwd_tiles_fit(KFORGE_FMHA_BWD_SMEM_LIMIT),
+              "a backward tile is over sm_120's 99 KiB per block (KFORGE_FMHA_BWD_SMEM_LIMIT)");
 
 }  // namespace kforge_fmha

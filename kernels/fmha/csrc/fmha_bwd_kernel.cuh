@@ -28,7 +28,13 @@
 //    CTA waits for was scheduled before it.
 // 3. convert: dQ = softmax_scale * dQ_accum, in the input dtype, with dQ's strides.
 //
-// Tile shapes per (head_dim_qk, head_dim_v) are in fmha_bwd_config.h.
+// Tile shapes per (head_dim_qk, head_dim_v) are in fmha_bwd_config.h. Variants for tuning sweeps
+// (benchmarks/fmha_bwd_sweep.py), all off by default (the default kernels compile to the same
+// cubins as before they existed): slabs of 32 keys (slab_mtiles 2, SPLIT 2 only: a warp holds
+// two 16-key m-tiles, so every Q / dO / P^T / dS^T fragment it loads feeds two mma instead of
+// one, the main lever on shared-memory traffic per mma); dQ's adds as red.global.add.v4.f32
+// (KFORGE_FMHA_BWD_DQ_V4, sm_90+); one dO buffer (do_buffers 1, SPLIT 2: the next step's dO is
+// loaded after dV, under dK and dQ); tiles over sm_120's 99 KiB (KFORGE_FMHA_BWD_SMEM_LIMIT).
 #pragma once
 
 #include "fmha_bwd_config.h"
@@ -41,10 +47,12 @@ template <int HDIM_QK, int HDIM_V>
 struct BwdShape {
   static constexpr BwdTile kTile = *bwd_tile(HDIM_QK, HDIM_V);
   static constexpr int kWarps = kTile.warps;
-  static constexpr int kSplit = kTile.split;  // warps per 16-key slab
+  static constexpr int kSplit = kTile.split;  // warps per slab
+  static constexpr int kMt = kTile.slab_mtiles;  // 16-key m-tiles per slab
+  static constexpr int kSlabKeys = 16 * kMt;
   static constexpr int kSlabs = kWarps / kSplit;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBlockN = 16 * kSlabs;
+  static constexpr int kBlockN = kSlabKeys * kSlabs;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kQuerySlice = kTile.query_slice;
   static constexpr int kDsStride = kBlockM + 8;  // dS^T row, padded: conflict-free ldmatrix
@@ -53,7 +61,8 @@ struct BwdShape {
   static constexpr int kOffV = kOffK + kBlockN * HDIM_QK * 2;
   static constexpr int kOffQ = kOffV + kBlockN * HDIM_V * 2;
   static constexpr int kOffDo = kOffQ + 2 * kBlockM * HDIM_QK * 2;
-  static constexpr int kOffDs = kOffDo + 2 * kBlockM * HDIM_V * 2;
+  static constexpr int kDoBufs = kTile.do_buffers;
+  static constexpr int kOffDs = kOffDo + kDoBufs * kBlockM * HDIM_V * 2;
   static constexpr int kOffPt = kOffDs + kBlockN * kDsStride * 2;  // P^T (SPLIT 2 only)
   static constexpr int kOffLse = kOffPt + (kSplit - 1) * kBlockN * kDsStride * 2;
   static constexpr int kOffD = kOffLse + 2 * kBlockM * 4;
@@ -61,6 +70,8 @@ struct BwdShape {
   static_assert(kSmemBytes == bwd_smem_bytes(kTile), "fmha_bwd_config.h's size is this carve-up");
   static_assert(kBlockM % 16 == 0 && kBlockM <= kThreads, "query block");
   static_assert(kSplit == 1 || kSplit == 2, "one or two warps per 16-key slab");
+  static_assert(kMt == 1 || (kMt == 2 && kSplit == 2), "32-key slabs: two warps a slab");
+  static_assert(kDoBufs == 2 || (kDoBufs == 1 && kSplit == 2), "one dO buffer: SPLIT 2 only");
   static_assert(kQuerySlice % 16 == 0 && (kBlockM / kSplit) % kQuerySlice == 0, "query slice");
   static_assert(HDIM_QK % (16 * kSplit) == 0 && HDIM_V % (16 * kSplit) == 0, "column split");
   static_assert((kDsStride * 2 / 16) % 2 == 1, "dS^T rows must be an odd number of 16-byte chunks");
@@ -104,6 +115,15 @@ __device__ __forceinline__ void atomic_add2(float* p, float a, float b) {
   atomicAdd(p + 1, b);
 #endif
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// *p .. *(p + 3) += a, b, c, d as one vector reduction (sm_90 and newer). p is 16-byte aligned.
+__device__ __forceinline__ void atomic_add4(float* p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
+}
+#endif
 
 template <typename T>
 __device__ __forceinline__ float2 to_float2(uint32_t x);
@@ -263,12 +283,14 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   constexpr int QS = S::kQuerySlice;  // query columns per S^T slice
   constexpr int NTS = QS / 8;         // n-tiles of an S^T / dP^T slice
   constexpr int SPLIT = S::kSplit;
+  constexpr int MT = S::kMt;  // 16-key m-tiles of this warp's slab
   constexpr int DTQ = HDIM_QK / 8 / SPLIT;  // n-tiles of this warp's dK columns
   constexpr int DTV = HDIM_V / 8 / SPLIT;   // n-tiles of this warp's dV columns
   constexpr int kCols = BM / SPLIT;         // query columns of S^T this warp computes
   constexpr int ES = static_cast<int>(sizeof(T));
   constexpr uint32_t kQBuf = BM * HDIM_QK * ES;  // bytes of one Q buffer
   constexpr uint32_t kDoBuf = BM * HDIM_V * ES;
+  constexpr bool kDoSingle = S::kDoBufs == 1;  // one dO buffer, loaded after dV
 #ifdef KFORGE_FMHA_BWD_KUNROLL  // one value for every pair (a tuning sweep)
   constexpr int kKUnroll = KFORGE_FMHA_BWD_KUNROLL;
 #else
@@ -326,6 +348,14 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   // Q, dO, LSE * log2(e) and D of step `it` into buffer `buf`. Rows past the sequence are
   // zero-filled: Q = dO = 0 there gives S = 0, P = exp2(0 - 0) = 1, dP = 0, D = 0, so dS = 0 and
   // P^T dO = 0; nothing of those rows reaches dK, dV or dQ.
+  // One dO buffer (kDoSingle): dO of step `it` alone, issued once every warp is done with dV.
+  auto load_do = [&](int it) {
+    const int h = h_first + it / m_count;
+    const int r0 = (m_first + it % m_count) * BM;
+    const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
+                   static_cast<int64_t>(r0) * p.do_row_stride;
+    load_tile<BM, HDIM_V, NTHREADS>(sDo, gDo, p.do_row_stride, sq - r0, tid);
+  };
   auto load_step = [&](int it, int buf) {
     const int h = h_first + it / m_count;
     const int r0 = (m_first + it % m_count) * BM;
@@ -334,7 +364,9 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
                    static_cast<int64_t>(r0) * p.do_row_stride;
     load_tile<BM, HDIM_QK, NTHREADS>(sQ + buf * BM * HDIM_QK, gQ, p.q_row_stride, sq - r0, tid);
-    load_tile<BM, HDIM_V, NTHREADS>(sDo + buf * BM * HDIM_V, gDo, p.do_row_stride, sq - r0, tid);
+    if constexpr (!kDoSingle) {
+      load_tile<BM, HDIM_V, NTHREADS>(sDo + buf * BM * HDIM_V, gDo, p.do_row_stride, sq - r0, tid);
+    }
     if (tid < BM) {
       const bool valid = r0 + tid < sq;
       const int64_t w = h * p.rows + s.ws_row + r0 + tid;
@@ -342,25 +374,31 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       cp_async4(smem_addr(sD + buf * BM + tid), valid ? p.dpsum + w : p.dpsum, valid);
     }
   };
-  if (n_iter > 0) load_step(0, 0);
+  if (n_iter > 0) {
+    load_step(0, 0);
+    if constexpr (kDoSingle) load_do(0);
+  }
   cp_async_commit();
 
-  float dk[DTQ][4], dv[DTV][4];
+  float dk[MT][DTQ][4], dv[MT][DTV][4];
 #pragma unroll
-  for (int j = 0; j < DTQ; ++j) {
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[j][e] = 0.f;
-  }
+    for (int j = 0; j < DTQ; ++j) {
 #pragma unroll
-  for (int j = 0; j < DTV; ++j) {
+      for (int e = 0; e < 4; ++e) dk[mt][j][e] = 0.f;
+    }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dv[j][e] = 0.f;
+    for (int j = 0; j < DTV; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dv[mt][j][e] = 0.f;
+    }
   }
 
-  // ldmatrix lane bases (see SwzCols). This warp's 16 keys are rows wrow .. wrow + 15 of K / V;
-  // with SPLIT 2 its partner warp (warp + kSlabs) shares them: each computes S^T for half of the
-  // query columns (cw ..) and holds half of the dK / dV columns (tile half).
-  const int wrow = (warp % S::kSlabs) * 16;
+  // ldmatrix lane bases (see SwzCols). This warp's 16 MT keys are rows wrow .. of K / V (m-tile
+  // mt: 16 mt more); with SPLIT 2 its partner warp (warp + kSlabs) shares them: each computes S^T
+  // for half of the query columns (cw ..) and holds half of the dK / dV columns (tile half).
+  const int wrow = (warp % S::kSlabs) * S::kSlabKeys;
   const int half = warp / S::kSlabs;
   const int cw = half * kCols;
   // A operands K_w, V_w ([key][d], row-major): row wrow + lane % 16, chunk 2 kk + lane / 16.
@@ -407,27 +445,52 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     // BLOCK_M, or 16 for the widest head dims: fewer fp32 registers live at once, at the cost of
     // reloading the K_w / V_w fragments per slice).
     const bool masked = n0 + BN > sk || (CAUSAL && n0 + BN - 1 > r0 + sk - sq);
+#ifdef KFORGE_FMHA_BWD_SLICE_UNROLL  // 1: the query-slice loop stays a loop (register pressure)
+#pragma unroll(KFORGE_FMHA_BWD_SLICE_UNROLL)
+#else
 #pragma unroll
+#endif
     for (int sl = 0; sl < kCols / QS; ++sl) {
       const int c0 = cw + sl * QS;  // first query column of the slice
 
       // S^T = K_w Q^T.
-      float st[NTS][4];
+      float st[MT][NTS][4];
 #pragma unroll
-      for (int j = 0; j < NTS; ++j) {
+      for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) st[j][e] = 0.f;
+        for (int j = 0; j < NTS; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[mt][j][e] = 0.f;
+        }
       }
 #pragma unroll(kKUnroll)
       for (int kk = 0; kk < KQ; ++kk) {
-        uint32_t a[4];
-        ldsm_x4(a, k_a + a_cols.at_dyn(kk));
+        if constexpr (MT == 1) {  // (as written before slabs of two m-tiles: the same code)
+          uint32_t a[4];
+          ldsm_x4(a, k_a + a_cols.at_dyn(kk));
 #pragma unroll
-        for (int np = 0; np < NTS / 2; ++np) {
-          uint32_t bq[4];
-          ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + b_cols.at_dyn(kk));
-          Mma<T>::run(st[2 * np], a, bq[0], bq[1]);
-          Mma<T>::run(st[2 * np + 1], a, bq[2], bq[3]);
+          for (int np = 0; np < NTS / 2; ++np) {
+            uint32_t bq[4];
+            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + b_cols.at_dyn(kk));
+            Mma<T>::run(st[0][2 * np], a, bq[0], bq[1]);
+            Mma<T>::run(st[0][2 * np + 1], a, bq[2], bq[3]);
+          }
+        } else {
+          uint32_t a[MT][4];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            ldsm_x4(a[mt], k_a + mt * 16 * HDIM_QK * ES + a_cols.at_dyn(kk));
+          }
+#pragma unroll
+          for (int np = 0; np < NTS / 2; ++np) {
+            uint32_t bq[4];
+            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + b_cols.at_dyn(kk));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              Mma<T>::run(st[mt][2 * np], a[mt], bq[0], bq[1]);
+              Mma<T>::run(st[mt][2 * np + 1], a[mt], bq[2], bq[3]);
+            }
+          }
         }
       }
 
@@ -437,16 +500,19 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
         const int col = c0 + j * 8 + 2 * (lane % 4);
         const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int key = n0 + wrow + lane / 4 + 8 * r;
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float x = fast_exp2(fmaf(st[j][2 * r + e], scale_log2, -(e ? l.y : l.x)));
-            if (masked) {
-              const int row = r0 + col + e;
-              if (key >= sk || (CAUSAL && key > row + sk - sq)) x = 0.f;
+          for (int r = 0; r < 2; ++r) {
+            const int key = n0 + wrow + mt * 16 + lane / 4 + 8 * r;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float x = fast_exp2(fmaf(st[mt][j][2 * r + e], scale_log2, -(e ? l.y : l.x)));
+              if (masked) {
+                const int row = r0 + col + e;
+                if (key >= sk || (CAUSAL && key > row + sk - sq)) x = 0.f;
+              }
+              st[mt][j][2 * r + e] = x;
             }
-            st[j][2 * r + e] = x;
           }
         }
       }
@@ -462,7 +528,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               pa[kk][2 * hi + r] =
-                  Mma<T>::pack(st[2 * kk + hi][2 * r], st[2 * kk + hi][2 * r + 1]);
+                  Mma<T>::pack(st[0][2 * kk + hi][2 * r], st[0][2 * kk + hi][2 * r + 1]);
             }
           }
         }
@@ -471,46 +537,70 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #pragma unroll
           for (int dd = 0; dd < DTV / 2; ++dd) {
             uint32_t bv[4];
-            ldsm_x4_t(bv, do_t + buf * kDoBuf + (c0 + kk * 16) * HDIM_V * ES + t_cols.at(dd));
-            Mma<T>::run(dv[2 * dd], pa[kk], bv[0], bv[1]);
-            Mma<T>::run(dv[2 * dd + 1], pa[kk], bv[2], bv[3]);
+            ldsm_x4_t(bv, do_t + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + kk * 16) * HDIM_V * ES + t_cols.at(dd));
+            Mma<T>::run(dv[0][2 * dd], pa[kk], bv[0], bv[1]);
+            Mma<T>::run(dv[0][2 * dd + 1], pa[kk], bv[2], bv[3]);
           }
         }
       } else {
         // P^T to shared memory, for the dV product of both warps of the slab.
 #pragma unroll
-        for (int j = 0; j < NTS; ++j) {
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            *reinterpret_cast<uint32_t*>(sPt + (wrow + lane / 4 + 8 * r) * S::kDsStride + c0 +
-                                         j * 8 + 2 * (lane % 4)) =
-                Mma<T>::pack(st[j][2 * r], st[j][2 * r + 1]);
+          for (int j = 0; j < NTS; ++j) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              *reinterpret_cast<uint32_t*>(sPt + (wrow + mt * 16 + lane / 4 + 8 * r) * S::kDsStride +
+                                           c0 + j * 8 + 2 * (lane % 4)) =
+                  Mma<T>::pack(st[mt][j][2 * r], st[mt][j][2 * r + 1]);
+            }
           }
         }
       }
 
       // dP^T = V_w dO^T.
-      float dp[NTS][4];
+      float dp[MT][NTS][4];
 #pragma unroll
-      for (int j = 0; j < NTS; ++j) {
+      for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dp[j][e] = 0.f;
+        for (int j = 0; j < NTS; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dp[mt][j][e] = 0.f;
+        }
       }
 #pragma unroll(kKUnroll)
       for (int kk = 0; kk < KV; ++kk) {
-        uint32_t a[4];
-        ldsm_x4(a, v_a + a_cols.at_dyn(kk));
+        if constexpr (MT == 1) {  // (as written before slabs of two m-tiles: the same code)
+          uint32_t a[4];
+          ldsm_x4(a, v_a + a_cols.at_dyn(kk));
 #pragma unroll
-        for (int np = 0; np < NTS / 2; ++np) {
-          uint32_t bd[4];
-          ldsm_x4(bd, do_b + buf * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
-          Mma<T>::run(dp[2 * np], a, bd[0], bd[1]);
-          Mma<T>::run(dp[2 * np + 1], a, bd[2], bd[3]);
+          for (int np = 0; np < NTS / 2; ++np) {
+            uint32_t bd[4];
+            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
+            Mma<T>::run(dp[0][2 * np], a, bd[0], bd[1]);
+            Mma<T>::run(dp[0][2 * np + 1], a, bd[2], bd[3]);
+          }
+        } else {
+          uint32_t a[MT][4];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            ldsm_x4(a[mt], v_a + mt * 16 * HDIM_V * ES + a_cols.at_dyn(kk));
+          }
+#pragma unroll
+          for (int np = 0; np < NTS / 2; ++np) {
+            uint32_t bd[4];
+            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              Mma<T>::run(dp[mt][2 * np], a[mt], bd[0], bd[1]);
+              Mma<T>::run(dp[mt][2 * np + 1], a[mt], bd[2], bd[3]);
+            }
+          }
         }
       }
 
       // dS^T = P^T (dP^T - D), as A fragments for dK and in shared memory for dQ.
-      uint32_t da[NTS / 2][4];
+      uint32_t da[NTS / 2][4];  // SPLIT 1 (one m-tile): dK's A fragments
 #pragma unroll
       for (int kk = 0; kk < NTS / 2; ++kk) {
 #pragma unroll
@@ -519,12 +609,16 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           const int col = c0 + j * 8 + 2 * (lane % 4);
           const float2 d = *reinterpret_cast<const float2*>(d_s + col);
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float ds0 = st[j][2 * r] * (dp[j][2 * r] - d.x);
-            const float ds1 = st[j][2 * r + 1] * (dp[j][2 * r + 1] - d.y);
-            da[kk][2 * hi + r] = Mma<T>::pack(ds0, ds1);
-            *reinterpret_cast<uint32_t*>(sDs + (wrow + lane / 4 + 8 * r) * S::kDsStride + col) =
-                da[kk][2 * hi + r];
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const float ds0 = st[mt][j][2 * r] * (dp[mt][j][2 * r] - d.x);
+              const float ds1 = st[mt][j][2 * r + 1] * (dp[mt][j][2 * r + 1] - d.y);
+              const uint32_t packed = Mma<T>::pack(ds0, ds1);
+              if (mt == 0) da[kk][2 * hi + r] = packed;
+              *reinterpret_cast<uint32_t*>(sDs + (wrow + mt * 16 + lane / 4 + 8 * r) * S::kDsStride +
+                                           col) = packed;
+            }
           }
         }
       }
@@ -537,8 +631,8 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           for (int dd = 0; dd < DTQ / 2; ++dd) {
             uint32_t bq[4];
             ldsm_x4_t(bq, q_t + buf * kQBuf + (c0 + kk * 16) * HDIM_QK * ES + t_cols.at(dd));
-            Mma<T>::run(dk[2 * dd], da[kk], bq[0], bq[1]);
-            Mma<T>::run(dk[2 * dd + 1], da[kk], bq[2], bq[3]);
+            Mma<T>::run(dk[0][2 * dd], da[kk], bq[0], bq[1]);
+            Mma<T>::run(dk[0][2 * dd + 1], da[kk], bq[2], bq[3]);
           }
         }
       }
@@ -551,28 +645,46 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       // columns (the B tiles' chunks start at half * columns / 8: a run-time swizzle offset).
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
-        uint32_t a[4];
-        ldsm_x4(a, pt_w + kk * 16 * ES);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          ldsm_x4(a[mt], pt_w + (mt * 16 * S::kDsStride + kk * 16) * ES);
+        }
 #pragma unroll
         for (int dd = 0; dd < DTV / 2; ++dd) {
           uint32_t bv[4];
-          ldsm_x4_t(bv, do_t + buf * kDoBuf + kk * 16 * HDIM_V * ES +
+          ldsm_x4_t(bv, do_t + (kDoSingle ? 0 : buf) * kDoBuf + kk * 16 * HDIM_V * ES +
                             t_cols.at_dyn(half * (DTV / 2) + dd));
-          Mma<T>::run(dv[2 * dd], a, bv[0], bv[1]);
-          Mma<T>::run(dv[2 * dd + 1], a, bv[2], bv[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            Mma<T>::run(dv[mt][2 * dd], a[mt], bv[0], bv[1]);
+            Mma<T>::run(dv[mt][2 * dd + 1], a[mt], bv[2], bv[3]);
+          }
         }
+      }
+      if constexpr (kDoSingle) {
+        // Every warp is done with this step's dO: the next step's loads under dK and dQ.
+        __syncthreads();
+        if (it + 1 < n_iter) load_do(it + 1);
+        cp_async_commit();
       }
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
-        uint32_t a[4];
-        ldsm_x4(a, ds_w + kk * 16 * ES);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          ldsm_x4(a[mt], ds_w + (mt * 16 * S::kDsStride + kk * 16) * ES);
+        }
 #pragma unroll
         for (int dd = 0; dd < DTQ / 2; ++dd) {
           uint32_t bq[4];
           ldsm_x4_t(bq, q_t + buf * kQBuf + kk * 16 * HDIM_QK * ES +
                             t_cols.at_dyn(half * (DTQ / 2) + dd));
-          Mma<T>::run(dk[2 * dd], a, bq[0], bq[1]);
-          Mma<T>::run(dk[2 * dd + 1], a, bq[2], bq[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            Mma<T>::run(dk[mt][2 * dd], a[mt], bq[0], bq[1]);
+            Mma<T>::run(dk[mt][2 * dd + 1], a[mt], bq[2], bq[3]);
+          }
         }
       }
     }
@@ -615,6 +727,30 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
             Mma<T>::run(acc[2 * jp + 1], a, bk[2], bk[3]);
           }
         }
+#if KFORGE_FMHA_BWD_DQ_V4 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        // Four adjacent columns of one row a lane: lanes 2i and 2i + 1 swap a pair (the even
+        // lane keeps row lane / 4 and takes its partner's columns of it, the odd lane row
+        // lane / 4 + 8), then one red.global.add.v4.f32 per n-tile: half the reductions.
+        {
+          const int odd = lane & 1;
+          const int row = r0 + mrow + lane / 4 + 8 * odd;
+          float* dst = dq_acc + static_cast<int64_t>(row) * HDIM_QK + d0 + 2 * (lane % 4) - 2 * odd;
+#pragma unroll
+          for (int j = 0; j < S::kDqChunk / 8; ++j) {
+            const float s0 = odd ? acc[j][0] : acc[j][2];
+            const float s1 = odd ? acc[j][1] : acc[j][3];
+            const float g0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+            const float g1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            if (row < sq) {
+              if (odd) {
+                atomic_add4(dst + j * 8, g0, g1, acc[j][2], acc[j][3]);
+              } else {
+                atomic_add4(dst + j * 8, acc[j][0], acc[j][1], g0, g1);
+              }
+            }
+          }
+        }
+#else
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = r0 + mrow + lane / 4 + 8 * r;
@@ -626,6 +762,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
             }
           }
         }
+#endif
       }
     }
     if (det) {
@@ -637,26 +774,30 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     }
   }
 
-  // dK (scaled) and dV of this warp's 16 keys, in the input dtype.
+  // dK (scaled) and dV of this warp's 16 MT keys, in the input dtype.
   const float scale = p.softmax_scale;
   T* gdK = static_cast<T*>(p.dk) + s.dk + kv_head * p.dk_head_stride;
   T* gdV = static_cast<T*>(p.dv) + s.dv + kv_head * p.dv_head_stride;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = n0 + wrow + lane / 4 + 8 * r;
-    if (key < sk) {
-      T* rk = gdK + static_cast<int64_t>(key) * p.dk_row_stride + half * (HDIM_QK / SPLIT) +
-              2 * (lane % 4);
-      T* rv = gdV + static_cast<int64_t>(key) * p.dv_row_stride + half * (HDIM_V / SPLIT) +
-              2 * (lane % 4);
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int j = 0; j < DTQ; ++j) {
-        *reinterpret_cast<uint32_t*>(rk + j * 8) =
-            Mma<T>::pack(dk[j][2 * r] * scale, dk[j][2 * r + 1] * scale);
-      }
+    for (int r = 0; r < 2; ++r) {
+      const int key = n0 + wrow + mt * 16 + lane / 4 + 8 * r;
+      if (key < sk) {
+        T* rk = gdK + static_cast<int64_t>(key) * p.dk_row_stride + half * (HDIM_QK / SPLIT) +
+                2 * (lane % 4);
+        T* rv = gdV + static_cast<int64_t>(key) * p.dv_row_stride + half * (HDIM_V / SPLIT) +
+                2 * (lane % 4);
 #pragma unroll
-      for (int j = 0; j < DTV; ++j) {
-        *reinterpret_cast<uint32_t*>(rv + j * 8) = Mma<T>::pack(dv[j][2 * r], dv[j][2 * r + 1]);
+        for (int j = 0; j < DTQ; ++j) {
+          *reinterpret_cast<uint32_t*>(rk + j * 8) =
+              Mma<T>::pack(dk[mt][j][2 * r] * scale, dk[mt][j][2 * r + 1] * scale);
+        }
+#pragma unroll
+        for (int j = 0; j < DTV; ++j) {
+          *reinterpret_cast<uint32_t*>(rv + j * 8) =
+              Mma<T>::pack(dv[mt][j][2 * r], dv[mt][j][2 * r + 1]);
+        }
       }
     }
   }

@@ -63,6 +63,14 @@ struct FwdConfig;
 #ifndef KFORGE_FMHA_H128_SLICE
 #define KFORGE_FMHA_H128_SLICE 32
 #endif
+#ifndef KFORGE_FMHA_FWD_ROUNDED_SUM
+// 1: normalise O by the sum of P as rounded to the input dtype (the weights P V really used),
+// the LSE still from the fp32 sum. With the stale max (LAZY_RESCALE 2) a row's largest P is
+// 2^x, x in (0, 8], not 1, and its rounding scales the whole row of O (up to 2^-9 in bf16); D =
+// rowsum(dO * O) carries that into the backward's dS (issue 31, scripts/softmax_rounding_model.py).
+// Costs a rounding and an add per score element: to be timed before it becomes the default.
+#define KFORGE_FMHA_FWD_ROUNDED_SUM 0
+#endif
 #ifndef KFORGE_FMHA_POLY_EXP_EVERY
 #define KFORGE_FMHA_POLY_EXP_EVERY 0  // N > 0: every N-th n-tile of S uses poly_exp2
 #endif
@@ -222,6 +230,18 @@ struct Mma<__nv_bfloat16> {
     return *reinterpret_cast<uint32_t*>(&h);
   }
 };
+
+// x rounded to T (to nearest even), as a float.
+template <typename T>
+__device__ __forceinline__ float round_to(float x);
+template <>
+__device__ __forceinline__ float round_to<__half>(float x) {
+  return __half2float(__float2half_rn(x));
+}
+template <>
+__device__ __forceinline__ float round_to<__nv_bfloat16>(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -448,6 +468,8 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
   uint32_t qf[S::kQInRegs ? MT : 1][S::kQInRegs ? KT : 1][4];
   float acc[MT][DT][4];
   float row_max[MT][2], row_sum[MT][2];
+  constexpr bool kRoundedSum = KFORGE_FMHA_FWD_ROUNDED_SUM != 0;
+  float rsum[MT][kRoundedSum ? 2 : 1];  // KFORGE_FMHA_FWD_ROUNDED_SUM: the rounded P's sum
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -457,6 +479,8 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
     }
     row_max[mt][0] = row_max[mt][1] = kNegInf;
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
+#pragma unroll
+    for (int r = 0; r < (kRoundedSum ? 2 : 1); ++r) rsum[mt][r] = 0.f;
   }
 
   if constexpr (STAGES == 1) {
@@ -581,6 +605,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
             const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
             row_max[mt][r] = mx[mt][r];
             row_sum[mt][r] *= alpha;
+            if constexpr (kRoundedSum) rsum[mt][r] *= alpha;
 #pragma unroll
             for (int d = 0; d < DT; ++d) {
               acc[mt][d][2 * r] *= alpha;
@@ -594,17 +619,24 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float m_scaled = (row_max[mt][r] == kNegInf) ? 0.f : row_max[mt][r] * scale_log2;
-          float sum = 0.f;
+          float sum = 0.f, sum_r = 0.f;
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const float x = fast_exp2(fmaf(sc[mt][t][2 * r + e], scale_log2, -m_scaled));
-              sc[mt][t][2 * r + e] = x;
               sum += x;
+              if constexpr (kRoundedSum) {
+                const float xr = round_to<T>(x);  // P V's weight (packing it again is exact)
+                sc[mt][t][2 * r + e] = xr;
+                sum_r += xr;
+              } else {
+                sc[mt][t][2 * r + e] = x;
+              }
             }
           }
           row_sum[mt][r] += sum;
+          if constexpr (kRoundedSum) rsum[mt][r] += sum_r;
         }
       }
     } else {
@@ -620,7 +652,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
         const float m_scaled = (mx == kNegInf) ? 0.f : mx * scale_log2;
         const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
         row_max[mt][r] = mx;
-        float sum = 0.f;
+        float sum = 0.f, sum_r = 0.f;
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
 #pragma unroll
@@ -630,11 +662,18 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
                               (t % (KFORGE_FMHA_POLY_EXP_EVERY > 0 ? KFORGE_FMHA_POLY_EXP_EVERY : 1)) ==
                                   (KFORGE_FMHA_POLY_EXP_EVERY > 0 ? KFORGE_FMHA_POLY_EXP_EVERY - 1 : 0);
             const float x = poly ? poly_exp2(arg) : fast_exp2(arg);
-            sc[mt][t][2 * r + e] = x;
             sum += x;
+            if constexpr (kRoundedSum) {
+              const float xr = round_to<T>(x);
+              sc[mt][t][2 * r + e] = xr;
+              sum_r += xr;
+            } else {
+              sc[mt][t][2 * r + e] = x;
+            }
           }
         }
         row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+        if constexpr (kRoundedSum) rsum[mt][r] = rsum[mt][r] * alpha + sum_r;
         if (!KFORGE_FMHA_LAZY_RESCALE || __any_sync(0xffffffffu, alpha != 1.f)) {
 #pragma unroll
           for (int d = 0; d < DT; ++d) {
@@ -739,8 +778,12 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + warp_row + mt * 16 + lane / 4 + 8 * r;
-      const float inv = finish_row(p, row_sum[mt][r], row_max[mt][r], scale_log2,
-                                   lse_off + head * p.lse_head_stride + row, (lane % 4) == 0 && row < sq);
+      float inv = finish_row(p, row_sum[mt][r], row_max[mt][r], scale_log2,
+                             lse_off + head * p.lse_head_stride + row, (lane % 4) == 0 && row < sq);
+      if constexpr (kRoundedSum) {
+        const float sr = quad_sum(rsum[mt][r]);
+        inv = !(sr > 0.f) ? 0.f : 1.f / sr;
+      }
 #pragma unroll
       for (int d = 0; d < DT; ++d) {
         acc[mt][d][2 * r] *= inv;

@@ -132,9 +132,20 @@ def sdpa_ref(q, k, v, dout, causal: bool, scale: float, dtype):
         i = torch.arange(sq, device=q.device)[:, None]
         j = torch.arange(sk, device=q.device)[None, :]
         mask = j <= i + (sk - sq)
-    with sdpa_kernel(SDPBackend.MATH):
-        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
-    out.backward(dout.transpose(1, 2))
+    # fp16/bf16: every intermediate in that dtype (torch >= 2.5's math backend upcasts to fp32
+    # unless fp16/bf16 reductions are allowed; tests/test_bwd_gpu.py's low_precision_math).
+    switch = getattr(torch.backends.cuda, "allow_fp16_bf16_reduction_math_sdp", None)
+    low = switch is not None and dtype in (torch.float16, torch.bfloat16)
+    before = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() if low else None
+    if low:
+        switch(True)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
+        out.backward(dout.transpose(1, 2))
+    finally:
+        if low:
+            switch(before)
     with torch.no_grad():
         s = torch.einsum("bhqd,bhkd->bhqk", qt.float(), kt.float()) * scale
         if mask is not None:

@@ -1,0 +1,493 @@
+"""A tuning sweep of kforge_fmha's portable backward (csrc/fmha_bwd_kernel.cuh) in one call on
+a GPU host: build one library per variant (compile-time knobs of csrc/fmha_bwd_config.h), then
+for each variant check its gradients and time it against SDPA's flash backward
+(FlashAttention-2's kernel) in the same process, and write one table.
+
+Build. One CMake build directory for 90a (--build-dir), configured once; each variant
+reconfigures it with KFORGE_FMHA_BWD_DEFINES (CMakeLists.txt: definitions for the backward units
+and the C API only), so a variant recompiles 8 backward units and fmha_api.cpp, not the forward
+kernels. The library of each variant is copied to BUILD_DIR/variants/NAME/. ptxas runs with -v
+(KFORGE_FMHA_PTXAS_VERBOSE): the main kernel's registers and spills per variant go into the table.
+
+Check. Per variant, in a fresh process (the library is loaded once per process), with
+KFORGE_FMHA_BWD_PATH=portable: dQ, dK, dV of a few small shapes (bf16 and fp16, (128, 128) and
+(64, 64), GQA 8/2, 1000 queries and keys: partial blocks and the causal diagonal) against SDPA's
+math backend in fp32, and against the first variant's gradients (saved by its process): the
+largest |diff| / max |first's|, which is summation order only (fp32 dQ atomics; dK/dV summed over
+other query blocks when BM changes), about 1e-3 in bf16; a variant over --max-diff, or whose error
+against fp32 exceeds 1.5x the first's + its dtype floor, is marked BAD in the table and gets no
+ratios.
+
+Time. benchmarks/fmha_bwd.py's bench_shape (its interleaved timing, median of --runs rounds): the
+backward alone ("bwd" mode), kforge vs sdpa-flash, bf16, (128, 128) and (64, 64), seqlen 4k and
+8k (batch x seqlen = 16k tokens, 2048 // d_v heads), causal and not.
+
+    # on the GPU host, from the repository root (writes $OUT/fmha_bwd_sweep.{md,json})
+    python benchmarks/fmha_bwd_sweep.py --out $OUT/fmha_bwd_sweep
+    python benchmarks/fmha_bwd_sweep.py --variants base,n128,n128-v4 --runs 20 --out ...
+    python benchmarks/fmha_bwd_sweep.py --list
+    # without a GPU: build the variants (or some) and report ptxas, no timing
+    python benchmarks/fmha_bwd_sweep.py --dry-run --variants base,dqv4
+
+Accuracy. Then tests/test_bwd_gpu.py -k custom_softmax_scale (--accuracy) with the first
+variant's library, after the default forward and after the portable one (KFORGE_FMHA_SM90=0):
+issue 31's failing case, with the test's corrected reference.
+
+Variants over sm_120's 99 KiB of shared memory a block build with KFORGE_FMHA_BWD_SMEM_LIMIT
+raised (the build is for 90a only); a winner among them needs a shape that fits sm_120 (or an
+sm_120 row of its own) before it can become a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FMHA = ROOT / "kernels" / "fmha"
+BIG = "KFORGE_FMHA_BWD_SMEM_LIMIT=232448"  # sweep-only: tiles over sm_120's 101,376 B
+MT2_128 = ["KFORGE_FMHA_BWD_128_SPLIT=2", "KFORGE_FMHA_BWD_128_MT=2"]  # 4 warps: 64 keys
+MT2_64 = ["KFORGE_FMHA_BWD_64_SPLIT=2", "KFORGE_FMHA_BWD_64_MT=2"]  # 8 warps: 128 keys
+
+# name -> (definitions, what it tests). The first variant is the baseline of the diff column.
+VARIANTS: dict[str, tuple[list[str], str]] = {
+    "base": ([], "the defaults: (128,128) 4 warps, 64 keys x 32 queries, 16-key slabs; (64,64) 8 "
+                 "warps, 128 x 64"),
+    "dqv4": (["KFORGE_FMHA_BWD_DQ_V4=1"], "dQ adds as red.global.add.v4.f32 (half the reductions); "
+             "ptxas: 16 spill bytes in the non-causal (128,128) kernel"),
+    "n128-v4": (["KFORGE_FMHA_BWD_128_WARPS=8", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+                "(128,128): 8 warps, 128 keys a CTA (half the dQ atomics and Q/dO loads a FLOP), "
+                "v4 dQ; 109,056 B"),
+    "m64-v4": (["KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+               "(128,128): 64 queries a step (half the barriers a FLOP), v4 dQ; 108,544 B"),
+    "mt2-m64-qs16": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_QS=16", BIG],
+                     "(128,128): 32-key slabs of 2 warps (each operand fragment feeds 2 m-tiles), "
+                     "64 queries, 16-query S slices; 117,760 B"),
+    "mt2-m64-ku4": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_KUNROLL=4", BIG],
+                    "(128,128): 32-key slabs, 64 queries, 32-query S slices (FA2's per-warp S "
+                    "tile), k-loops unrolled by 4; 117,760 B; ptxas (nvcc 13.0): 4 spill bytes "
+                    "in the causal kernel"),
+    "h64-mt2": ([*MT2_64, "KFORGE_FMHA_BWD_64_BM=64", "KFORGE_FMHA_BWD_64_QS=32", BIG],
+                "(64,64): 32-key slabs of 2 warps, 128 keys x 64 queries; 103,424 B"),
+    "h64-mt2-do1": ([*MT2_64, "KFORGE_FMHA_BWD_64_BM=64", "KFORGE_FMHA_BWD_64_QS=32",
+                     "KFORGE_FMHA_BWD_64_DOBUF=1"],
+                    "h64-mt2 with one dO buffer (the next dO loads under dK and dQ): fits sm_120 "
+                    "(95,232 B), no spills on sm_80 / sm_90a / sm_120a"),
+    "h64-mt2-m128-v4": ([*MT2_64, "KFORGE_FMHA_BWD_64_BM=128", "KFORGE_FMHA_BWD_64_QS=32",
+                         "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+                        "(64,64): 32-key slabs, 128 keys x 128 queries, v4 dQ; 169,984 B"),
+    "h64-m128-v4": (["KFORGE_FMHA_BWD_64_BM=128", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+                    "(64,64): 128 queries a step (FA2's hdim-64 tile), v4 dQ; 135,168 B"),
+    # more, not in the default list (--variants NAME):
+    "n128": (["KFORGE_FMHA_BWD_128_WARPS=8", BIG], "n128-v4 without v4; 109,056 B"),
+    "m64": (["KFORGE_FMHA_BWD_128_BM=64", BIG], "m64-v4 without v4; 108,544 B"),
+    "n128-m64-v4": (["KFORGE_FMHA_BWD_128_WARPS=8", "KFORGE_FMHA_BWD_128_BM=64",
+                     "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+                    "(128,128): 128 keys x 64 queries with 16-key slabs, v4 dQ; 150,528 B"),
+    "mt2-qs16": ([*MT2_128, "KFORGE_FMHA_BWD_128_QS=16"],
+                 "(128,128): 32-key slabs, 64 keys x 32 queries: fits sm_120 (76,288 B); ptxas: "
+                 "a few spill bytes in the non-causal kernel"),
+    "mt2-m64-qs16-v4": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_QS=16",
+                         "KFORGE_FMHA_BWD_DQ_V4=1", BIG], "mt2-m64-qs16 + v4 dQ"),
+    "mt2-m64-ku4-v4": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_KUNROLL=4",
+                        "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+                       "mt2-m64-ku4 + v4 dQ; ptxas: 28 spill bytes in the non-causal kernel"),
+    "mt2-m64-qs16-do1": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_QS=16",
+                          "KFORGE_FMHA_BWD_128_DOBUF=1"],
+                         "mt2-m64-qs16 with one dO buffer: exactly sm_120's 101,376 B; ptxas: "
+                         "12-28 spill bytes on sm_90a / sm_80, none on sm_120a"),
+    "h64-m128": (["KFORGE_FMHA_BWD_64_BM=128", BIG], "h64-m128-v4 without v4"),
+    "ku2": (["KFORGE_FMHA_BWD_128_KUNROLL=2"], "(128,128): k-loops unrolled by 2"),
+}
+DEFAULT_VARIANTS = ["base", "dqv4", "n128-v4", "m64-v4", "mt2-m64-qs16", "mt2-m64-ku4", "h64-mt2",
+                    "h64-mt2-do1", "h64-mt2-m128-v4", "h64-m128-v4"]
+
+CHECK_SHAPES = [  # (dtype, d, causal): batch 2, 1000 queries and keys, 8 heads on 2 kv heads
+    ("bf16", 128, True), ("bf16", 128, False), ("fp16", 128, True), ("bf16", 64, True),
+    ("bf16", 64, False)]
+FLOOR = {"bf16": 8e-3, "fp16": 1e-3}
+DEVICE = "cuda"  # the worker's device (a CPU smoke test of the worker's plumbing sets "cpu")
+
+
+def variant_dims(defines: list[str]) -> list[int]:
+    """The head dims a variant changes (its timed rows): 128 or 64 when its definitions name only
+    that pair, else both."""
+    d128 = any("_128_" in d for d in defines)
+    d64 = any("_64_" in d for d in defines)
+    return [128] if d128 and not d64 else [64] if d64 and not d128 else [128, 64]
+
+
+# --- pure parts ----------------------------------------------------------------------------------
+
+_ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(\S+)'")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+_KERNEL = re.compile(r"fmha_bwd_kernelI(13__nv_bfloat16|6__half)Li(\d+)ELi(\d+)ELb([01])E")
+
+
+def parse_ptxas(text: str) -> list[dict]:
+    """The main backward kernels in ptxas -v output: one dict per (kernel, arch) with dtype,
+    d_qk, d_v, causal, arch, registers, stack and spill bytes."""
+    out, cur = [], None
+    for line in text.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            k = _KERNEL.search(m.group(1))
+            cur = None
+            if k:
+                cur = {"dtype": "bf16" if "bfloat16" in k.group(1) else "fp16",
+                       "d_qk": int(k.group(2)), "d_v": int(k.group(3)), "causal": k.group(4) == "1",
+                       "arch": m.group(2)}
+                out.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = _SPILL.search(line)
+        if m:
+            cur.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+            continue
+        m = _REGS.search(line)
+        if m:
+            cur["registers"] = int(m.group(1))
+            cur = None
+    return out
+
+
+def ptxas_summary(kernels: list[dict], d: int) -> str:
+    """'regs a/b, spills 0' over the causal/non-causal (and dtype) kernels of head dim d."""
+    ks = [k for k in kernels if k["d_qk"] == d and k["d_v"] == d and "registers" in k]
+    if not ks:
+        return "n/a"
+    regs = sorted({k["registers"] for k in ks})
+    spill = max(k.get("spill_stores", 0) + k.get("spill_loads", 0) + k.get("stack", 0) for k in ks)
+    return f"{regs[0]}-{regs[-1]} regs, " + ("no spills" if spill == 0 else f"SPILLS {spill} B")
+
+
+def render(meta: dict, results: list[dict]) -> str:
+    lines = ["## kforge_fmha portable backward: tuning sweep", "",
+             f"Device: {meta.get('device', 'n/a')}; torch {meta.get('torch', 'n/a')}; built for "
+             f"{meta['arch']}; {meta['date']}; `{meta['command']}`. Ratios: kforge TFLOP/s / "
+             "sdpa-flash TFLOP/s in the same process (backward alone, median of "
+             f"{meta['runs']} rounds). diff: max |Δ| / max |{meta['baseline']}'s| over dQ, dK, dV; "
+             "err: max |Δ| vs fp32 SDPA math, as a multiple of the baseline's.", ""]
+    cols = []
+    for r in results:
+        for row in r.get("rows", []):
+            key = (row["d_qk"], row["seqlen"], row["causal"])
+            if key not in cols:
+                cols.append(key)
+    head = ["variant", "ptxas (128)", "ptxas (64)", "diff", "err x", "verdict"]
+    head += [f"d{d} L{s // 1024}k {'c' if c else 'nc'}" for d, s, c in cols]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for r in results:
+        rows = {(x["d_qk"], x["seqlen"], x["causal"]): x for x in r.get("rows", [])}
+        cells = [r["name"], r.get("ptxas128", "n/a"), r.get("ptxas64", "n/a"),
+                 "n/a" if r.get("diff") is None else f"{r['diff']:.1e}",
+                 "n/a" if r.get("err_ratio") is None else f"{r['err_ratio']:.2f}",
+                 r.get("verdict", "n/a")]
+        for key in cols:
+            x = rows.get(key)
+            if x is None or r.get("verdict") == "BAD":
+                cells.append("n/a")
+            else:
+                ratio = x.get("ratio")
+                cells.append("n/a" if ratio is None else f"{ratio:.2f} ({x['tflops']:.0f})")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Cells: kforge/sdpa-flash (kforge TFLOP/s)."]
+    for acc in meta.get("accuracy", []):
+        lines.append(f"Accuracy, `{meta['baseline']}` library, {acc['forward']} forward: "
+                     f"{acc['summary']}" + "".join(f"; {f}" for f in acc["failures"]))
+    lines += ["", "Variants:", ""]
+    for r in results:
+        lines.append(f"- `{r['name']}`: {r['note']} (`{' '.join(r['defines']) or 'no -D'}`)"
+                     + (f" — {r['error']}" if r.get("error") else ""))
+    return "\n".join(lines) + "\n"
+
+
+# --- build ---------------------------------------------------------------------------------------
+
+
+def run_logged(cmd: list[str], log: Path, env=None) -> tuple[int, str]:
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    text = res.stdout + res.stderr
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        f.write("$ " + " ".join(cmd) + "\n" + text + "\n")
+    return res.returncode, text
+
+
+def build_variant(name: str, defines: list[str], build_dir: Path, arch: str, jobs: int,
+                  log: Path) -> dict:
+    """Reconfigure the shared build directory with this variant's definitions, build, copy the
+    library out. Returns {lib, ptxas kernels, seconds} or {error}."""
+    t0 = time.time()
+    cfg = ["cmake", "-S", str(FMHA), "-B", str(build_dir), f"-DCMAKE_CUDA_ARCHITECTURES={arch}",
+           "-DCMAKE_BUILD_TYPE=Release", "-DKFORGE_FMHA_BUILD_TESTS=OFF",
+           "-DKFORGE_FMHA_PTXAS_VERBOSE=ON", f"-DKFORGE_FMHA_BWD_DEFINES={';'.join(defines)}"]
+    if not (build_dir / "CMakeCache.txt").exists() and shutil.which("ninja"):
+        cfg += ["-G", "Ninja"]
+    rc, text = run_logged(cfg, log)
+    if rc != 0:
+        return {"error": "cmake configure failed: " + text.strip().splitlines()[-1][:200]}
+    rc, text = run_logged(["cmake", "--build", str(build_dir), "-j", str(jobs)], log)
+    if rc != 0:
+        err = [ln for ln in text.splitlines() if "error" in ln.lower()][:2]
+        return {"error": "build failed: " + " / ".join(err)[:300]}
+    libs = sorted(build_dir.glob("libkforge_fmha.so*"), key=lambda p: len(p.name))
+    if not libs:
+        return {"error": f"no libkforge_fmha.so in {build_dir}"}
+    dest = build_dir / "variants" / name
+    dest.mkdir(parents=True, exist_ok=True)
+    lib = dest / "libkforge_fmha.so"
+    shutil.copy2(libs[-1].resolve(), lib)
+    return {"lib": str(lib), "ptxas": parse_ptxas(text), "build_s": round(time.time() - t0, 1)}
+
+
+# --- the per-variant worker (a fresh process: one library per process) ---------------------------
+
+
+def worker(args) -> int:
+    """Check and time one library; print one JSON line (the result) last."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fmha_bwd
+
+    libs, missing = fmha_bwd.load_libs(["kforge", "sdpa-flash"])
+    kf = libs["kforge"]
+    assert Path(str(kf.library_path())).resolve() == Path(args.lib).resolve(), (
+        f"loaded {kf.library_path()}, expected {args.lib}")
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE
+    out = {"device": device, "torch": torch.__version__, "checks": []}
+
+    # gradients: against fp32 SDPA math and against the baseline's (saved by its process)
+    grads_path = Path(args.grads)
+    base = torch.load(grads_path) if grads_path.exists() and not args.save_grads else None
+    mine = {}
+    for dt, d, causal in CHECK_SHAPES:
+        g = torch.Generator(device=DEVICE).manual_seed(d + 7 * causal)
+        b, s, h, hk = 2, 1000, 8, 2
+
+        def rnd(*shape, dt=dt, g=g):
+            return torch.randn(*shape, device=DEVICE, generator=g).to(dtypes[dt])
+        q, k, v, dout = rnd(b, s, h, d), rnd(b, s, hk, d), rnd(b, s, hk, d), rnd(b, s, h, d)
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        o = kf.attention(qq, kk, vv, causal=causal)
+        ours = torch.autograd.grad(o, (qq, kk, vv), dout)
+        q32, k32, v32 = (t.float().requires_grad_(True) for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.MATH):
+            o32 = F.scaled_dot_product_attention(
+                q32.transpose(1, 2), k32.repeat_interleave(h // hk, 2).transpose(1, 2),
+                v32.repeat_interleave(h // hk, 2).transpose(1, 2), is_causal=causal)
+        ref = torch.autograd.grad(o32.transpose(1, 2), (q32, k32, v32), dout.float())
+        key = f"{dt}-{d}-{'c' if causal else 'nc'}"
+        err = max((a.float() - r).abs().max().item() for a, r in zip(ours, ref, strict=True))
+        diff = None
+        if base is not None and key in base:
+            diff = max((a.float() - bb.float().to(a.device)).abs().max().item()
+                       / max(bb.float().abs().max().item(), 1e-30)
+                       for a, bb in zip(ours, base[key]["grads"], strict=True))
+        out["checks"].append({"case": key, "err": err, "diff": diff,
+                              "base_err": None if base is None else base[key]["err"],
+                              "floor": FLOOR[dt]})
+        mine[key] = {"grads": [t.cpu() for t in ours], "err": err}
+    if args.save_grads:
+        torch.save(mine, grads_path)
+
+    # timing: fmha_bwd.py's bench_shape, kforge vs sdpa-flash, backward alone
+    bargs = argparse.Namespace(warmup=args.warmup, runs=args.runs, order="shuffle", max_diff=0.05,
+                               fa_192_dv=192)
+    columns = [c for c in ("kforge", "sdpa-flash") if c not in missing]
+    dims = [int(x) for x in args.dims.split(",")]
+    shapes = fmha_bwd.plan(["bf16"], [(d, d) for d in dims], args.seqlens, args.tokens, None,
+                           [False, True])
+    out["rows"] = []
+    for shape in shapes:
+        for row in fmha_bwd.bench_shape(shape, ["bwd"], columns, libs, bargs):
+            res = row["results"]
+            out["rows"].append({"d_qk": row["d_qk"], "seqlen": row["seqlen"], "causal": row["causal"],
+                                "tflops": res["kforge"]["tflops"],
+                                "sdpa_tflops": res.get("sdpa-flash", {}).get("tflops"),
+                                "ratio": row["ratio"].get("sdpa-flash")})
+            print(f"  {args.name}: d{row['d_qk']} L{row['seqlen']} causal={int(row['causal'])} "
+                  f"kforge {res['kforge']['tflops'] or 0:.0f} sdpa-flash "
+                  f"{res.get('sdpa-flash', {}).get('tflops') or 0:.0f} TFLOP/s", flush=True)
+    print("RESULT " + json.dumps(out))
+    return 0
+
+
+def verdict(checks: list[dict], max_diff: float) -> tuple[str, float | None, float | None]:
+    """BAD when a check differs from the baseline by more than max_diff, or its error against
+    fp32 exceeds 1.5x the baseline's + the floor; else ok. Returns (verdict, worst diff, worst
+    error ratio)."""
+    diffs = [c["diff"] for c in checks if c.get("diff") is not None]
+    ratios = [c["err"] / c["base_err"] for c in checks if c.get("base_err")]
+    bad = any(c["diff"] is not None and c["diff"] > max_diff for c in checks) or any(
+        c.get("base_err") is not None and c["err"] > 1.5 * c["base_err"] + c["floor"] for c in checks)
+    bad = bad or any(c["err"] != c["err"] for c in checks)  # NaN
+    return ("BAD" if bad else "ok"), (max(diffs) if diffs else None), (max(ratios) if ratios else None)
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
+    ap.add_argument("--define", action="append", default=[], metavar="NAME=D1,D2",
+                    help="an extra variant: a name and its comma-separated definitions")
+    ap.add_argument("--list", action="store_true", help="print the variants and exit")
+    ap.add_argument("--build-dir", type=Path, default=ROOT / "build" / "fmha-bwd-sweep")
+    ap.add_argument("--arch", default="90a")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 4) - 2),
+                    help="build jobs (default: all cores but 2, which the GPU runs use meanwhile)")
+    ap.add_argument("--seqlens", default="4096,8192")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--max-diff", type=float, default=2e-2)
+    ap.add_argument("--dry-run", action="store_true", help="build and report ptxas only (no GPU)")
+    ap.add_argument("--worker-timeout", type=int, default=240, help="seconds per variant's run")
+    ap.add_argument("--accuracy", default="custom_softmax_scale",
+                    help="pytest -k expression of tests/test_bwd_gpu.py run with the first variant's "
+                         "library, after the default and the portable (KFORGE_FMHA_SM90=0) forward "
+                         "(issue 31's failing case); empty: skip")
+    ap.add_argument("--out", type=Path, help="write OUT.md and OUT.json")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--lib", help=argparse.SUPPRESS)
+    ap.add_argument("--name", help=argparse.SUPPRESS)
+    ap.add_argument("--grads", help=argparse.SUPPRESS)
+    ap.add_argument("--dims", default="128,64", help=argparse.SUPPRESS)
+    ap.add_argument("--save-grads", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.seqlens = [int(x) for x in args.seqlens.split(",")]
+    if args.worker:
+        return worker(args)
+
+    variants = dict(VARIANTS)
+    for spec in args.define:
+        name, _, defs = spec.partition("=")
+        variants[name] = ([d for d in defs.split(",") if d], "from --define")
+    if args.list:
+        for name, (defs, note) in variants.items():
+            print(f"{name:14s} {'*' if name in DEFAULT_VARIANTS else ' '} {note}\n{'':16s} {' '.join(defs) or '(defaults)'}")
+        return 0
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    names += [s.partition("=")[0] for s in args.define if s.partition("=")[0] not in names]
+    unknown = [n for n in names if n not in variants]
+    if unknown:
+        print(f"fmha_bwd_sweep.py: unknown variant(s) {unknown}; --list shows them", file=sys.stderr)
+        return 2
+    t_start = time.time()
+    build_dir = args.build_dir.resolve()
+    log = build_dir / "sweep-build.log"
+    results = [{"name": n, "defines": variants[n][0], "note": variants[n][1]} for n in names]
+    built = [threading.Event() for _ in names]
+
+    def build_all() -> None:
+        # One reconfigured directory, only the backward units rebuilt per variant; the GPU runs
+        # variant i while variant i + 1 builds (--jobs cores; the run needs one).
+        for r, done in zip(results, built, strict=True):
+            print(f"[{time.time() - t_start:6.0f} s] build {r['name']}: "
+                  f"{' '.join(r['defines']) or '(defaults)'}", flush=True)
+            try:
+                r.update(build_variant(r["name"], r["defines"], build_dir, args.arch, args.jobs, log))
+            except Exception as exc:  # noqa: BLE001 (reported in the table, the sweep goes on)
+                r["error"] = f"build raised {exc!r}"
+            if "ptxas" in r:
+                r["ptxas128"] = ptxas_summary(r["ptxas"], 128)
+                r["ptxas64"] = ptxas_summary(r["ptxas"], 64)
+                print(f"           {r['name']} built in {r.get('build_s')} s; (128,128) "
+                      f"{r['ptxas128']}; (64,64) {r['ptxas64']}", flush=True)
+            else:
+                print(f"           {r['name']}: {r['error']}", flush=True)
+            done.set()
+
+    builder = threading.Thread(target=build_all, daemon=True)
+    builder.start()
+    meta = {"arch": args.arch, "runs": args.runs, "baseline": names[0],
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": " ".join(["python", "benchmarks/fmha_bwd_sweep.py", *(sys.argv[1:] if argv is None else argv)])}
+    if not args.dry_run:
+        grads = build_dir / "baseline-grads.pt"
+        if grads.exists():
+            grads.unlink()
+        for i, r in enumerate(results):
+            built[i].wait()
+            if "lib" not in r:
+                continue
+            print(f"[{time.time() - t_start:6.0f} s] run {r['name']}", flush=True)
+            env = dict(os.environ, KFORGE_FMHA_LIBRARY=r["lib"], KFORGE_FMHA_BWD_PATH="portable",
+                       PYTHONPATH=os.pathsep.join([str(FMHA / "python"), os.environ.get("PYTHONPATH", "")]))
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--lib", r["lib"],
+                   "--name", r["name"], "--grads", str(grads), "--warmup", str(args.warmup),
+                   "--runs", str(args.runs), "--seqlens", ",".join(map(str, args.seqlens)),
+                   "--tokens", str(args.tokens),
+                   "--dims", ",".join(map(str, variant_dims(r["defines"])))]
+            cmd += ["--save-grads"] if i == 0 else []
+            try:
+                res = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                     timeout=args.worker_timeout)
+            except subprocess.TimeoutExpired:
+                r["error"], r["verdict"] = f"run timed out after {args.worker_timeout} s", "BAD"
+                print("           " + r["error"], flush=True)
+                continue
+            sys.stdout.write("".join(ln + "\n" for ln in res.stdout.splitlines() if not ln.startswith("RESULT ")))
+            found = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+            if res.returncode != 0 or not found:
+                r["error"] = "run failed: " + (res.stderr.strip().splitlines() or ["?"])[-1][:300]
+                r["verdict"] = "BAD"
+                print("           " + r["error"], flush=True)
+                continue
+            data = json.loads(found[-1][len("RESULT "):])
+            meta.setdefault("device", data["device"])
+            meta.setdefault("torch", data["torch"])
+            r["checks"], r["rows"] = data["checks"], data["rows"]
+            r["verdict"], r["diff"], r["err_ratio"] = verdict(data["checks"], args.max_diff)
+            if i == 0:
+                r["verdict"] = "baseline"
+    builder.join()
+    if not args.dry_run and args.accuracy and results and "lib" in results[0]:
+        meta["accuracy"] = []
+        for fwd in ("default", "portable"):
+            env = dict(os.environ, KFORGE_FMHA_LIBRARY=results[0]["lib"], KFORGE_REQUIRE_GPU="1",
+                       PYTHONPATH=os.pathsep.join([str(FMHA / "python"), os.environ.get("PYTHONPATH", "")]))
+            if fwd == "portable":
+                env["KFORGE_FMHA_SM90"] = "0"
+            cmd = [sys.executable, "-m", "pytest", str(FMHA / "tests" / "test_bwd_gpu.py"), "-q",
+                   "-k", args.accuracy, "-p", "no:cacheprovider"]
+            print(f"[{time.time() - t_start:6.0f} s] accuracy ({fwd} forward): pytest -k {args.accuracy!r}", flush=True)
+            try:
+                res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+                tail = (res.stdout.strip().splitlines() or ["?"])[-1]
+                fails = [ln for ln in res.stdout.splitlines() if ln.startswith(("FAILED", "ERROR", "E   AssertionError"))]
+            except subprocess.TimeoutExpired:
+                tail, fails = "timed out", []
+            print("           " + tail + "".join("\n           " + f[:300] for f in fails), flush=True)
+            meta["accuracy"].append({"forward": fwd, "summary": tail, "failures": fails})
+    text = render(meta, results)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_name(args.out.name + ".md").write_text(text)
+        args.out.with_name(args.out.name + ".json").write_text(
+            json.dumps({"meta": meta, "results": results}, indent=1, default=str) + "\n")
+        print(f"wrote {args.out}.md, {args.out}.json")
+    print(f"total {time.time() - t_start:.0f} s")
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
