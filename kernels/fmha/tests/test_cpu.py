@@ -319,6 +319,15 @@ def test_tma_barrier_protocol_model_finds_no_deadlock_or_overwrite() -> None:
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
 
 
+def test_sm90_backward_layout_model_matches_autograd() -> None:
+    """scripts/sm90_bwd_model.py --quick: the sm_90a backward's swizzled tiles, wgmma descriptors
+    and fragments, masks and dQ / dK / dV writes, replayed on the CPU, give autograd's gradients."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "sm90_bwd_model.py"
+    res = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
+
+
 # --- the path table: one table (csrc/fmha_paths.def), and everything that lists it agrees ------
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
