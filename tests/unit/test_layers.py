@@ -22,7 +22,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("build",),
     ("doctor",),
     ("wheels",),
-    ("plan", "buildinputs"),
+    ("plan", "buildinputs", "platformfloor"),
     ("backends", "preflight", "gputest"),
     ("pipeline",),
     ("release", "ci"),
