@@ -162,6 +162,7 @@ class Plan:
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
             "image": self.image,
             "platform_tag": self.platform_tag,
+            "platform_note": self.platform_note,
             "arch_enforce": self.enforce.to_dict() if self.enforce else None,
             "variant": self.variant.id if self.variant else None,
             "provisioning": {**self.provisioning.to_dict(), "index_url": self.index_url, "find_links": self.find_links}
