@@ -12,7 +12,8 @@ by cibuildwheel itself (``--print-build-identifiers``) without building anything
   container's CUDA on Linux.
 * ``CIBW_BEFORE_ALL_LINUX``: install the CUDA toolkit of the plan's CUDA with dnf.
 * ``CIBW_BEFORE_BUILD``: the plan's torch (torch-ABI projects) and the build tools, since
-  such builds run without build isolation (``CIBW_BUILD_FRONTEND``).
+  such builds run without build isolation (``CIBW_BUILD_FRONTEND``). In a kforge image the torch
+  layer (kforge.build.image) already has that torch, from PyPI: the same pin, no other index.
 * ``CIBW_REPAIR_WHEEL_COMMAND_{LINUX,WINDOWS}``: ``kforge repair`` with the project's policy
   spelled out, so it needs no forge.toml inside the container.
 
