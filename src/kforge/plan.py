@@ -41,8 +41,8 @@ from kforge.cuda.enforce import ArchEnforcement, plan_enforcement
 from kforge.cuda.render import default_variant, render_gencode, render_knob
 from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.fsutil import work_root
+from kforge.platformfloor import FloorDecision, parse_glibc, plan_floor
 from kforge.sources.series import PatchContext, Series, load_series, series_hash
-from kforge.wheels.platformtag import parse_tag
 from kforge.wheels.repair import repairer_name
 
 __all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan", "profile_name"]
@@ -98,6 +98,7 @@ class Plan:
     gpu_tests: GpuTests | None
     image: str | None = None  # the cibuildwheel backend's Linux image (None: not a cibuildwheel Linux build)
     platform_tag: str | None = None  # manylinux_2_28: the repair must reach it, or fail naming the symbols
+    platform_note: str = ""  # why platform_tag is what it is (kforge.platformfloor)
     enforce: ArchEnforcement | None = None  # kforge.cuda.enforce: the archs (and threads) the nvcc wrapper enforces
     variant: Variant | None = None  # (CUDA, torch, Python): what this build is for (kforge.config.variant)
     provisioning: Provisioning | None = None  # per part: present, or how kforge provisions it
@@ -161,6 +162,7 @@ class Plan:
             "gpu_tests": {"paths": list(self.gpu_tests.paths), "args": list(self.gpu_tests.args)} if self.gpu_tests else None,
             "image": self.image,
             "platform_tag": self.platform_tag,
+            "platform_note": self.platform_note,
             "arch_enforce": self.enforce.to_dict() if self.enforce else None,
             "variant": self.variant.id if self.variant else None,
             "provisioning": {**self.provisioning.to_dict(), "index_url": self.index_url, "find_links": self.find_links}
@@ -176,6 +178,7 @@ class Plan:
         tc = self.toolchain
         isolation = "isolated" if self.build_isolation else (
             "no build isolation: uses the variant environment's packages" if self.provisioning and self.provisioning.env_needed
+            else "no build isolation: uses the build container's packages" if self.image
             else "no build isolation: uses this interpreter's packages")
         threads = " ".join(f"{v}={self.jobs.nvcc_threads}" for v in self.jobs.thread_vars)
         lines = [
@@ -209,6 +212,7 @@ class Plan:
             "  nvcc flags  " + " ".join(self.nvcc_flags),
             *(self.binary.lines(self.archs) if self.binary else []),
             f"  platform    {self.platform_tag or 'the best tag the binaries allow'}"
+            + (f" ({self.platform_note})" if self.platform_note.startswith("this host") else "")
             + (f" (image {self.image})" if self.image else ""),
         ]
         if self.enforce is not None:  # kforge.cuda.enforce: what binaries hold, and how that is made true
@@ -259,6 +263,7 @@ def make_plan(forge: Forge, target: Target, host: HostFacts, options: PlanOption
     kind, pin = _source(project)
     nvcc_flags = render_gencode(archs, ptx=binary.render_ptx)
     enforce = _enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads)
+    floor = _platform_tag(project, platform.os, options, _image(backend, platform.os, options), host)
     return Plan(
         target=target, project=project, root=forge.root, work_dir=work_root(forge.root) / target.id,
         profile=profile, source=project.source, source_kind=kind, source_pin=pin,
@@ -274,13 +279,15 @@ def make_plan(forge: Forge, target: Target, host: HostFacts, options: PlanOption
                                      extra=project.repair_exclude),
         gpu_tests=project.gpu_tests,
         image=_image(backend, platform.os, options),
-        platform_tag=_platform_tag(project, platform.os, options),
+        platform_tag=floor.enforce,
+        platform_note=floor.note,
         enforce=enforce,
         variant=variant,
         provisioning=provisioning(variant, torch_abi=project.torch_abi, build_isolation=project.build_isolation
                                   and options.build_isolation is not False, host_python=host.python,
                                   host_torch=host.torch_version, cuda_how=toolchain.action,
-                                  cuda_present=toolchain.uses_installed, build_requires=project.build_requires),
+                                  cuda_present=toolchain.uses_installed, build_requires=project.build_requires,
+                                  container=_image(backend, platform.os, options)),
         index_url=options.index_url, find_links=options.find_links,
         repairer=repairer_name(platform.os), uv=host.uv,
         ninja_shim=platform.os != "windows" and backend != "cibuildwheel",  # a sh script on this host's PATH
@@ -302,13 +309,14 @@ def _image(backend: str, platform_os: str, options: PlanOptions) -> str | None:
     return options.image or OFFICIAL_IMAGE
 
 
-def _platform_tag(project: Project, platform_os: str, options: PlanOptions) -> str | None:
+def _platform_tag(project: Project, platform_os: str, options: PlanOptions, image: str | None,
+                  host: HostFacts) -> FloorDecision:
+    """The tag the repair must reach (kforge.platformfloor.plan_floor); a kforge image promises its glibc's tag."""
     if platform_os != "linux":
-        return None
-    raw = options.platform_tag or project.platform_tag
-    if raw is None and options.image:
-        raw = image_platform_tag(options.image)  # a kforge image promises its glibc's tag
-    return parse_tag(raw) if raw else None
+        return FloorDecision(None, "")
+    kforge_image = image if image and is_kforge_image(image) else None
+    return plan_floor(project.platform_tag, options.platform_tag, kforge_image if not project.platform_tag else image,
+                      parse_glibc(host.glibc), project.name)
 
 
 def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str, flags: tuple[str, ...],

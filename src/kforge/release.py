@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +37,7 @@ from kforge.fsutil import atomic_write_text, work_root
 from kforge.gputest import GpuTestOutcome
 from kforge.pipeline import BuildOutcome, Run, run_build
 from kforge.plan import Plan, make_plan, profile_name
+from kforge.platformfloor import parse_glibc, release_route
 from kforge.sources import upstream as sources
 from kforge.wheels import wheelhouse
 
@@ -82,6 +84,7 @@ class ReleasePlan:
     items: tuple[ReleaseItem, ...]  # the selected builds (all of the matrix without --only)
     matrix: tuple[MatrixBuild, ...] = ()  # every build of the matrix, selected or not
     selection: tuple[str, ...] = ()  # the --only selectors as given; () = the whole matrix
+    route: str = ""  # how the builds reach the project's platform floor (kforge.platformfloor.release_route)
 
     @property
     def to_build(self) -> tuple[ReleaseItem, ...]:
@@ -104,6 +107,7 @@ class ReleasePlan:
                   if self.selection else "")
         n_builds = f"{len(self.items)} build{'' if len(self.items) == 1 else 's'}"
         lines = [f"release {self.project}: {n_builds} for {self.platform} into {self.wheelhouse}{picked}",
+                 *([f"  platform floor: {self.route}"] if self.route else []),
                  f"  {'#':>2}  {'target':24} {'variant':24} {'status':10} {'toolchain':10} estimate"]
         for n, item in enumerate(self.items, 1):
             status = "published" if item.published else "build"
@@ -119,7 +123,7 @@ class ReleasePlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"project": self.project, "platform": self.platform, "wheelhouse": str(self.wheelhouse),
-                "cost": self.cost(), "selection": list(self.selection),
+                "cost": self.cost(), "selection": list(self.selection), "route": self.route,
                 "matrix": [{"build": m.key, "target": m.target, "variant": m.variant, "selected": m.selected}
                            for m in self.matrix],
                 "builds": [{"build": i.key, "target": i.plan.id, "arch": [a.sm for a in i.plan.archs], "variant": i.variant,
@@ -168,8 +172,12 @@ def estimate(plan: Plan, cache_dir: Path) -> tuple[float | None, str]:
 
 
 def plan_release(forge: Forge, project_name: str, host: HostFacts, options: PlanOptions, *, cache_dir: Path,
-                 wheelhouse_root: Path, only: Sequence[str] = ()) -> ReleasePlan:
-    """Plan every build of the project's release matrix, or those ``only`` selects (raises before anything runs)."""
+                 wheelhouse_root: Path, only: Sequence[str] = (), image_tools: bool | None = None) -> ReleasePlan:
+    """Plan every build of the project's release matrix, or those ``only`` selects (raises before anything runs).
+
+    On a host whose glibc is newer than the project's platform floor, the builds go through kforge's older
+    image (kforge.platformfloor.release_route; ``image_tools``: podman and debootstrap are here, None: look).
+    """
     project = forge.project(project_name)
     if project.release is None:
         raise ConfigError(f"{project.name} declares no release matrix",
@@ -182,6 +190,14 @@ def plan_release(forge: Forge, project_name: str, host: HostFacts, options: Plan
         if getattr(options, name) is not None:
             raise ConfigError(f"--{name} (or KFORGE_{name.upper()}) does not apply to a release: its variants come from "
                               f"[projects.{project.name}.release]", fix=f"drop --{name}, or edit the release matrix")
+    if image_tools is None:
+        image_tools = all(shutil.which(t) for t in ("podman", "debootstrap"))
+    route = release_route(project.name, options.platform_tag or project.platform_tag,
+                          platform_os=forge.platforms[host.platform].os, host_glibc=parse_glibc(host.glibc),
+                          backend=options.backend or project.backend, backend_chosen=options.backend is not None,
+                          image=options.image, image_tools=image_tools)
+    if route.backend:
+        options = replace(options, backend=route.backend, image=route.image)
     selectors = [parse_selector(text, tuple(project.arch_sets)) for text in only]
     builds = expand(project.release, host.python)
     chosen = select(builds, selectors, project.name)
@@ -207,7 +223,7 @@ def plan_release(forge: Forge, project_name: str, host: HostFacts, options: Plan
         items.append(ReleaseItem(plan, digest, seconds, note, done, build.key))
     _check_names_differ(project.name, project.torch_abi, items)
     return ReleasePlan(project.name, host.platform, Path(wheelhouse_root), tuple(items), matrix,
-                       tuple(s.text for s in selectors))
+                       tuple(s.text for s in selectors), route.note)
 
 
 def _check_names_differ(project: str, torch_abi: bool, items: list[ReleaseItem]) -> None:

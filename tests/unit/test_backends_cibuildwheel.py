@@ -315,6 +315,19 @@ def test_a_torch_project_needs_an_image_with_one_of_its_pythons(tmp_path):
     assert "has Python 3.9" in str(err.value) and "manylinux_2_28" in str(err.value)
 
 
+def test_a_torch_project_in_a_kforge_images_torch_layer_builds_its_python_with_pypis_torch(tmp_path):
+    plan = plan_for(tmp_path, "fa-sm90", backend="cibuildwheel", image="kforge:bullseye", torch="2.11.0", python="3.12")
+    ref = "localhost/kforge-build:bullseye-cu130-cp312-torch2.11.0-0123456789ab"
+    cibw = cibuildwheel_env(plan, PYTHONS, "linux", image_ref=ref, image_pythons=("3.9", "3.12"))
+    assert cibw["CIBW_BUILD"] == "cp312-manylinux_x86_64"  # the layer's Python, one of forge.toml's
+    assert "python -m pip install torch==2.11.0" in cibw["CIBW_BEFORE_BUILD"]
+    assert "--index-url" not in cibw["CIBW_BEFORE_BUILD"]  # the layer's torch came from PyPI: same pin, no other index
+    assert cibw["CIBW_BUILD_FRONTEND"] == "pip; args: --no-build-isolation"
+    # nothing is provisioned on this host: Python and torch are the container's
+    assert plan.provisioning is not None and not plan.provisioning.env_needed
+    assert "in the build container (kforge:bullseye" in plan.provisioning.part("torch").how
+
+
 def test_the_platform_tag_reaches_the_repair_inside_official_images(tmp_path):
     plan = plan_for(tmp_path, "fmha-sm90", backend="cibuildwheel", platform_tag="manylinux_2_28")
     cibw = cibuildwheel_env(plan, PYTHONS, "linux")

@@ -115,3 +115,10 @@ def test_detect_resources_on_this_machine_is_sane() -> None:
     host = detect_resources()
     assert host.cpus >= 1
     assert 0 < host.mem_available <= host.mem_total
+
+
+def test_detect_glibc_reads_the_c_librarys_own_answer():
+    from kforge.build.host import detect_glibc
+    assert detect_glibc(lambda name: "glibc 2.36" if name == "CS_GNU_LIBC_VERSION" else None) == "2.36"
+    assert detect_glibc(lambda name: None) is None  # musl answers nothing
+    assert detect_glibc(lambda name: (_ for _ in ()).throw(ValueError(name))) is None  # no such name (macOS)

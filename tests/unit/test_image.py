@@ -107,3 +107,52 @@ def test_missing_tools_are_named(tmp_path, monkeypatch):
     with pytest.raises(ToolchainError) as err:
         image.build_image(image.parse_image_name("kforge", "13.0"), tmp_path, {}, run=FakePodman(), log=lambda _: None)
     assert "podman" in str(err.value) and "apt-get install podman" in str(err.value)
+
+
+def _torch_spec(torch="2.11.0"):
+    carried = image.CarriedPython(minor="3.12", identity="abc123def456", host_prefix="/root/.pyenv/versions/3.12.1",
+                                  loader="ld-linux-x86-64.so.2", staged="/cache/images/python/cp312-abc123def456")
+    from dataclasses import replace
+    return replace(image.parse_image_name("kforge:bullseye", "13.0"), torch=torch, carried=carried)
+
+
+def test_a_torch_layer_is_its_own_image_on_top_of_the_cuda_image():
+    spec = _torch_spec()
+    base = image.parse_image_name("kforge:bullseye", "13.0")
+    assert spec.base == base and spec.base.ref == base.ref  # the CUDA image is reused as it is
+    assert spec.ref.startswith("localhost/kforge-build:bullseye-cu130-cp312-torch2.11.0-") and spec.ref != base.ref
+    assert spec.pythons == ("3.9", "3.12") and base.pythons == ("3.9",)
+    assert spec.platform_tag == "manylinux_2_31"  # the layer changes nothing about the tag
+    # every input of the layer moves the key: torch, the carried interpreter
+    assert _torch_spec("2.9.1").key != spec.key
+    from dataclasses import replace
+    assert replace(spec, carried=replace(spec.carried, identity="0" * 12)).key != spec.key
+
+
+def test_the_torch_layer_installs_pypis_torch_into_the_carried_python_and_checks_its_cuda():
+    script = _torch_spec().torch_script()
+    assert "cp -a /run/kforge-python/prefix/. /opt/python/cp312-cp312/" in script
+    assert "patchelf --set-interpreter /opt/python/cp312-cp312/lib/kforge-runtime/ld-linux-x86-64.so.2" in script
+    assert "/opt/python/cp312-cp312/bin/python -m pip install -q 'torch==2.11.0'" in script
+    assert "--index-url" not in script  # PyPI: torch's own index is not reachable everywhere
+    assert "'13.0'.split('.')" in script  # torch's CUDA must be the image's nvcc
+    assert "/nvidia/cu13/include/*" in script and "/usr/local/cuda-13.0/include/" in script  # cuBLAS & co headers
+    with pytest.raises(ValueError):
+        image.parse_image_name("kforge:bullseye", "13.0").torch_script()
+
+
+def test_a_torch_layer_is_made_from_the_cuda_image_with_the_staged_python_mounted(tmp_path, monkeypatch):
+    monkeypatch.setattr(image.shutil, "which", lambda tool, path=None: f"/usr/bin/{tool}")
+    spec = _torch_spec()
+    fake = FakePodman(exists={spec.base.ref})
+    assert image.build_image(spec, tmp_path, {"PATH": "/usr/bin"}, run=fake, log=lambda _: None) == spec.ref
+    run = next(c for c in fake.calls if c[1] == "run")
+    assert spec.base.ref in run and "/cache/images/python/cp312-abc123def456:/run/kforge-python:ro" in run
+    commit = next(c for c in fake.calls if c[1] == "commit")
+    assert "LABEL kforge.python=3.9 3.12" in commit and "LABEL kforge.torch=2.11.0" in commit
+
+
+def test_image_pythons_reads_every_python_of_the_label():
+    def run(argv, **kw):
+        return subprocess.CompletedProcess(argv, 0, "3.9 3.12\n", "")
+    assert image.image_pythons("ref", {}, run=run) == ("3.9", "3.12")

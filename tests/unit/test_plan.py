@@ -460,3 +460,17 @@ def test_keep_debug_and_windows_keep_the_debug_info(forge) -> None:
     assert kept.binary is not None and not kept.binary.strip_debug and kept.to_dict()["repair"]["strip_debug"] is False
     win = plan_for(forge, "flash-attn-sm120-windows")
     assert win.binary is not None and not win.binary.strip_debug
+
+
+def test_the_projects_platform_floor_is_enforced_where_the_build_reaches_it(forge) -> None:
+    """forge.toml's floor (manylinux_2_31): enforced on an old enough host and in kforge's image; a native build on
+    a newer host is a development build whose plan says why and how to reach the floor."""
+    old = plan_for(forge, "flashmla-sm90", h=host(glibc="2.31"))
+    assert old.platform_tag == "manylinux_2_31"
+    newer = plan_for(forge, "flashmla-sm90", h=host(glibc="2.36"))
+    assert newer.platform_tag is None and "--image kforge:bullseye" in newer.platform_note
+    assert "this host's glibc 2.36 is above flashmla's release floor manylinux_2_31" in newer.render()
+    image = plan_for(forge, "flashmla-sm90", h=host(glibc="2.36"), backend="cibuildwheel", image="kforge:bullseye")
+    assert image.platform_tag == "manylinux_2_31"
+    explicit = plan_for(forge, "flashmla-sm90", h=host(glibc="2.36"), platform_tag="manylinux_2_36")
+    assert explicit.platform_tag == "manylinux_2_36" and explicit.to_dict()["platform_note"] == "--platform-tag"

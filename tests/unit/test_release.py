@@ -340,3 +340,34 @@ def test_estimate_is_the_longest_first_schedule_once_units_were_measured(setup, 
     item = rplan.items[0]
     # 2 cpus, the default curve: c(2) = 1.73; 2 lanes, longest first: 40+10 | 30+20 -> 50 s x 1.73
     assert item.plan.jobs.max_jobs == 2 and item.estimate_s == pytest.approx(50 * 1.73)
+
+
+FLOORED = PROJECTS.replace('[projects.tiny]\nsource = { local = "tiny" }\n',
+                           '[projects.tiny]\nsource = { local = "tiny" }\nplatform_tag = "manylinux_2_31"\n')
+
+
+def test_a_release_on_a_host_newer_than_the_floor_builds_in_kforges_image(setup, tmp_path):
+    (tmp_path / "forge.toml").write_text(forge_toml(FLOORED))
+    forge, host = load_forge(tmp_path), setup[1].with_(glibc="2.36")
+    rplan = release.plan_release(forge, "tiny", host, PlanOptions(), cache_dir=tmp_path / "cache",
+                                 wheelhouse_root=tmp_path / "wh", image_tools=True)
+    assert {(i.plan.backend, i.plan.image, i.plan.platform_tag) for i in rplan.items} == {
+        ("cibuildwheel", "kforge:bullseye", "manylinux_2_31")}
+    assert "platform floor: cibuildwheel in kforge:bullseye" in rplan.render() and rplan.to_dict()["route"]
+    # an old enough host builds as planned, and the repair holds it to the floor
+    old = release.plan_release(forge, "tiny", host.with_(glibc="2.31"), PlanOptions(), cache_dir=tmp_path / "cache",
+                               wheelhouse_root=tmp_path / "wh", image_tools=True)
+    assert {(i.plan.backend, i.plan.platform_tag) for i in old.items} == {("native", "manylinux_2_31")}
+
+
+def test_a_release_that_cannot_reach_its_floor_is_refused_before_anything_builds(setup, tmp_path):
+    (tmp_path / "forge.toml").write_text(forge_toml(FLOORED))
+    forge, host = load_forge(tmp_path), setup[1].with_(glibc="2.36")
+    with pytest.raises(ConfigError) as err:
+        release.plan_release(forge, "tiny", host, PlanOptions(), cache_dir=tmp_path / "cache",
+                             wheelhouse_root=tmp_path / "wh", image_tools=False)
+    assert "kforge:bullseye" in str(err.value) and "apt-get install podman runc debootstrap" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        release.plan_release(forge, "tiny", host, PlanOptions(backend="native"), cache_dir=tmp_path / "cache",
+                             wheelhouse_root=tmp_path / "wh", image_tools=True)
+    assert "--backend native" in str(err.value)

@@ -12,7 +12,8 @@ by cibuildwheel itself (``--print-build-identifiers``) without building anything
   container's CUDA on Linux.
 * ``CIBW_BEFORE_ALL_LINUX``: install the CUDA toolkit of the plan's CUDA with dnf.
 * ``CIBW_BEFORE_BUILD``: the plan's torch (torch-ABI projects) and the build tools, since
-  such builds run without build isolation (``CIBW_BUILD_FRONTEND``).
+  such builds run without build isolation (``CIBW_BUILD_FRONTEND``). In a kforge image the torch
+  layer (kforge.build.image) already has that torch, from PyPI: the same pin, no other index.
 * ``CIBW_REPAIR_WHEEL_COMMAND_{LINUX,WINDOWS}``: ``kforge repair`` with the project's policy
   spelled out, so it needs no forge.toml inside the container.
 
@@ -37,6 +38,7 @@ from kforge.backends import BuildRequest, BuildResult
 from kforge.backends._runner import BuildLog, LiveProgress, expected_seconds, place, run_step, which
 from kforge.build.image import OFFICIAL_IMAGE, ensure_image, image_pythons, is_kforge_image, podman_env
 from kforge.errors import BuildError, ToolchainError
+from kforge.fsutil import cache_dir
 from kforge.wheels.platformtag import wheel_tag
 
 #: NVIDIA's CUDA repository for RHEL 8 (manylinux_2_28 is AlmaLinux 8), per machine.
@@ -201,8 +203,11 @@ def cibuildwheel_env(
     if not plan.build_isolation:
         before_build.append("python -m pip install " + " ".join(shlex.quote(t) for t in BUILD_TOOLS))
     if project.torch_abi and plan.toolchain.torch is not None:
-        index = TORCH_INDEX.format(major=cuda.major, minor=cuda.minor)
-        before_build.append(f"python -m pip install torch=={plan.toolchain.torch} --index-url {index}")
+        if image_ref:  # a kforge image's torch layer has it (from PyPI): this only checks the pin
+            before_build.append(f"python -m pip install torch=={plan.toolchain.torch}")
+        else:
+            index = TORCH_INDEX.format(major=cuda.major, minor=cuda.minor)
+            before_build.append(f"python -m pip install torch=={plan.toolchain.torch} --index-url {index}")
     if before_build:
         out["CIBW_BEFORE_BUILD"] = " && ".join(before_build)
     excludes = tuple(getattr(project, "repair_exclude", ()) or ())
@@ -331,7 +336,9 @@ class CibuildwheelBackend:
         image_ref, pythons = None, ()
         if plan.platform_os == "linux" and is_kforge_image(plan.image or ""):
             env = {**request.env, **extra}
-            image_ref = ensure_image(plan.image, str(plan.toolchain.cuda), work / "image", env, run=self._run,
+            torch = str(plan.toolchain.torch) if plan.project.torch_abi and plan.toolchain.torch is not None else None
+            image_ref = ensure_image(plan.image, str(plan.toolchain.cuda), cache_dir(env), env, run=self._run,
+                                     torch=torch, python=plan.toolchain.python if torch else None,
                                      log=lambda line: print(f"  {line}", flush=True))
             pythons = image_pythons(image_ref, env, run=self._run)
         generated = cibuildwheel_env(

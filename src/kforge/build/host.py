@@ -157,6 +157,7 @@ class HostFacts:
     gpu_arch: Arch | None = None  # the first visible GPU, if any
     gpu_name: str | None = None
     uv: str | None = None  # uv's path, which a variant environment is made with (None: not found)
+    glibc: str | None = None  # "2.36": the C library wheels linked here need (None: not glibc)
 
     @property
     def cpus(self) -> int:
@@ -232,7 +233,19 @@ def detect_host(environ: Mapping[str, str], *, python: str | None = None, probe_
         uv: str | None = find_uv(environ)
     except ToolchainError:
         uv = None
-    return facts.with_(gpu_arch=gpu, gpu_name=name, uv=uv)
+    return facts.with_(gpu_arch=gpu, gpu_name=name, uv=uv, glibc=detect_glibc())
+
+
+def detect_glibc(confstr: Callable[[str], str | None] | None = None) -> str | None:
+    """This process's glibc, ``"2.36"`` (None on musl, Windows, macOS); ``confstr`` stands in for os.confstr."""
+    confstr = confstr or getattr(os, "confstr", None)
+    try:
+        text = confstr("CS_GNU_LIBC_VERSION") if confstr else None
+    except (ValueError, OSError):
+        return None
+    if not text or not text.startswith("glibc "):
+        return None
+    return text.split()[1]
 
 
 def with_torch(facts: HostFacts, python: str) -> HostFacts:

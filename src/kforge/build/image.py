@@ -9,7 +9,12 @@ its own manylinux-style build image from Debian packages alone:
 3. one provisioning container (host network) that installs the compilers, makes the
    ``/opt/python/cpXY-cpXY`` layout cibuildwheel expects, and installs nvcc from PyPI under
    ``/usr/local/cuda-<X.Y>`` (the path the cibuildwheel backend points ``CUDA_HOME`` at);
-4. ``podman commit`` as ``localhost/kforge-build:<suite>-cu<XY>-<key>``.
+4. ``podman commit`` as ``localhost/kforge-build:<suite>-cu<XY>-<key>``;
+5. for torch-ABI builds, a layer on top of that image (``...:<suite>-cu<XY>-cp<PY>-torch<V>-<key>``): the
+   host's CPython of the plan's Python carried in at ``/opt/python/cpXY-cpXY`` (Debian's suite has only its
+   own; :mod:`kforge.build.imagepython`), the plan's torch installed into it from PyPI (a CUDA build whose
+   CUDA must be the image's), and the CUDA headers torch's headers include (cuBLAS, cuSPARSE, ...) linked
+   from torch's ``nvidia`` packages into the toolkit.
 
 The key is a hash of every input (recipe, suite, mirror, CUDA), so a changed recipe makes a new image
 and an unchanged one is reused. Podman is configured through a ``containers.conf`` that kforge
@@ -25,9 +30,10 @@ import json
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kforge.build import imagepython
 from kforge.build.toolchain import provision_requirements
 from kforge.errors import ToolchainError
 from kforge.fsutil import atomic_write_text, sha256_file
@@ -54,6 +60,25 @@ events_logger = "file"
 """
 
 Runner = Callable[..., subprocess.CompletedProcess]
+#: What a torch-ABI build without isolation needs besides torch, installed with it in a torch layer.
+TORCH_BUILD_TOOLS = ("setuptools>=64", "wheel", "ninja", "packaging")
+#: Debian packages of a torch layer: upstream setup.py files call git (FlashMLA: `git submodule update`).
+TORCH_LAYER_PACKAGES = ("git",)
+
+
+@dataclass(frozen=True)
+class CarriedPython:
+    """The host's CPython a torch layer carries in (:mod:`kforge.build.imagepython`)."""
+
+    minor: str  # "3.12"
+    identity: str  # its version and binaries, hashed: part of the image's key
+    host_prefix: str  # where it lives on the host (rewritten in its build configuration)
+    loader: str  # the soname of its dynamic loader (ld-linux-x86-64.so.2)
+    staged: str = ""  # the staged copy on this host (not part of the key)
+
+    @property
+    def tag(self) -> str:
+        return "cp" + self.minor.replace(".", "")
 
 
 @dataclass(frozen=True)
@@ -64,10 +89,23 @@ class ImageSpec:
     cuda: str  # "13.0": nvcc from PyPI (nvidia-cuda-nvcc==13.0.*)
     mirror: str = DEFAULT_MIRROR
     ca_sha256: str | None = None  # the host's CA bundle, carried in for pip (TLS-intercepting proxies)
+    torch: str | None = None  # a torch layer: this torch from PyPI, in the carried Python below
+    carried: CarriedPython | None = None  # the host's CPython for the torch layer
 
     @property
     def python(self) -> str:
         return SUITE_PYTHON[self.suite]
+
+    @property
+    def pythons(self) -> tuple[str, ...]:
+        """Every Python at /opt/python: the suite's, and the carried one of a torch layer."""
+        extra = (self.carried.minor,) if self.carried and self.carried.minor != self.python else ()
+        return (self.python, *extra)
+
+    @property
+    def base(self) -> ImageSpec:
+        """The image a torch layer is made from (itself when it is no layer)."""
+        return replace(self, torch=None, carried=None)
 
     @property
     def glibc(self) -> str:
@@ -107,16 +145,49 @@ class ImageSpec:
             "ldd --version | sed -n 1p",  # sed reads to the end: no SIGPIPE under pipefail
         ]) + "\n"
 
+    def torch_script(self) -> str:
+        """The torch layer's provisioning: the carried Python, then torch from PyPI and its CUDA headers."""
+        if not (self.torch and self.carried):
+            raise ValueError("torch_script() of an image without a torch layer")
+        c, mm = self.carried, self.cuda
+        py = f"/opt/python/{c.tag}-{c.tag}/bin/python"
+        check = ("import torch, sys; v = torch.version.cuda or 'none'; print('torch', torch.__version__, 'CUDA', v); "
+                 f"sys.exit(0 if v.split('.')[:2] == '{mm}'.split('.') else 'torch {self.torch} from PyPI is built for "
+                 f"CUDA ' + v + ', the image has nvcc {mm}')")
+        site = f"$({py} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
+        return "\n".join([
+            "set -euxo pipefail",
+            "export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore",
+            "apt-get update -qq",
+            "apt-get install -y -qq --no-install-recommends " + " ".join(TORCH_LAYER_PACKAGES),
+            "rm -rf /var/lib/apt/lists/*",
+            *imagepython.install_script(c.minor, c.host_prefix, c.loader),
+            f"{py} -m pip install -q -U pip build",
+            # torch's own index is unreachable where only PyPI is: PyPI's torch is a CUDA build (2.11: CUDA 13.0)
+            f"{py} -m pip install -q 'torch=={self.torch}' " + " ".join(f"'{t}'" for t in TORCH_BUILD_TOOLS),
+            f'{py} -c "{check}"',
+            # ATen's CUDA headers include cuBLAS/cuSPARSE/cuSOLVER/cuRAND/NVTX headers, which the nvcc wheels lack
+            f"SITE={site}; for d in \"$SITE\"/nvidia/cu{mm.split('.')[0]}/include/*; do "
+            f'n=$(basename "$d"); [ -e /usr/local/cuda-{mm}/include/"$n" ] || ln -s "$d" /usr/local/cuda-{mm}/include/"$n"; done',
+        ]) + "\n"
+
     @property
     def key(self) -> str:
         blob = json.dumps({"recipe": RECIPE_VERSION, "suite": self.suite, "mirror": self.mirror, "cuda": self.cuda,
                            "ca": self.ca_sha256,
                            "packages": DEBIAN_PACKAGES, "script": self.provision_script()}, sort_keys=True)
+        if self.torch and self.carried:
+            layer = json.dumps({"base": blob, "torch": self.torch, "python": self.carried.identity,
+                                "script": self.torch_script()}, sort_keys=True)
+            return hashlib.sha256(layer.encode()).hexdigest()[:12]
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property
     def ref(self) -> str:
-        return f"localhost/kforge-build:{self.suite}-cu{self.cuda.replace('.', '')}-{self.key}"
+        head = f"localhost/kforge-build:{self.suite}-cu{self.cuda.replace('.', '')}"
+        if self.torch and self.carried:
+            return f"{head}-{self.carried.tag}-torch{self.torch}-{self.key}"
+        return f"{head}-{self.key}"
 
     @property
     def base_ref(self) -> str:
@@ -193,7 +264,7 @@ def image_exists(ref: str, env: Mapping[str, str], *, run: Runner = subprocess.r
 
 def build_image(spec: ImageSpec, cache_dir: Path, environ: Mapping[str, str], *, run: Runner = subprocess.run,
                 log: Callable[[str], None] = print, ca_bundle: Path | None = None) -> str:
-    """Make ``spec``'s image unless podman already has it; return its reference."""
+    """Make ``spec``'s image unless podman already has it (a torch layer: its base first); return its reference."""
     for tool in ("podman", "debootstrap"):
         if not shutil.which(tool, path=environ.get("PATH")):
             raise ToolchainError(f"{tool} is not installed, and kforge's build image needs it",
@@ -201,6 +272,16 @@ def build_image(spec: ImageSpec, cache_dir: Path, environ: Mapping[str, str], *,
     env = podman_env(cache_dir, environ)
     if image_exists(spec.ref, env, run=run):
         log(f"image {spec.ref} exists (inputs unchanged)")
+        return spec.ref
+    if spec.torch and spec.carried:
+        base_ref = build_image(spec.base, cache_dir, environ, run=run, log=log, ca_bundle=ca_bundle)
+        c = spec.carried
+        log(f"provisioning {spec.ref}: CPython {c.minor} from this host at /opt/python/{c.tag}-{c.tag}, "
+            f"torch {spec.torch} from PyPI")
+        mounts = ["--volume", f"{c.staged}:/run/kforge-python:ro"]
+        _provision(spec, base_ref, spec.torch_script(), mounts, cache_dir, env, run=run, ca_bundle=ca_bundle,
+                   what=f"the torch {spec.torch} layer of the {spec.suite} image")
+        log(f"image {spec.ref} ready")
         return spec.ref
     root = Path(cache_dir) / "images" / spec.base_ref.rpartition(":")[2]
     rootfs = root / "rootfs"
@@ -217,29 +298,38 @@ def build_image(spec: ImageSpec, cache_dir: Path, environ: Mapping[str, str], *,
         tar.wait()
         _check(imported, f"podman import of the {spec.suite} root", "run `podman info` to see what podman needs here")
         shutil.rmtree(rootfs, ignore_errors=True)
-    name = f"kforge-provision-{spec.key}"
-    run(["podman", "rm", "-f", name], env=env, capture_output=True, text=True)
     log(f"provisioning {spec.ref}: compilers, /opt/python/cp{spec.python.replace('.', '')}, nvcc {spec.cuda} from PyPI")
+    _provision(spec, spec.base_ref, spec.provision_script(), [], cache_dir, env, run=run, ca_bundle=ca_bundle,
+               what=f"provisioning the {spec.suite} image")
+    log(f"image {spec.ref} ready")
+    return spec.ref
+
+
+def _provision(spec: ImageSpec, from_ref: str, script: str, mounts: list[str], cache_dir: Path,
+               env: Mapping[str, str], *, run: Runner, ca_bundle: Path | None, what: str) -> None:
+    """Run ``script`` in a container of ``from_ref`` (host network, pip's cache mounted), commit it as ``spec.ref``."""
+    name = f"kforge-provision-{spec.key}"
+    run(["podman", "rm", "-f", name], env=dict(env), capture_output=True, text=True)
     try:
-        pip_cache = Path(cache_dir) / "pip"  # downloads (nvcc is ~100 MB) survive a rebuild of the image
+        pip_cache = Path(cache_dir) / "pip"  # downloads (nvcc ~100 MB, torch's several GB) survive a rebuild
         pip_cache.mkdir(parents=True, exist_ok=True)
-        mounts = ["--volume", f"{pip_cache}:/root/.cache/pip"]
+        mounts = [*mounts, "--volume", f"{pip_cache}:/root/.cache/pip"]
         if spec.ca_sha256 and ca_bundle:
             mounts += ["--volume", f"{ca_bundle}:/run/kforge-host-ca.crt:ro"]
-        _check(run(["podman", "run", "--network=host", *mounts, f"--name={name}", spec.base_ref, "bash", "-c",
-                    spec.provision_script()], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-               f"provisioning the {spec.suite} image", "read the output above; the image needs Debian's and PyPI's package servers")
-        labels = {"kforge.suite": spec.suite, "kforge.cuda": spec.cuda, "kforge.python": spec.python,
+        _check(run(["podman", "run", "--network=host", *mounts, f"--name={name}", from_ref, "bash", "-c", script],
+                   env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+               what, "read the output above; the image needs Debian's and PyPI's package servers")
+        labels = {"kforge.suite": spec.suite, "kforge.cuda": spec.cuda, "kforge.python": " ".join(spec.pythons),
                   "kforge.platform_tag": spec.platform_tag, "kforge.key": spec.key}
+        if spec.torch:
+            labels["kforge.torch"] = spec.torch
         changes: list[str] = []
         for k, v in labels.items():
             changes += ["--change", f"LABEL {k}={v}"]
-        _check(run(["podman", "commit", *changes, name, spec.ref], env=env, capture_output=True, text=True),
+        _check(run(["podman", "commit", *changes, name, spec.ref], env=dict(env), capture_output=True, text=True),
                "podman commit of the provisioned image", "run `podman info` to see what podman needs here")
     finally:
-        run(["podman", "rm", "-f", name], env=env, capture_output=True, text=True)
-    log(f"image {spec.ref} ready")
-    return spec.ref
+        run(["podman", "rm", "-f", name], env=dict(env), capture_output=True, text=True)
 
 
 def image_pythons(ref: str, env: Mapping[str, str], *, run: Runner = subprocess.run) -> tuple[str, ...]:
@@ -247,10 +337,29 @@ def image_pythons(ref: str, env: Mapping[str, str], *, run: Runner = subprocess.
     proc = run(["podman", "image", "inspect", ref, "--format", "{{index .Labels \"kforge.python\"}}"],
                env=dict(env), capture_output=True, text=True)
     value = (proc.stdout or "").strip() if proc.returncode == 0 else ""
-    return (value,) if value and value != "<no value>" else ()
+    return tuple(value.split()) if value and value != "<no value>" else ()
 
 
-def ensure_image(name: str, cuda: str, cache_dir: Path, environ: Mapping[str, str], **kw) -> str:
-    """Make (or reuse) the kforge image ``name`` for ``cuda``, carrying the host's CA bundle in for pip."""
+def carry_python(minor: str, cache_dir: Path, environ: Mapping[str, str], *, run: Runner = subprocess.run) -> CarriedPython:
+    """Find this host's CPython ``minor`` and stage it for a torch layer (:mod:`kforge.build.imagepython`)."""
+    py = imagepython.find_host_python(minor, environ, run=run)
+    staged = imagepython.stage_host_python(py, cache_dir, environ, run=run)
+    info = json.loads((staged / "python.json").read_text())
+    return CarriedPython(minor=py.minor, identity=staged.name.rpartition("-")[2], host_prefix=info["host_prefix"],
+                         loader=info["loader"], staged=str(staged))
+
+
+def ensure_image(name: str, cuda: str, cache_dir: Path, environ: Mapping[str, str], *, torch: str | None = None,
+                 python: str | None = None, run: Runner = subprocess.run, **kw) -> str:
+    """Make (or reuse) the kforge image ``name`` for ``cuda``, carrying the host's CA bundle in for pip.
+
+    With ``torch`` (and the ``python`` it is for), the image gets a torch layer: that CPython from this
+    host and that torch from PyPI, for torch-ABI builds.
+    """
     ca = host_ca_bundle(environ)
-    return build_image(parse_image_name(name, cuda, ca_bundle=ca), cache_dir, environ, ca_bundle=ca, **kw)
+    spec = parse_image_name(name, cuda, ca_bundle=ca)
+    if torch:
+        if not python:
+            raise ValueError("a torch layer needs the Python it is for")
+        spec = replace(spec, torch=torch, carried=carry_python(python, cache_dir, environ, run=run))
+    return build_image(spec, cache_dir, environ, ca_bundle=ca, run=run, **kw)

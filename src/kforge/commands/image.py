@@ -16,6 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("name", nargs="?", default="kforge:bullseye",
                    help="kforge:<suite>, suite one of " + ", ".join(image.SUITES) + " (default kforge:bullseye)")
     b.add_argument("--cuda", default="13.0", help="nvcc from PyPI inside the image (13.0 or newer; default 13.0)")
+    b.add_argument("--torch", default=None,
+                   help="add a torch layer: this torch from PyPI (its CUDA must be --cuda), for torch-ABI builds")
+    b.add_argument("--python", default="3.12",
+                   help="the torch layer's CPython, carried in from this host (default 3.12; $KFORGE_IMAGE_PYTHON picks one)")
     b.set_defaults(func=run_build)
     s = isub.add_parser("show", help="the image reference and the tag its wheels reach, without building")
     s.add_argument("name", nargs="?", default="kforge:bullseye")
@@ -24,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    ref = image.ensure_image(args.name, args.cuda, cache_dir(), os.environ, log=lambda line: print(line, flush=True))
+    ref = image.ensure_image(args.name, args.cuda, cache_dir(), os.environ, torch=args.torch,
+                             python=args.python if args.torch else None, log=lambda line: print(line, flush=True))
     print(ref)
     return 0
 

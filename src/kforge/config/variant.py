@@ -152,8 +152,25 @@ class Provisioning:
 
 def provisioning(variant: Variant, *, torch_abi: bool, build_isolation: bool, host_python: str,
                  host_torch: Version | None, cuda_how: str, cuda_present: bool,
-                 build_requires: tuple[str, ...] = ()) -> Provisioning:
-    """Decide, per part, present or provisioned. ``cuda_how`` comes from the plan's toolchain decision."""
+                 build_requires: tuple[str, ...] = (), container: str | None = None) -> Provisioning:
+    """Decide, per part, present or provisioned. ``cuda_how`` comes from the plan's toolchain decision.
+
+    ``container`` (a cibuildwheel build of Linux wheels: the image) means the build runs in that container,
+    with the container's Python and torch: nothing is provisioned on this host.
+    """
+    if container is not None:
+        where = (f"in the build container ({container}: the host's CPython carried in, torch from PyPI)"
+                 if container.startswith("kforge") else f"in the build container ({container})")
+        parts = [Part("cuda", str(variant.cuda), True, f"{where.replace('the host', 'nvcc from PyPI; the host')}"),
+                 Part("python", variant.python, True, where)]
+        if variant.torch is None:
+            parts += [Part("torch", None, True, "not needed (torch-free wheel)"),
+                      Part("cxx11_abi", None, True, "not needed (no torch ABI)")]
+        else:
+            parts += [Part("torch", str(variant.torch), True, where),
+                      Part("cxx11_abi", str(variant.cxx11_abi), True,
+                           f"follows torch: {'C++11' if variant.cxx11_abi else 'pre-C++11'} ABI")]
+        return Provisioning(variant=variant, parts=tuple(parts), env_needed=False, requirements=())
     parts = [Part("cuda", str(variant.cuda), cuda_present, cuda_how)]
     python_present = variant.python == host_python
     parts.append(Part("python", variant.python, python_present,
