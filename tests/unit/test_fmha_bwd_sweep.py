@@ -71,6 +71,59 @@ def test_table_has_a_ratio_cell_per_timed_row_and_none_for_bad_variants(sweep) -
     assert "1.04" not in lines[1] and "BAD" in lines[1]
 
 
+NINJA = """\
+[1/4] Building CUDA object CMakeFiles/kforge_fmha_common.dir/csrc/fmha_fwd_bf16_hdim128.cu.o
+ptxas info    : Compiling entry function '_ZN11kforge_fmha15fmha_bwd_kernelI13__nv_bfloat16Li128ELi128ELb1EEEvNS_9BwdParamsE' for 'sm_90a'
+ptxas info    : Used 200 registers, used 1 barriers
+[2/4] Building CUDA object CMakeFiles/kforge_fmha_v_dkss-dqsmem.dir/csrc/fmha_bwd_sm90_bf16_hdim128.cu.o
+ptxas info    : Compiling entry function '_ZN11kforge_fmha7sm90bwd20fmha_bwd_sm90_kernelI13__nv_bfloat16Li128ELb1EEEvNS_9BwdParamsE' for 'sm_90a'
+ptxas info    : Function properties for _ZN11kforge_fmha7sm90bwd20fmha_bwd_sm90_kernelI13__nv_bfloat16Li128ELb1EEEvNS_9BwdParamsE
+    8 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, used 4 barriers, 8 bytes cumulative stack size
+[3/4] Building CUDA object CMakeFiles/kforge_fmha_v_base.dir/csrc/fmha_bwd_sm90_bf16_hdim64.cu.o
+ptxas info    : Compiling entry function '_ZN11kforge_fmha7sm90bwd20fmha_bwd_sm90_kernelI13__nv_bfloat16Li64ELb0EEEvNS_9BwdParamsE' for 'sm_90a'
+ptxas info    : Function properties for _ZN11kforge_fmha7sm90bwd20fmha_bwd_sm90_kernelI13__nv_bfloat16Li64ELb0EEEvNS_9BwdParamsE
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 188 registers, used 3 barriers
+[4/4] Linking CUDA shared library variants/base/libkforge_fmha.so
+"""
+
+
+def test_build_output_goes_to_the_variant_whose_unit_printed_it(sweep) -> None:
+    per = sweep.split_ninja_output(NINJA)
+    assert sorted(per) == ["base", "dkss-dqsmem"]  # the common unit's report belongs to no one
+    ks = sweep.parse_ptxas(per["dkss-dqsmem"])
+    assert [(k["path"], k["d_qk"], k["d_v"], k["causal"], k["registers"]) for k in ks] == [
+        ("sm90", 128, 128, True, 255)]
+    assert sweep.ptxas_summary(ks, 128, "sm90") == "255-255 regs, SPILLS 28 B"
+    assert sweep.ptxas_summary(ks, 128) == "n/a"  # not the portable kernel
+    assert sweep.ptxas_summary(sweep.parse_ptxas(per["base"]), 64, "sm90") == "188-188 regs, no spills"
+
+
+def test_baseline_comparison_and_kernel_check(sweep) -> None:
+    import torch
+
+    g = [torch.ones(2, 3), torch.full((2, 3), 2.0), torch.zeros(2, 3)]
+    base = {"bf16-128-c": {"grads": g, "err": 0.01}}
+    mine = {"bf16-128-c": {"grads": [g[0] * 1.5, g[1], g[2]], "err": 0.02}}
+    checks = [{"case": "bf16-128-c", "err": 0.02, "diff": None, "base_err": None, "floor": 8e-3}]
+    sweep.compare_with_baseline(checks, mine, base)
+    assert checks[0]["base_err"] == 0.01 and checks[0]["diff"] == pytest.approx(0.5)  # dQ: 0.5 / 1
+    assert sweep.verdict(checks, 2e-2)[0] == "BAD"  # a wrong variant is flagged
+    rows = [{"d_qk": 128, "seqlen": 4096, "kernel": "kforge: fwd_sm90_tma / bwd_mma_sync"}]
+    assert "bwd_mma_sync" in sweep.wrong_kernel(rows, "bwd_sm90_wgmma")
+    assert sweep.wrong_kernel(rows, "bwd_mma_sync") is None
+
+
+def test_sm90_cells_show_a_ratio_per_reference_column(sweep) -> None:
+    row = {"d_qk": 128, "seqlen": 8192, "causal": False, "tflops": 600.0,
+           "ratios": {"sdpa-flash": 1.8, "sdpa-cudnn": 1.05}, "ratio": 1.8}
+    results = [{"name": "base", "defines": [], "note": "n", "verdict": "baseline", "rows": [row]}]
+    text = sweep.render({"arch": "90a", "runs": 8, "baseline": "base", "date": "d", "command": "c",
+                         "path": "sm90", "columns": ["sdpa-flash", "sdpa-cudnn"]}, results)
+    assert "sm90 backward" in text and "1.80 / 1.05 (600)" in text
+
+
 def test_every_variant_definition_is_a_knob_of_the_kernel(sweep) -> None:
     csrc = ROOT / "kernels" / "fmha" / "csrc"
     text = (csrc / "fmha_bwd_config.h").read_text() + (csrc / "fmha_bwd_kernel.cuh").read_text()
@@ -79,3 +132,22 @@ def test_every_variant_definition_is_a_knob_of_the_kernel(sweep) -> None:
         for d in defines:
             assert d.partition("=")[0] in known, f"variant {name}: {d} is not read by the kernel"
     assert set(sweep.DEFAULT_VARIANTS) <= set(sweep.VARIANTS) and sweep.DEFAULT_VARIANTS[0] == "base"
+    sm90 = (csrc / "fmha_bwd_sm90.cuh").read_text()
+    known90 = set(re.findall(r"#(?:ifndef|ifdef|if) (KFORGE_FMHA_BWD_SM90_\w+)", sm90))
+    for name, (defines, _) in sweep.SM90_VARIANTS.items():
+        for d in defines:
+            assert d.partition("=")[0] in known90, f"sm90 variant {name}: {d} is not read by the kernel"
+    assert set(sweep.SM90_DEFAULT_VARIANTS) <= set(sweep.SM90_VARIANTS)
+    assert sweep.SM90_DEFAULT_VARIANTS[0] == "base" and not sweep.SM90_VARIANTS["base"][0]
+
+
+def test_sweep_units_reach_the_sm90_backward(sweep) -> None:
+    """The sm90 path's per-variant units are the sm_90a backward's (and the C API), and the
+    portable path's include them too (its definitions reach every backward unit)."""
+    cmake = (ROOT / "kernels" / "fmha" / "CMakeLists.txt").read_text()
+    units = re.findall(r"csrc/(fmha_\w+\.(?:cu|cpp))", cmake)
+    sm90 = [u for u in units if re.search(sweep.PATHS["sm90"]["units"], u)]
+    assert sorted(sm90) == ["fmha_api.cpp", "fmha_bwd_sm90_bf16_hdim128.cu", "fmha_bwd_sm90_bf16_hdim64.cu",
+                            "fmha_bwd_sm90_fp16_hdim128.cu", "fmha_bwd_sm90_fp16_hdim64.cu"]
+    assert set(sm90) <= {u for u in units if re.search(sweep.PATHS["portable"]["units"], u)}
+    assert "KFORGE_FMHA_SWEEP_VARIANTS" in cmake and "KFORGE_FMHA_SWEEP_UNITS" in cmake
