@@ -124,6 +124,8 @@ DEFAULT_VARIANTS = ["base", "dqv4", "n128-v4", "m64-v4", "mt2-m64-qs16", "mt2-m6
 # The sm_90a backward's knobs (csrc/fmha_bwd_sm90.cuh; --path sm90). Same format as VARIANTS.
 SM90_DK_SS = "KFORGE_FMHA_BWD_SM90_DK_SS=1"
 SM90_DQ_SMEM = "KFORGE_FMHA_BWD_SM90_DQ_SMEM=1"
+SM90_DEFER = "KFORGE_FMHA_BWD_SM90_DEFER_DK=2"
+SM90_DEFER64 = "KFORGE_FMHA_BWD_SM90_DEFER_DK=1"
 SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
     "base": ([], "the defaults: S^T, dP^T, dV, dK, dQ each waited for in turn, dK from dS "
                  "registers, dQ by red.global.add from registers (.v4 at hdim 64)"),
@@ -132,8 +134,17 @@ SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
     "dqsmem": ([SM90_DQ_SMEM], "dQ tile to shared memory, one 256-byte bulk reduction "
                                "(cp.reduce.async.bulk add.f32) per row and warp lane, +36 KiB"),
     "dkss-dqsmem": ([SM90_DK_SS, SM90_DQ_SMEM], "dkss + dqsmem"),
+    "dkss-defer": ([SM90_DK_SS, SM90_DEFER], "dkss, dK issued after dQ and waited for after the dQ "
+                   "adds (which overlap it); ptxas: 8-32 spill bytes at hdim 128"),
+    "dkss-dqsmem-defer": ([SM90_DK_SS, SM90_DQ_SMEM, SM90_DEFER], "dkss-dqsmem + defer; ptxas: "
+                          "24-32 spill bytes at hdim 128"),
+    # more, not in the default list (--variants NAME):
+    "dkss-dqsmem-defer64": ([SM90_DK_SS, SM90_DQ_SMEM, SM90_DEFER64],
+                            "dkss-dqsmem, defer at hdim 64 only (no spills anywhere)"),
+    "dkss-defer64": ([SM90_DK_SS, SM90_DEFER64], "dkss, defer at hdim 64 only"),
+    "dqv2": (["KFORGE_FMHA_BWD_SM90_DQ_V4=0"], "dQ adds as .v2 at hdim 64 too (the v4 shuffles off)"),
 }
-SM90_DEFAULT_VARIANTS = ["base", "dkss", "dqsmem", "dkss-dqsmem"]
+SM90_DEFAULT_VARIANTS = ["base", "dkss", "dqsmem", "dkss-dqsmem", "dkss-defer", "dkss-dqsmem-defer"]
 # What each path compiles per variant (CMakeLists.txt's KFORGE_FMHA_SWEEP_UNITS), its main
 # kernel's units (a dry run compiles only these) and its default reference columns.
 PATHS = {

@@ -65,7 +65,22 @@ constexpr bool kDqV4 = KFORGE_FMHA_BWD_SM90_DQ_V4 != 0 && HDIM == 64;
 #ifndef KFORGE_FMHA_BWD_SM90_DQ_SMEM
 #define KFORGE_FMHA_BWD_SM90_DQ_SMEM 0
 #endif
+// DEFER_DK (with DK_SS): dK is issued after dQ, and the step waits for dV and dQ, adds dQ, and
+// only then waits for dK: the dQ adds overlap dK. 1: at head dim 64 only; 2: at both (ptxas 13.0
+// spills 8-32 bytes at head dim 128: dQ's 32 accumulators live beside dK's and dV's). Leaving dK
+// running into the next step instead, to retire at its first wait, makes ptxas 13.0 serialize
+// every wgmma (C7515: it cannot tell what a wait retires across the loop's back edge); that layout
+// would also need a third Q buffer (a wgmma reading Q past its step).
+#ifndef KFORGE_FMHA_BWD_SM90_DEFER_DK
+#define KFORGE_FMHA_BWD_SM90_DEFER_DK 0
+#endif
+
 constexpr bool kDkSs = KFORGE_FMHA_BWD_SM90_DK_SS != 0;
+template <int HDIM>
+constexpr bool kDeferDk = KFORGE_FMHA_BWD_SM90_DEFER_DK >= (HDIM == 64 ? 1 : 2);
+static_assert(KFORGE_FMHA_BWD_SM90_DEFER_DK == 0 || kDkSs,
+              "KFORGE_FMHA_BWD_SM90_DEFER_DK needs KFORGE_FMHA_BWD_SM90_DK_SS");
+constexpr int kStages = 2;  // Q / dO / LSE / D buffers
 constexpr bool kDqSmem = KFORGE_FMHA_BWD_SM90_DQ_SMEM != 0;
 constexpr int kDqRowBytes = 64 * 4 + 32;          // one row of a warpgroup's dQ tile, padded
 constexpr int kDqWgBytes = kBlockM * kDqRowBytes;  // a warpgroup's [64 rows][64 columns] tile
@@ -80,12 +95,12 @@ struct Shape {
   static constexpr int kQHalf = kBlockM * 128;
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKvTile;
-  static constexpr int kOffQ = kOffV + kKvTile;           // 2 buffers
-  static constexpr int kOffDo = kOffQ + 2 * kQTile;       // 2 buffers
-  static constexpr int kOffDs = kOffDo + 2 * kQTile;      // dS^T [128 keys][64 queries]
-  static constexpr int kOffLse = kOffDs + kBlockN * kBlockM * 2;  // 2 buffers of 64 floats
-  static constexpr int kOffD = kOffLse + 2 * kBlockM * 4;
-  static constexpr int kOffDq = kOffD + 2 * kBlockM * 4;          // DQ_SMEM: 2 warpgroups' tiles
+  static constexpr int kOffQ = kOffV + kKvTile;              // kStages buffers
+  static constexpr int kOffDo = kOffQ + kStages * kQTile;    // kStages buffers
+  static constexpr int kOffDs = kOffDo + kStages * kQTile;   // dS^T [128 keys][64 queries]
+  static constexpr int kOffLse = kOffDs + kBlockN * kBlockM * 2;  // kStages x 64 floats
+  static constexpr int kOffD = kOffLse + kStages * kBlockM * 4;
+  static constexpr int kOffDq = kOffD + kStages * kBlockM * 4;          // DQ_SMEM: 2 warpgroups' tiles
   static constexpr int kSmemBytes = kOffDq + (kDqSmem ? 2 * kDqWgBytes : 0) + 1024;  // + slack
   static_assert(kOffDq % 16 == 0 && kSmemBytes <= 232448, "bulk sources 16-byte aligned; 227 KiB");
   static_assert(kOffDs % 1024 == 0, "swizzled tiles start on 1024-byte boundaries");
@@ -297,12 +312,12 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
   const float scale_log2 = p.scale_log2;
   const int key_l = wg * 64 + warp * 16 + g;  // this thread's first key in the block (+8)
 
-  for (int it = 0; it < n_iter; ++it) {
-    const int buf = it & 1;
+  for (int it = 0, buf = 0, next_buf = 1; it < n_iter;
+       ++it, buf = next_buf, next_buf = next_buf + 1 == kStages ? 0 : next_buf + 1) {
     cp_async_wait<0>();
     fence_proxy_async();  // this thread's cp.async writes, visible to the wgmma (async) proxy
     __syncthreads();      // step it's tiles are in; every wgmma of step it - 1 has completed
-    if (it + 1 < n_iter) load_step(it + 1, buf ^ 1);
+    if (it + 1 < n_iter) load_step(it + 1, next_buf);
     cp_async_commit();
 
     const int h = h_first + it / m_count;
@@ -404,16 +419,9 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
       }
     }
 
-    if constexpr (kDkSs) {
-      // This warpgroup's 64 rows of dS^T visible to its wgmma (async proxy), then dK += dS^T Q
-      // with dS^T as the K-major A operand (k-step kk: 32 bytes along the row), issued before the
-      // 256-thread barrier that dQ needs at head dim 128.
-      fence_proxy_async();
-      if (wg == 0) {  // literal ids: ptxas then reserves 3 barriers, not all 16
-        named_sync(2, 128);
-      } else {
-        named_sync(3, 128);
-      }
+    // DK_SS: dK += dS^T Q with dS^T as the K-major A operand (this warpgroup's 64 rows; k-step
+    // kk: 32 bytes along the row).
+    auto issue_dk_ss = [&] {
       const uint64_t ds_a = make_desc(sDs + wg * 64 * 128);
       wgmma_fence();
 #pragma unroll
@@ -424,6 +432,19 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
         }
       }
       wgmma_commit();
+    };
+    if constexpr (kDkSs) {
+      // This warpgroup's 64 rows of dS^T visible to its wgmma (async proxy); then dK, issued
+      // before the 256-thread barrier that dQ needs at head dim 128 (DEFER_DK: after dQ).
+      fence_proxy_async();
+      if (HDIM == 64 || !kDeferDk<HDIM>) {
+        if (wg == 0) {  // literal ids: ptxas then reserves 3 barriers, not all 16
+          named_sync(2, 128);
+        } else {
+          named_sync(3, 128);
+        }
+      }
+      if constexpr (!kDeferDk<HDIM>) issue_dk_ss();
       if constexpr (HDIM == 128) named_sync(1, kThreads);  // the other warpgroup's dS^T too
     } else {
       // dK += dS^T Q.
@@ -463,7 +484,14 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
                k_desc + (HDIM == 128 ? wg : 0) * kKvHalfU + (ks0 + kk) * kRows16U, kk > 0);
     }
     wgmma_commit();
-    if constexpr (kDkSs) {
+    if constexpr (kDeferDk<HDIM>) {
+      issue_dk_ss();
+      wgmma_wait1();  // dV and dQ done: pa is free; dK runs on under the dQ adds
+      keep(pa);
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) keep(dv[dh]);
+      keep(dq);
+    } else if constexpr (kDkSs) {
       wgmma_wait0();  // dV, dK and dQ done: pa is free
       keep(pa);
 #pragma unroll
@@ -538,6 +566,11 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
           }
         }
       }
+    }
+    if constexpr (kDeferDk<HDIM>) {
+      wgmma_wait0();  // dK done (it reads this step's Q and dS^T)
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) keep(dk[dh]);
     }
   }
 
