@@ -80,7 +80,7 @@ template <int HDIM>
 constexpr bool kDeferDk = KFORGE_FMHA_BWD_SM90_DEFER_DK >= (HDIM == 64 ? 1 : 2);
 static_assert(KFORGE_FMHA_BWD_SM90_DEFER_DK == 0 || kDkSs,
               "KFORGE_FMHA_BWD_SM90_DEFER_DK needs KFORGE_FMHA_BWD_SM90_DK_SS");
-constexpr int kStages = 2;  // Q / dO / LSE / D buffers
+constexpr int kStages = 2;  // Q / dO / LSE / D buffers (the loop alternates two: buf = it & 1)
 constexpr bool kDqSmem = KFORGE_FMHA_BWD_SM90_DQ_SMEM != 0;
 constexpr int kDqRowBytes = 64 * 4 + 32;          // one row of a warpgroup's dQ tile, padded
 constexpr int kDqWgBytes = kBlockM * kDqRowBytes;  // a warpgroup's [64 rows][64 columns] tile
@@ -140,6 +140,9 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gdst, uint32_t ssrc, 
                    gdst),
                "r"(ssrc), "r"(bytes)
                : "memory");
+}
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 __device__ __forceinline__ void bulk_commit_group() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
@@ -312,12 +315,12 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
   const float scale_log2 = p.scale_log2;
   const int key_l = wg * 64 + warp * 16 + g;  // this thread's first key in the block (+8)
 
-  for (int it = 0, buf = 0, next_buf = 1; it < n_iter;
-       ++it, buf = next_buf, next_buf = next_buf + 1 == kStages ? 0 : next_buf + 1) {
+  for (int it = 0; it < n_iter; ++it) {
+    const int buf = it & 1;
     cp_async_wait<0>();
     fence_proxy_async();  // this thread's cp.async writes, visible to the wgmma (async) proxy
     __syncthreads();      // step it's tiles are in; every wgmma of step it - 1 has completed
-    if (it + 1 < n_iter) load_step(it + 1, next_buf);
+    if (it + 1 < n_iter) load_step(it + 1, buf ^ 1);
     cp_async_commit();
 
     const int h = h_first + it / m_count;
@@ -419,20 +422,6 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
       }
     }
 
-    // DK_SS: dK += dS^T Q with dS^T as the K-major A operand (this warpgroup's 64 rows; k-step
-    // kk: 32 bytes along the row).
-    auto issue_dk_ss = [&] {
-      const uint64_t ds_a = make_desc(sDs + wg * 64 * 128);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-        for (int dh = 0; dh < KH; ++dh) {
-          ss_nt<T>(dk[dh], ds_a + kk * 2, q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U, 1);
-        }
-      }
-      wgmma_commit();
-    };
     if constexpr (kDkSs) {
       // This warpgroup's 64 rows of dS^T visible to its wgmma (async proxy); then dK, issued
       // before the 256-thread barrier that dQ needs at head dim 128 (DEFER_DK: after dQ).
@@ -444,7 +433,20 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
           named_sync(3, 128);
         }
       }
-      if constexpr (!kDeferDk<HDIM>) issue_dk_ss();
+      if constexpr (!kDeferDk<HDIM>) {
+        // dK += dS^T Q with dS^T as the K-major A operand (this warpgroup's 64 rows; k-step kk:
+        // 32 bytes along the row).
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+          for (int dh = 0; dh < KH; ++dh) {
+            ss_nt<T>(dk[dh], make_desc(sDs + wg * 64 * 128) + kk * 2,
+                     q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U, 1);
+          }
+        }
+        wgmma_commit();
+      }
       if constexpr (HDIM == 128) named_sync(1, kThreads);  // the other warpgroup's dS^T too
     } else {
       // dK += dS^T Q.
@@ -485,7 +487,16 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
     }
     wgmma_commit();
     if constexpr (kDeferDk<HDIM>) {
-      issue_dk_ss();
+      wgmma_fence();  // dK as above, behind dQ
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int dh = 0; dh < KH; ++dh) {
+          ss_nt<T>(dk[dh], make_desc(sDs + wg * 64 * 128) + kk * 2,
+                   q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U, 1);
+        }
+      }
+      wgmma_commit();
       wgmma_wait1();  // dV and dQ done: pa is free; dK runs on under the dQ adds
       keep(pa);
 #pragma unroll
@@ -517,15 +528,15 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
       // (256 bytes: columns dcol0 .. dcol0 + 63) once the whole warp has written it.
       const int wrow0 = warp * 16;
       const uint32_t sdq = sbase + S::kOffDq + wg * kDqWgBytes + wrow0 * kDqRowBytes;
-      unsigned char* pdq = base + S::kOffDq + wg * kDqWgBytes + wrow0 * kDqRowBytes;
       if (lane < 16) bulk_wait_read_all();  // last step's reduction of row `lane` has read it
       __syncwarp();
+      const uint32_t mine = sdq + g * kDqRowBytes + t * 8;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          *reinterpret_cast<float2*>(pdq + (g + 8 * r) * kDqRowBytes + (8 * j + 2 * t) * 4) =
-              make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+          st_shared_f32x2(mine + r * 8 * kDqRowBytes + j * 32, dq[4 * j + 2 * r],
+                          dq[4 * j + 2 * r + 1]);
         }
       }
       fence_proxy_async();  // the generic-proxy stores, visible to the bulk reduction
