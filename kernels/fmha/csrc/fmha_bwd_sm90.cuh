@@ -33,6 +33,10 @@
 //                        reductions (red.global.add.v4.f32 at head dim 64, .v2 at 128) into
 //                        the dQ accumulator.
 // At the end dK * scale and dV go to global memory in the input dtype.
+// Tuning knobs, off by default until measured (benchmarks/fmha_bwd_sweep.py --path sm90; layouts
+// in scripts/sm90_bwd_model.py --variant): KFORGE_FMHA_BWD_SM90_DK_SS (dK from the dS^T tile, dV
+// overlapped with the dS math), _DQ_SMEM (dQ by bulk reductions from shared memory), _DEFER_DK
+// (dK waited for after the dQ adds); see their definitions below.
 #pragma once
 
 #include "fmha_bwd_kernel.cuh"  // BwdParams helpers: bwd_seq, atomic_add2, cp_async4
