@@ -133,15 +133,16 @@ SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
                            "registers), dV overlapped with the dS math, one wait for dV/dK/dQ"),
     "dqsmem": ([SM90_DQ_SMEM], "dQ tile to shared memory, one 256-byte bulk reduction "
                                "(cp.reduce.async.bulk add.f32) per row and warp lane, +36 KiB"),
-    "dkss-dqsmem": ([SM90_DK_SS, SM90_DQ_SMEM], "dkss + dqsmem"),
+    "dkss-dqsmem": ([SM90_DK_SS, SM90_DQ_SMEM], "dkss + dqsmem; ptxas (nvcc 13.0): 8 spill bytes "
+                    "in the causal hdim-128 kernels"),
     "dkss-defer": ([SM90_DK_SS, SM90_DEFER], "dkss, dK issued after dQ and waited for after the dQ "
-                   "adds (which overlap it); ptxas: 8-32 spill bytes at hdim 128"),
+                   "adds (which overlap it); ptxas: 8-16 spill bytes at hdim 128"),
     "dkss-dqsmem-defer": ([SM90_DK_SS, SM90_DQ_SMEM, SM90_DEFER], "dkss-dqsmem + defer; ptxas: "
-                          "24-32 spill bytes at hdim 128"),
+                          "16-32 spill bytes at hdim 128"),
     # more, not in the default list (--variants NAME):
     "dkss-dqsmem-defer64": ([SM90_DK_SS, SM90_DQ_SMEM, SM90_DEFER64],
-                            "dkss-dqsmem, defer at hdim 64 only (no spills anywhere)"),
-    "dkss-defer64": ([SM90_DK_SS, SM90_DEFER64], "dkss, defer at hdim 64 only"),
+                            "dkss-dqsmem, defer at hdim 64 only (hdim 128 as dkss-dqsmem)"),
+    "dkss-defer64": ([SM90_DK_SS, SM90_DEFER64], "dkss, defer at hdim 64 only: no spills anywhere"),
     "dqv2": (["KFORGE_FMHA_BWD_SM90_DQ_V4=0"], "dQ adds as .v2 at hdim 64 too (the v4 shuffles off)"),
 }
 SM90_DEFAULT_VARIANTS = ["base", "dkss", "dqsmem", "dkss-dqsmem", "dkss-defer", "dkss-dqsmem-defer"]
