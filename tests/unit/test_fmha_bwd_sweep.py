@@ -151,3 +151,52 @@ def test_sweep_units_reach_the_sm90_backward(sweep) -> None:
                             "fmha_bwd_sm90_fp16_hdim128.cu", "fmha_bwd_sm90_fp16_hdim64.cu"]
     assert set(sm90) <= {u for u in units if re.search(sweep.PATHS["portable"]["units"], u)}
     assert "KFORGE_FMHA_SWEEP_VARIANTS" in cmake and "KFORGE_FMHA_SWEEP_UNITS" in cmake
+
+
+def test_sm90_sweep_runs_variants_side_by_side_and_flags_a_wrong_one(sweep, tmp_path, monkeypatch) -> None:
+    """main() without a GPU: the build and the workers are stand-ins; each worker saves its
+    gradients and prints its RESULT line, as the real one does. Workers get one GPU each and
+    KFORGE_FMHA_BWD_PATH=sm90; the parent compares every variant's gradients with the first's."""
+    import json
+    import subprocess
+    import threading
+    import time
+
+    import torch
+
+    def fake_build(results, build_dir, arch, jobs, path, log, dry_run, full_build, units):
+        for r in results:
+            r["lib"], r["ptxas"] = str(tmp_path / r["name"] / "libkforge_fmha.so"), []
+
+    seen, lock = [], threading.Lock()
+
+    def fake_run(cmd, env=None, **kw):
+        name = cmd[cmd.index("--name") + 1]
+        grads = [torch.ones(2, 2) * (3.0 if name == "dkss" else 1.0)]  # dkss: wrong dQ
+        out_path = Path(cmd[cmd.index("--grads") + 1])
+        out_path.parent.mkdir(parents=True, exist_ok=True)  # as the worker does
+        torch.save({"bf16-128-c": {"grads": grads, "err": 0.01}}, out_path)
+        with lock:
+            seen.append((name, env["CUDA_VISIBLE_DEVICES"], env["KFORGE_FMHA_BWD_PATH"]))
+        time.sleep(0.3)  # a run takes a while: the other GPU's loop takes the next variant
+        row = {"d_qk": 128, "seqlen": 4096, "causal": True, "tflops": 500.0,
+               "kernel": "kforge: fwd_sm90_tma / bwd_sm90_wgmma",
+               "ratios": {"sdpa-flash": 1.4, "sdpa-cudnn": 0.9}, "ratio": 1.4}
+        out = {"device": "fake", "torch": "x", "rows": [row],
+               "checks": [{"case": "bf16-128-c", "err": 0.01, "diff": None, "base_err": None,
+                           "floor": 8e-3}]}
+        return subprocess.CompletedProcess(cmd, 0, "RESULT " + json.dumps(out) + "\n", "")
+
+    monkeypatch.setattr(sweep, "build_variants", fake_build)
+    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    rc = sweep.main(["--path", "sm90", "--variants", "base,dkss,dqsmem", "--gpus", "2",
+                     "--build-dir", str(tmp_path), "--out", str(tmp_path / "t")])
+    assert rc == 0
+    assert sorted(n for n, _, _ in seen) == ["base", "dkss", "dqsmem"]
+    assert {g for _, g, _ in seen} == {"0", "1"} and {p for _, _, p in seen} == {"sm90"}
+    text = (tmp_path / "t.md").read_text()
+    rows = {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith("| ")}
+    assert "baseline" in rows["base"] and "1.40 / 0.90 (500)" in rows["base"]
+    assert "BAD" in rows["dkss"] and "1.40" not in rows["dkss"]
+    assert "| ok |" in rows["dqsmem"]
