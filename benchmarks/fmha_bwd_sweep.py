@@ -1,37 +1,48 @@
-"""A tuning sweep of kforge_fmha's portable backward (csrc/fmha_bwd_kernel.cuh) in one call on
-a GPU host: build one library per variant (compile-time knobs of csrc/fmha_bwd_config.h), then
-for each variant check its gradients and time it against SDPA's flash backward
-(FlashAttention-2's kernel) in the same process, and write one table.
+"""A tuning sweep of kforge_fmha's backward in one call on a GPU host: build one library per
+variant (compile-time knobs), then for each variant check its gradients and time it against SDPA's
+backends in the same process, and write one table. Two paths (--path): `portable` (the mma.sync
+kernel, csrc/fmha_bwd_kernel.cuh, knobs of csrc/fmha_bwd_config.h; VARIANTS) and `sm90` (the
+sm_90a wgmma kernel, csrc/fmha_bwd_sm90.cuh, knobs KFORGE_FMHA_BWD_SM90_*; SM90_VARIANTS); the
+workers run with KFORGE_FMHA_BWD_PATH set to it (the sm90 path refuses, rather than falls back,
+where it cannot run; a row whose backward was not that path's kernel makes the variant BAD).
 
-Build. One CMake build directory for 90a (--build-dir), configured once; each variant
-reconfigures it with KFORGE_FMHA_BWD_DEFINES (CMakeLists.txt: definitions for the backward units
-and the C API only), so a variant recompiles 8 backward units and fmha_api.cpp, not the forward
-kernels. The library of each variant is copied to BUILD_DIR/variants/NAME/. ptxas runs with -v
-(KFORGE_FMHA_PTXAS_VERBOSE): the main kernel's registers and spills per variant go into the table.
+Build. One CMake build directory (--build-dir), configured once with every variant
+(CMakeLists.txt's KFORGE_FMHA_SWEEP_VARIANTS): the units a variant changes (the backward units and
+the C API for `portable`, the sm_90a backward units and the C API for `sm90`) are compiled per
+variant with its definitions, the others once, and one `cmake --build` of --jobs makes all the
+libraries, BUILD_DIR/variants/NAME/libkforge_fmha.so, in parallel. ptxas runs with -v: the main
+kernel's registers and spills per variant go into the table. --dry-run (no GPU): only the
+variants' units of the path's main kernel are compiled (--units narrows them), for the ptxas report;
+--full-build also links the libraries.
 
 Check. Per variant, in a fresh process (the library is loaded once per process), with
-KFORGE_FMHA_BWD_PATH=portable: dQ, dK, dV of a few small shapes (bf16 and fp16, (128, 128) and
+KFORGE_FMHA_BWD_PATH=--path: dQ, dK, dV of a few small shapes (bf16 and fp16, (128, 128) and
 (64, 64), GQA 8/2, 1000 queries and keys: partial blocks and the causal diagonal) against SDPA's
-math backend in fp32, and against the first variant's gradients (saved by its process): the
-largest |diff| / max |first's|, which is summation order only (fp32 dQ atomics; dK/dV summed over
-other query blocks when BM changes), about 1e-3 in bf16; a variant over --max-diff, or whose error
-against fp32 exceeds 1.5x the first's + its dtype floor, is marked BAD in the table and gets no
-ratios.
+math backend in fp32, and against the first variant's gradients (each worker saves its own; the
+parent compares them): the largest |diff| / max |first's|, which is summation order only (fp32 dQ
+atomics; dK/dV summed over other query blocks when BM changes), about 1e-3 in bf16; a variant over
+--max-diff, or whose error against fp32 exceeds 1.5x the first's + its dtype floor, is marked BAD
+in the table and gets no ratios.
 
 Time. benchmarks/fmha_bwd.py's bench_shape (its interleaved timing, median of --runs rounds): the
-backward alone ("bwd" mode), kforge vs sdpa-flash, bf16, (128, 128) and (64, 64), seqlen 4k and
-8k (batch x seqlen = 16k tokens, 2048 // d_v heads), causal and not.
+backward alone ("bwd" mode), kforge vs the --columns (sdpa-flash = FlashAttention-2's kernel;
+sdpa-cudnn, the sm90 path's default second column), bf16, (128, 128) and (64, 64), seqlen 4k and
+8k (batch x seqlen = 16k tokens, 2048 // d_v heads), causal and not. The variants' workers run
+side by side, one per GPU (--gpus, default: every GPU nvidia-smi lists).
 
     # on the GPU host, from the repository root (writes $OUT/fmha_bwd_sweep.{md,json})
     python benchmarks/fmha_bwd_sweep.py --out $OUT/fmha_bwd_sweep
     python benchmarks/fmha_bwd_sweep.py --variants base,n128,n128-v4 --runs 20 --out ...
-    python benchmarks/fmha_bwd_sweep.py --list
-    # without a GPU: build the variants (or some) and report ptxas, no timing
+    python benchmarks/fmha_bwd_sweep.py --path sm90 --variants base,dkss,dqsmem,dkss-dqsmem \
+        --jobs 60 --out $OUT/sm90sweep
+    python benchmarks/fmha_bwd_sweep.py --list [--path sm90]
+    # without a GPU: compile the variants' units (or some) and report ptxas, no timing
     python benchmarks/fmha_bwd_sweep.py --dry-run --variants base,dqv4
+    python benchmarks/fmha_bwd_sweep.py --dry-run --path sm90 --variants base,dkss --units bf16
 
-Accuracy. Then tests/test_bwd_gpu.py -k custom_softmax_scale (--accuracy) with the first
-variant's library, after the default forward and after the portable one (KFORGE_FMHA_SM90=0):
-issue 31's failing case, with the test's corrected reference.
+Accuracy (portable path). Then tests/test_bwd_gpu.py -k custom_softmax_scale (--accuracy) with
+the first variant's library, after the default forward and after the portable one
+(KFORGE_FMHA_SM90=0): issue 31's failing case, with the test's corrected reference.
 
 Variants over sm_120's 99 KiB of shared memory a block build with KFORGE_FMHA_BWD_SMEM_LIMIT
 raised (the build is for 90a only); a winner among them needs a shape that fits sm_120 (or an
@@ -110,6 +121,40 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
 DEFAULT_VARIANTS = ["base", "dqv4", "n128-v4", "m64-v4", "mt2-m64-qs16", "mt2-m64-ku4", "h64-mt2",
                     "h64-mt2-do1", "h64-mt2-m128-v4", "h64-m128-v4"]
 
+# The sm_90a backward's knobs (csrc/fmha_bwd_sm90.cuh; --path sm90). Same format as VARIANTS.
+SM90_DK_SS = "KFORGE_FMHA_BWD_SM90_DK_SS=1"
+SM90_DQ_SMEM = "KFORGE_FMHA_BWD_SM90_DQ_SMEM=1"
+SM90_DEFER = "KFORGE_FMHA_BWD_SM90_DEFER_DK=2"
+SM90_DEFER64 = "KFORGE_FMHA_BWD_SM90_DEFER_DK=1"
+SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
+    "base": ([], "the defaults: S^T, dP^T, dV, dK, dQ each waited for in turn, dK from dS "
+                 "registers, dQ by red.global.add from registers (.v4 at hdim 64)"),
+    "dkss": ([SM90_DK_SS], "dS^T to shared memory first, dK += dS^T Q from there (SS wgmma, no dS "
+                           "registers), dV overlapped with the dS math, one wait for dV/dK/dQ"),
+    "dqsmem": ([SM90_DQ_SMEM], "dQ tile to shared memory, one 256-byte bulk reduction "
+                               "(cp.reduce.async.bulk add.f32) per row and warp lane, +36 KiB"),
+    "dkss-dqsmem": ([SM90_DK_SS, SM90_DQ_SMEM], "dkss + dqsmem; ptxas (nvcc 13.0): 8 spill bytes "
+                    "in the causal hdim-128 kernels"),
+    "dkss-defer": ([SM90_DK_SS, SM90_DEFER], "dkss, dK issued after dQ and waited for after the dQ "
+                   "adds (which overlap it); ptxas: 8-16 spill bytes at hdim 128"),
+    "dkss-dqsmem-defer": ([SM90_DK_SS, SM90_DQ_SMEM, SM90_DEFER], "dkss-dqsmem + defer; ptxas: "
+                          "16-32 spill bytes at hdim 128"),
+    # more, not in the default list (--variants NAME):
+    "dkss-dqsmem-defer64": ([SM90_DK_SS, SM90_DQ_SMEM, SM90_DEFER64],
+                            "dkss-dqsmem, defer at hdim 64 only (hdim 128 as dkss-dqsmem)"),
+    "dkss-defer64": ([SM90_DK_SS, SM90_DEFER64], "dkss, defer at hdim 64 only: no spills anywhere"),
+    "dqv2": (["KFORGE_FMHA_BWD_SM90_DQ_V4=0"], "dQ adds as .v2 at hdim 64 too (the v4 shuffles off)"),
+}
+SM90_DEFAULT_VARIANTS = ["base", "dkss", "dqsmem", "dkss-dqsmem", "dkss-defer", "dkss-dqsmem-defer"]
+# What each path compiles per variant (CMakeLists.txt's KFORGE_FMHA_SWEEP_UNITS), its main
+# kernel's units (a dry run compiles only these) and its default reference columns.
+PATHS = {
+    "portable": {"units": "fmha_bwd_|fmha_api", "main": r"fmha_bwd_(fp16|bf16)_hdim",
+                 "columns": "sdpa-flash", "kernel": "bwd_mma_sync", "accuracy": "custom_softmax_scale"},
+    "sm90": {"units": "fmha_bwd_sm90_|fmha_api", "main": r"fmha_bwd_sm90_",
+             "columns": "sdpa-flash,sdpa-cudnn", "kernel": "bwd_sm90_wgmma", "accuracy": ""},
+}
+
 CHECK_SHAPES = [  # (dtype, d, causal): batch 2, 1000 queries and keys, 8 heads on 2 kv heads
     ("bf16", 128, True), ("bf16", 128, False), ("fp16", 128, True), ("bf16", 64, True),
     ("bf16", 64, False)]
@@ -131,21 +176,29 @@ _ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(\S+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
 _KERNEL = re.compile(r"fmha_bwd_kernelI(13__nv_bfloat16|6__half)Li(\d+)ELi(\d+)ELb([01])E")
+_KERNEL_SM90 = re.compile(r"fmha_bwd_sm90_kernelI(13__nv_bfloat16|6__half)Li(\d+)ELb([01])E")
+_NINJA_UNIT = re.compile(r"^\[[\d/% ]+\] .*CMakeFiles/kforge_fmha_v_(.+?)\.dir/")
 
 
 def parse_ptxas(text: str) -> list[dict]:
-    """The main backward kernels in ptxas -v output: one dict per (kernel, arch) with dtype,
-    d_qk, d_v, causal, arch, registers, stack and spill bytes."""
+    """The main backward kernels in ptxas -v output: one dict per (kernel, arch) with path
+    (portable or sm90), dtype, d_qk, d_v, causal, arch, registers, stack and spill bytes."""
     out, cur = [], None
     for line in text.splitlines():
         m = _ENTRY.search(line)
         if m:
-            k = _KERNEL.search(m.group(1))
             cur = None
+            k = _KERNEL.search(m.group(1))
             if k:
-                cur = {"dtype": "bf16" if "bfloat16" in k.group(1) else "fp16",
+                cur = {"path": "portable", "dtype": "bf16" if "bfloat16" in k.group(1) else "fp16",
                        "d_qk": int(k.group(2)), "d_v": int(k.group(3)), "causal": k.group(4) == "1",
                        "arch": m.group(2)}
+            k = _KERNEL_SM90.search(m.group(1))
+            if k:
+                cur = {"path": "sm90", "dtype": "bf16" if "bfloat16" in k.group(1) else "fp16",
+                       "d_qk": int(k.group(2)), "d_v": int(k.group(2)), "causal": k.group(3) == "1",
+                       "arch": m.group(2)}
+            if cur is not None:
                 out.append(cur)
             continue
         if cur is None:
@@ -161,9 +214,26 @@ def parse_ptxas(text: str) -> list[dict]:
     return out
 
 
-def ptxas_summary(kernels: list[dict], d: int) -> str:
+def split_ninja_output(text: str) -> dict[str, str]:
+    """A build's output per sweep variant: the lines after each "[i/n] ... CMakeFiles/
+    kforge_fmha_v_NAME.dir/..." step line (ninja prints a step's output right after its line)
+    go to NAME; the common units' lines to no one."""
+    out: dict[str, list[str]] = {}
+    cur = None
+    for line in text.splitlines():
+        if line.startswith("["):
+            m = _NINJA_UNIT.match(line)
+            cur = m.group(1) if m else None
+            continue
+        if cur is not None:
+            out.setdefault(cur, []).append(line)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def ptxas_summary(kernels: list[dict], d: int, path: str = "portable") -> str:
     """'regs a/b, spills 0' over the causal/non-causal (and dtype) kernels of head dim d."""
-    ks = [k for k in kernels if k["d_qk"] == d and k["d_v"] == d and "registers" in k]
+    ks = [k for k in kernels if k["d_qk"] == d and k["d_v"] == d and "registers" in k
+          and k.get("path", "portable") == path]
     if not ks:
         return "n/a"
     regs = sorted({k["registers"] for k in ks})
@@ -172,10 +242,11 @@ def ptxas_summary(kernels: list[dict], d: int) -> str:
 
 
 def render(meta: dict, results: list[dict]) -> str:
-    lines = ["## kforge_fmha portable backward: tuning sweep", "",
+    refs = meta.get("columns", ["sdpa-flash"])
+    lines = [f"## kforge_fmha {meta.get('path', 'portable')} backward: tuning sweep", "",
              f"Device: {meta.get('device', 'n/a')}; torch {meta.get('torch', 'n/a')}; built for "
              f"{meta['arch']}; {meta['date']}; `{meta['command']}`. Ratios: kforge TFLOP/s / "
-             "sdpa-flash TFLOP/s in the same process (backward alone, median of "
+             f"{' and '.join(refs)} TFLOP/s in the same process (backward alone, median of "
              f"{meta['runs']} rounds). diff: max |Δ| / max |{meta['baseline']}'s| over dQ, dK, dV; "
              "err: max |Δ| vs fp32 SDPA math, as a multiple of the baseline's.", ""]
     cols = []
@@ -199,10 +270,13 @@ def render(meta: dict, results: list[dict]) -> str:
             if x is None or r.get("verdict") == "BAD":
                 cells.append("n/a")
             else:
-                ratio = x.get("ratio")
-                cells.append("n/a" if ratio is None else f"{ratio:.2f} ({x['tflops']:.0f})")
+                ratios = [x.get("ratios", {}).get(c, x.get("ratio") if c == refs[0] else None)
+                          for c in refs]
+                tf = "n/a" if x.get("tflops") is None else f"{x['tflops']:.0f}"
+                cells.append(" / ".join("n/a" if q is None else f"{q:.2f}" for q in ratios)
+                             + f" ({tf})")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Cells: kforge/sdpa-flash (kforge TFLOP/s)."]
+    lines += ["", f"Cells: kforge/{' / kforge/'.join(refs)} (kforge TFLOP/s)."]
     for acc in meta.get("accuracy", []):
         lines.append(f"Accuracy, `{meta['baseline']}` library, {acc['forward']} forward: "
                      f"{acc['summary']}" + "".join(f"; {f}" for f in acc["failures"]))
@@ -225,31 +299,63 @@ def run_logged(cmd: list[str], log: Path, env=None) -> tuple[int, str]:
     return res.returncode, text
 
 
-def build_variant(name: str, defines: list[str], build_dir: Path, arch: str, jobs: int,
-                  log: Path) -> dict:
-    """Reconfigure the shared build directory with this variant's definitions, build, copy the
-    library out. Returns {lib, ptxas kernels, seconds} or {error}."""
+def build_variants(results: list[dict], build_dir: Path, arch: str, jobs: int, path: str,
+                   log: Path, dry_run: bool, full_build: bool, units: str | None) -> None:
+    """Configure one build directory with every variant (KFORGE_FMHA_SWEEP_VARIANTS) and build
+    them together: results[i] gets lib (the variant's library), ptxas (its main kernels) and
+    build_s, or error. A dry run (without full_build) compiles only the variants' units of the
+    path's main kernel (those matching `units` too) and links nothing."""
     t0 = time.time()
+    entries = [f"{r['name']}={','.join(r['defines'])}" for r in results]
     cfg = ["cmake", "-S", str(FMHA), "-B", str(build_dir), f"-DCMAKE_CUDA_ARCHITECTURES={arch}",
            "-DCMAKE_BUILD_TYPE=Release", "-DKFORGE_FMHA_BUILD_TESTS=OFF",
-           "-DKFORGE_FMHA_PTXAS_VERBOSE=ON", f"-DKFORGE_FMHA_BWD_DEFINES={';'.join(defines)}"]
-    if not (build_dir / "CMakeCache.txt").exists() and shutil.which("ninja"):
+           "-DKFORGE_FMHA_PTXAS_VERBOSE=ON", "-DKFORGE_FMHA_BWD_DEFINES=",
+           f"-DKFORGE_FMHA_SWEEP_VARIANTS={';'.join(entries)}",
+           f"-DKFORGE_FMHA_SWEEP_UNITS={PATHS[path]['units']}"]
+    have_ninja = shutil.which("ninja") is not None
+    if not (build_dir / "CMakeCache.txt").exists() and have_ninja:
         cfg += ["-G", "Ninja"]
     rc, text = run_logged(cfg, log)
     if rc != 0:
-        return {"error": "cmake configure failed: " + text.strip().splitlines()[-1][:200]}
-    rc, text = run_logged(["cmake", "--build", str(build_dir), "-j", str(jobs)], log)
-    if rc != 0:
-        err = [ln for ln in text.splitlines() if "error" in ln.lower()][:2]
-        return {"error": "build failed: " + " / ".join(err)[:300]}
-    libs = sorted(build_dir.glob("libkforge_fmha.so*"), key=lambda p: len(p.name))
-    if not libs:
-        return {"error": f"no libkforge_fmha.so in {build_dir}"}
-    dest = build_dir / "variants" / name
-    dest.mkdir(parents=True, exist_ok=True)
-    lib = dest / "libkforge_fmha.so"
-    shutil.copy2(libs[-1].resolve(), lib)
-    return {"lib": str(lib), "ptxas": parse_ptxas(text), "build_s": round(time.time() - t0, 1)}
+        for r in results:
+            r["error"] = "cmake configure failed: " + text.strip().splitlines()[-1][:200]
+        return
+    ninja = (build_dir / "build.ninja").exists()
+    if dry_run and not full_build and ninja:
+        pick = re.compile(PATHS[path]["main"])
+        res = subprocess.run(["ninja", "-C", str(build_dir), "-t", "targets", "all"],
+                             capture_output=True, text=True)
+        objs = [ln.split(":")[0] for ln in res.stdout.splitlines()
+                if re.match(r"CMakeFiles/kforge_fmha_v_.+\.o:", ln)]
+        targets = [o for o in objs if pick.search(o) and (not units or re.search(units, o))
+                   and any(f"/kforge_fmha_v_{r['name']}.dir/" in o for r in results)]
+    else:
+        targets = [f"kforge_fmha_v_{r['name']}" for r in results]
+    # -k 0: one variant that does not compile does not stop the others. Without ninja (make),
+    # the parallel jobs' ptxas reports may interleave: the table's ptxas cells are then rough.
+    if ninja:
+        cmd = ["ninja", "-C", str(build_dir), "-k", "0", "-j", str(jobs), *targets]
+    else:
+        cmd = ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *targets, "--", "-k"]
+    rc, text = run_logged(cmd, log)
+    per_variant = split_ninja_output(text)
+    failed = [ln for ln in text.splitlines() if ln.startswith("FAILED:")]
+    for r in results:
+        out = per_variant.get(r["name"], "")
+        r["ptxas"] = parse_ptxas(out)
+        r["build_s"] = round(time.time() - t0, 1)
+        mine = [ln for ln in failed if f"kforge_fmha_v_{r['name']}.dir/" in ln
+                or f"variants/{r['name']}/" in ln]
+        if mine or (rc != 0 and not r["ptxas"]):
+            err = [ln for ln in out.splitlines() if "error" in ln.lower()][:2] or mine[:1]
+            r["error"] = "build failed: " + " / ".join(err)[:300]
+            continue
+        lib = build_dir / "variants" / r["name"] / "libkforge_fmha.so"
+        if not (dry_run and not full_build):
+            if not lib.exists():
+                r["error"] = f"no {lib}"
+                continue
+            r["lib"] = str(lib)
 
 
 # --- the per-variant worker (a fresh process: one library per process) ---------------------------
@@ -264,7 +370,8 @@ def worker(args) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import fmha_bwd
 
-    libs, missing = fmha_bwd.load_libs(["kforge", "sdpa-flash"])
+    refs = [c for c in args.columns.split(",") if c]
+    libs, missing = fmha_bwd.load_libs(["kforge", *refs])
     kf = libs["kforge"]
     assert Path(str(kf.library_path())).resolve() == Path(args.lib).resolve(), (
         f"loaded {kf.library_path()}, expected {args.lib}")
@@ -272,9 +379,9 @@ def worker(args) -> int:
     device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE
     out = {"device": device, "torch": torch.__version__, "checks": []}
 
-    # gradients: against fp32 SDPA math and against the baseline's (saved by its process)
+    # gradients against fp32 SDPA math; saved for the parent, which compares them with the
+    # baseline's (the variants run side by side)
     grads_path = Path(args.grads)
-    base = torch.load(grads_path) if grads_path.exists() and not args.save_grads else None
     mine = {}
     for dt, d, causal in CHECK_SHAPES:
         g = torch.Generator(device=DEVICE).manual_seed(d + 7 * causal)
@@ -294,22 +401,16 @@ def worker(args) -> int:
         ref = torch.autograd.grad(o32.transpose(1, 2), (q32, k32, v32), dout.float())
         key = f"{dt}-{d}-{'c' if causal else 'nc'}"
         err = max((a.float() - r).abs().max().item() for a, r in zip(ours, ref, strict=True))
-        diff = None
-        if base is not None and key in base:
-            diff = max((a.float() - bb.float().to(a.device)).abs().max().item()
-                       / max(bb.float().abs().max().item(), 1e-30)
-                       for a, bb in zip(ours, base[key]["grads"], strict=True))
-        out["checks"].append({"case": key, "err": err, "diff": diff,
-                              "base_err": None if base is None else base[key]["err"],
+        out["checks"].append({"case": key, "err": err, "diff": None, "base_err": None,
                               "floor": FLOOR[dt]})
         mine[key] = {"grads": [t.cpu() for t in ours], "err": err}
-    if args.save_grads:
-        torch.save(mine, grads_path)
+    grads_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(mine, grads_path)
 
     # timing: fmha_bwd.py's bench_shape, kforge vs sdpa-flash, backward alone
     bargs = argparse.Namespace(warmup=args.warmup, runs=args.runs, order="shuffle", max_diff=0.05,
                                fa_192_dv=192)
-    columns = [c for c in ("kforge", "sdpa-flash") if c not in missing]
+    columns = [c for c in ("kforge", *refs) if c not in missing]
     dims = [int(x) for x in args.dims.split(",")]
     shapes = fmha_bwd.plan(["bf16"], [(d, d) for d in dims], args.seqlens, args.tokens, None,
                            [False, True])
@@ -318,12 +419,16 @@ def worker(args) -> int:
         for row in fmha_bwd.bench_shape(shape, ["bwd"], columns, libs, bargs):
             res = row["results"]
             out["rows"].append({"d_qk": row["d_qk"], "seqlen": row["seqlen"], "causal": row["causal"],
-                                "tflops": res["kforge"]["tflops"],
-                                "sdpa_tflops": res.get("sdpa-flash", {}).get("tflops"),
-                                "ratio": row["ratio"].get("sdpa-flash")})
+                                "tflops": res["kforge"]["tflops"], "kernel": row.get("kernel"),
+                                "ref_tflops": {c: res.get(c, {}).get("tflops") for c in refs},
+                                "ref_errors": {c: res[c]["error"] for c in refs
+                                               if res.get(c, {}).get("error")},
+                                "ratios": {c: row["ratio"].get(c) for c in refs},
+                                "ratio": row["ratio"].get(refs[0]) if refs else None})
             print(f"  {args.name}: d{row['d_qk']} L{row['seqlen']} causal={int(row['causal'])} "
-                  f"kforge {res['kforge']['tflops'] or 0:.0f} sdpa-flash "
-                  f"{res.get('sdpa-flash', {}).get('tflops') or 0:.0f} TFLOP/s", flush=True)
+                  f"kforge {res['kforge']['tflops'] or 0:.0f} "
+                  + " ".join(f"{c} {res.get(c, {}).get('tflops') or 0:.0f}" for c in refs)
+                  + f" TFLOP/s ({row.get('kernel')})", flush=True)
     print("RESULT " + json.dumps(out))
     return 0
 
@@ -340,125 +445,213 @@ def verdict(checks: list[dict], max_diff: float) -> tuple[str, float | None, flo
     return ("BAD" if bad else "ok"), (max(diffs) if diffs else None), (max(ratios) if ratios else None)
 
 
+def compare_with_baseline(checks: list[dict], mine: dict, base: dict) -> None:
+    """Fill each check's diff (max |Δ| / max |baseline's| over dQ, dK, dV) and base_err from the
+    gradients a variant's worker saved (mine) and the baseline's (base): {case: {grads, err}}."""
+    for c in checks:
+        b = base.get(c["case"])
+        if b is None or c["case"] not in mine:
+            continue
+        c["base_err"] = b["err"]
+        c["diff"] = max((a.float() - bb.float()).abs().max().item()
+                        / max(bb.float().abs().max().item(), 1e-30)
+                        for a, bb in zip(mine[c["case"]]["grads"], b["grads"], strict=True))
+
+
+def wrong_kernel(rows: list[dict], kernel: str) -> str | None:
+    """The first row whose backward was not `kernel` (the path asked for), as a message."""
+    for x in rows:
+        if x.get("kernel") and kernel not in x["kernel"]:
+            return f"d{x['d_qk']} L{x['seqlen']}: ran {x['kernel']}, not {kernel}"
+    return None
+
+
+def gpu_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return max(1, len([v for v in visible.split(",") if v.strip()]))
+    try:
+        res = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        return max(1, sum(1 for ln in res.stdout.splitlines() if ln.startswith("GPU ")))
+    except (OSError, subprocess.SubprocessError):
+        return 1
+
+
 # --- main ----------------------------------------------------------------------------------------
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
+    ap.add_argument("--path", choices=sorted(PATHS), default="portable",
+                    help="the backward kernel the variants tune (KFORGE_FMHA_BWD_PATH of the runs)")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated names (default: the path's default list)")
     ap.add_argument("--define", action="append", default=[], metavar="NAME=D1,D2",
                     help="an extra variant: a name and its comma-separated definitions")
     ap.add_argument("--list", action="store_true", help="print the variants and exit")
-    ap.add_argument("--build-dir", type=Path, default=ROOT / "build" / "fmha-bwd-sweep")
+    ap.add_argument("--build-dir", type=Path, default=None,
+                    help="default build/fmha-bwd-sweep (portable) or build/fmha-bwd-sweep-sm90")
     ap.add_argument("--arch", default="90a")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 4) - 2),
-                    help="build jobs (default: all cores but 2, which the GPU runs use meanwhile)")
+                    help="build jobs (default: all cores but 2)")
+    ap.add_argument("--columns", default=None,
+                    help="reference columns of fmha_bwd.py (default: sdpa-flash for portable, "
+                         "sdpa-flash,sdpa-cudnn for sm90); the first one decides nothing, each gets "
+                         "a ratio in the cells")
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="variants run side by side, one per GPU (default: every GPU)")
     ap.add_argument("--seqlens", default="4096,8192")
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--max-diff", type=float, default=2e-2)
-    ap.add_argument("--dry-run", action="store_true", help="build and report ptxas only (no GPU)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="compile the variants' main-kernel units, report ptxas (no GPU, no link)")
+    ap.add_argument("--full-build", action="store_true", help="with --dry-run: link the libraries too")
+    ap.add_argument("--units", default=None,
+                    help="with --dry-run: a regex the compiled units' object paths must match (e.g. bf16)")
     ap.add_argument("--worker-timeout", type=int, default=240, help="seconds per variant's run")
-    ap.add_argument("--accuracy", default="custom_softmax_scale",
+    ap.add_argument("--accuracy", default=None,
                     help="pytest -k expression of tests/test_bwd_gpu.py run with the first variant's "
                          "library, after the default and the portable (KFORGE_FMHA_SM90=0) forward "
-                         "(issue 31's failing case); empty: skip")
+                         "(issue 31's failing case); empty: skip (the sm90 path's default)")
     ap.add_argument("--out", type=Path, help="write OUT.md and OUT.json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--lib", help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)
     ap.add_argument("--grads", help=argparse.SUPPRESS)
     ap.add_argument("--dims", default="128,64", help=argparse.SUPPRESS)
-    ap.add_argument("--save-grads", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.seqlens = [int(x) for x in args.seqlens.split(",")]
+    cfg = PATHS[args.path]
+    if args.columns is None:
+        args.columns = cfg["columns"]
     if args.worker:
         return worker(args)
-
-    variants = dict(VARIANTS)
+    if args.accuracy is None:
+        args.accuracy = cfg["accuracy"]
+    table, defaults = (SM90_VARIANTS, SM90_DEFAULT_VARIANTS) if args.path == "sm90" else (
+        VARIANTS, DEFAULT_VARIANTS)
+    variants = dict(table)
     for spec in args.define:
         name, _, defs = spec.partition("=")
         variants[name] = ([d for d in defs.split(",") if d], "from --define")
     if args.list:
         for name, (defs, note) in variants.items():
-            print(f"{name:14s} {'*' if name in DEFAULT_VARIANTS else ' '} {note}\n{'':16s} {' '.join(defs) or '(defaults)'}")
+            print(f"{name:14s} {'*' if name in defaults else ' '} {note}\n{'':16s} {' '.join(defs) or '(defaults)'}")
         return 0
-    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    names = [n.strip() for n in (args.variants or ",".join(defaults)).split(",") if n.strip()]
     names += [s.partition("=")[0] for s in args.define if s.partition("=")[0] not in names]
     unknown = [n for n in names if n not in variants]
-    if unknown:
-        print(f"fmha_bwd_sweep.py: unknown variant(s) {unknown}; --list shows them", file=sys.stderr)
+    bad_names = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_.-]+", n)]
+    if unknown or bad_names or len(set(names)) != len(names):
+        print(f"fmha_bwd_sweep.py: unknown, repeated or unusable variant name(s) {unknown + bad_names}; "
+              "--list shows them", file=sys.stderr)
         return 2
     t_start = time.time()
-    build_dir = args.build_dir.resolve()
+    default_dir = "fmha-bwd-sweep" + ("-sm90" if args.path == "sm90" else "")
+    build_dir = (args.build_dir or ROOT / "build" / default_dir).resolve()
     log = build_dir / "sweep-build.log"
     results = [{"name": n, "defines": variants[n][0], "note": variants[n][1]} for n in names]
-    built = [threading.Event() for _ in names]
-
-    def build_all() -> None:
-        # One reconfigured directory, only the backward units rebuilt per variant; the GPU runs
-        # variant i while variant i + 1 builds (--jobs cores; the run needs one).
-        for r, done in zip(results, built, strict=True):
-            print(f"[{time.time() - t_start:6.0f} s] build {r['name']}: "
-                  f"{' '.join(r['defines']) or '(defaults)'}", flush=True)
-            try:
-                r.update(build_variant(r["name"], r["defines"], build_dir, args.arch, args.jobs, log))
-            except Exception as exc:  # noqa: BLE001 (reported in the table, the sweep goes on)
-                r["error"] = f"build raised {exc!r}"
-            if "ptxas" in r:
-                r["ptxas128"] = ptxas_summary(r["ptxas"], 128)
-                r["ptxas64"] = ptxas_summary(r["ptxas"], 64)
-                print(f"           {r['name']} built in {r.get('build_s')} s; (128,128) "
-                      f"{r['ptxas128']}; (64,64) {r['ptxas64']}", flush=True)
-            else:
-                print(f"           {r['name']}: {r['error']}", flush=True)
-            done.set()
-
-    builder = threading.Thread(target=build_all, daemon=True)
-    builder.start()
-    meta = {"arch": args.arch, "runs": args.runs, "baseline": names[0],
+    meta = {"arch": args.arch, "runs": args.runs, "baseline": names[0], "path": args.path,
+            "columns": [c for c in args.columns.split(",") if c],
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": " ".join(["python", "benchmarks/fmha_bwd_sweep.py", *(sys.argv[1:] if argv is None else argv)])}
+
+    print(f"[{time.time() - t_start:6.0f} s] build {len(results)} variant(s) in {build_dir} "
+          f"(-j {args.jobs}): {', '.join(names)}", flush=True)
+    try:
+        build_variants(results, build_dir, args.arch, args.jobs, args.path, log, args.dry_run,
+                       args.full_build, args.units)
+    except Exception as exc:  # noqa: BLE001 (reported in the table)
+        for r in results:
+            r.setdefault("error", f"build raised {exc!r}")
+    for r in results:
+        r["ptxas128"] = ptxas_summary(r.get("ptxas", []), 128, args.path)
+        r["ptxas64"] = ptxas_summary(r.get("ptxas", []), 64, args.path)
+        print(f"           {r['name']}: (128,128) {r['ptxas128']}; (64,64) {r['ptxas64']}"
+              + (f"; {r['error']}" if r.get("error") else ""), flush=True)
+    print(f"[{time.time() - t_start:6.0f} s] built", flush=True)
+
     if not args.dry_run:
-        grads = build_dir / "baseline-grads.pt"
-        if grads.exists():
-            grads.unlink()
-        for i, r in enumerate(results):
-            built[i].wait()
-            if "lib" not in r:
-                continue
-            print(f"[{time.time() - t_start:6.0f} s] run {r['name']}", flush=True)
-            env = dict(os.environ, KFORGE_FMHA_LIBRARY=r["lib"], KFORGE_FMHA_BWD_PATH="portable",
+        grads_dir = build_dir / "grads"
+        shutil.rmtree(grads_dir, ignore_errors=True)
+        n_gpus = args.gpus or gpu_count()
+        todo = [r for r in results if "lib" in r]
+        lock = threading.Lock()
+
+        def run_one(r: dict, gpu: int) -> None:
+            with lock:
+                print(f"[{time.time() - t_start:6.0f} s] run {r['name']} on GPU {gpu}", flush=True)
+            env = dict(os.environ, KFORGE_FMHA_LIBRARY=r["lib"], KFORGE_FMHA_BWD_PATH=args.path,
                        PYTHONPATH=os.pathsep.join([str(FMHA / "python"), os.environ.get("PYTHONPATH", "")]))
+            if n_gpus > 1 or "CUDA_VISIBLE_DEVICES" not in os.environ:
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                ids = [v for v in visible.split(",") if v.strip()] if visible else None
+                env["CUDA_VISIBLE_DEVICES"] = ids[gpu] if ids else str(gpu)
+            r["grads"] = str(grads_dir / f"{r['name']}.pt")
             cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--lib", r["lib"],
-                   "--name", r["name"], "--grads", str(grads), "--warmup", str(args.warmup),
+                   "--name", r["name"], "--grads", r["grads"], "--warmup", str(args.warmup),
                    "--runs", str(args.runs), "--seqlens", ",".join(map(str, args.seqlens)),
-                   "--tokens", str(args.tokens),
+                   "--tokens", str(args.tokens), "--path", args.path, "--columns", args.columns,
                    "--dims", ",".join(map(str, variant_dims(r["defines"])))]
-            cmd += ["--save-grads"] if i == 0 else []
             try:
                 res = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                      timeout=args.worker_timeout)
             except subprocess.TimeoutExpired:
                 r["error"], r["verdict"] = f"run timed out after {args.worker_timeout} s", "BAD"
-                print("           " + r["error"], flush=True)
-                continue
-            sys.stdout.write("".join(ln + "\n" for ln in res.stdout.splitlines() if not ln.startswith("RESULT ")))
+                return
+            with lock:
+                sys.stdout.write("".join(ln + "\n" for ln in res.stdout.splitlines()
+                                         if not ln.startswith("RESULT ")))
+                sys.stdout.flush()
             found = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
             if res.returncode != 0 or not found:
                 r["error"] = "run failed: " + (res.stderr.strip().splitlines() or ["?"])[-1][:300]
                 r["verdict"] = "BAD"
-                print("           " + r["error"], flush=True)
-                continue
+                return
             data = json.loads(found[-1][len("RESULT "):])
             meta.setdefault("device", data["device"])
             meta.setdefault("torch", data["torch"])
             r["checks"], r["rows"] = data["checks"], data["rows"]
-            r["verdict"], r["diff"], r["err_ratio"] = verdict(data["checks"], args.max_diff)
-            if i == 0:
+
+        # one worker per GPU at a time, variants in their order
+        queue = list(todo)
+        qlock = threading.Lock()
+
+        def gpu_loop(gpu: int) -> None:
+            while True:
+                with qlock:
+                    if not queue:
+                        return
+                    r = queue.pop(0)
+                run_one(r, gpu)
+
+        threads = [threading.Thread(target=gpu_loop, args=(g,), daemon=True)
+                   for g in range(min(n_gpus, max(1, len(todo))))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+
+        # gradients against the baseline's, then the verdicts
+        import torch
+
+        base_r = results[0]
+        base = torch.load(base_r["grads"]) if Path(base_r.get("grads", "/nonexistent")).exists() else {}
+        for i, r in enumerate(results):
+            if "checks" not in r:
+                r.setdefault("verdict", "BAD")
+                continue
+            if base and Path(r["grads"]).exists():
+                compare_with_baseline(r["checks"], torch.load(r["grads"]), base)
+            r["verdict"], r["diff"], r["err_ratio"] = verdict(r["checks"], args.max_diff)
+            wrong = wrong_kernel(r["rows"], cfg["kernel"])
+            if wrong:
+                r["verdict"], r["error"] = "BAD", wrong
+            elif i == 0:
                 r["verdict"] = "baseline"
-    builder.join()
+        print(f"[{time.time() - t_start:6.0f} s] ran", flush=True)
     if not args.dry_run and args.accuracy and results and "lib" in results[0]:
         meta["accuracy"] = []
         for fwd in ("default", "portable"):

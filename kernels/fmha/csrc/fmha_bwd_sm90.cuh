@@ -33,6 +33,10 @@
 //                        reductions (red.global.add.v4.f32 at head dim 64, .v2 at 128) into
 //                        the dQ accumulator.
 // At the end dK * scale and dV go to global memory in the input dtype.
+// Tuning knobs, off by default until measured (benchmarks/fmha_bwd_sweep.py --path sm90; layouts
+// in scripts/sm90_bwd_model.py --variant): KFORGE_FMHA_BWD_SM90_DK_SS (dK from the dS^T tile, dV
+// overlapped with the dS math), _DQ_SMEM (dQ by bulk reductions from shared memory), _DEFER_DK
+// (dK waited for after the dQ adds); see their definitions below.
 #pragma once
 
 #include "fmha_bwd_kernel.cuh"  // BwdParams helpers: bwd_seq, atomic_add2, cp_async4
@@ -51,6 +55,39 @@ constexpr int kThreads = 256;
 #endif
 template <int HDIM>
 constexpr bool kDqV4 = KFORGE_FMHA_BWD_SM90_DQ_V4 != 0 && HDIM == 64;
+// Tuning knobs (benchmarks/fmha_bwd_sweep.py --path sm90), off by default until measured:
+// DK_SS: dS^T goes to shared memory first and dK += dS^T Q reads it there (A K-major, an SS
+// wgmma: no dS register fragments), dV += P^T dO runs while dS is computed (the step waits for
+// dP^T only), dK is issued after a warpgroup barrier and dQ right behind it, and the step waits
+// once for dV, dK and dQ.
+#ifndef KFORGE_FMHA_BWD_SM90_DK_SS
+#define KFORGE_FMHA_BWD_SM90_DK_SS 0
+#endif
+// DQ_SMEM: each warp writes its 16 x 64 fp32 dQ tile to shared memory (rows padded to 288 bytes)
+// and its lanes 0..15 add one row each to the dQ accumulator with a bulk reduction
+// (cp.reduce.async.bulk .add.f32, 256 bytes), instead of 16 red.global.add per thread.
+#ifndef KFORGE_FMHA_BWD_SM90_DQ_SMEM
+#define KFORGE_FMHA_BWD_SM90_DQ_SMEM 0
+#endif
+// DEFER_DK (with DK_SS): dK is issued after dQ, and the step waits for dV and dQ, adds dQ, and
+// only then waits for dK: the dQ adds overlap dK. 1: at head dim 64 only; 2: at both (ptxas 13.0
+// spills 8-32 bytes at head dim 128: dQ's 32 accumulators live beside dK's and dV's). Leaving dK
+// running into the next step instead, to retire at its first wait, makes ptxas 13.0 serialize
+// every wgmma (C7515: it cannot tell what a wait retires across the loop's back edge); that layout
+// would also need a third Q buffer (a wgmma reading Q past its step).
+#ifndef KFORGE_FMHA_BWD_SM90_DEFER_DK
+#define KFORGE_FMHA_BWD_SM90_DEFER_DK 0
+#endif
+
+constexpr bool kDkSs = KFORGE_FMHA_BWD_SM90_DK_SS != 0;
+template <int HDIM>
+constexpr bool kDeferDk = KFORGE_FMHA_BWD_SM90_DEFER_DK >= (HDIM == 64 ? 1 : 2);
+static_assert(KFORGE_FMHA_BWD_SM90_DEFER_DK == 0 || kDkSs,
+              "KFORGE_FMHA_BWD_SM90_DEFER_DK needs KFORGE_FMHA_BWD_SM90_DK_SS");
+constexpr int kStages = 2;  // Q / dO / LSE / D buffers (the loop alternates two: buf = it & 1)
+constexpr bool kDqSmem = KFORGE_FMHA_BWD_SM90_DQ_SMEM != 0;
+constexpr int kDqRowBytes = 64 * 4 + 32;          // one row of a warpgroup's dQ tile, padded
+constexpr int kDqWgBytes = kBlockM * kDqRowBytes;  // a warpgroup's [64 rows][64 columns] tile
 
 template <int HDIM>
 struct Shape {
@@ -62,26 +99,29 @@ struct Shape {
   static constexpr int kQHalf = kBlockM * 128;
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKvTile;
-  static constexpr int kOffQ = kOffV + kKvTile;           // 2 buffers
-  static constexpr int kOffDo = kOffQ + 2 * kQTile;       // 2 buffers
-  static constexpr int kOffDs = kOffDo + 2 * kQTile;      // dS^T [128 keys][64 queries]
-  static constexpr int kOffLse = kOffDs + kBlockN * kBlockM * 2;  // 2 buffers of 64 floats
-  static constexpr int kOffD = kOffLse + 2 * kBlockM * 4;
-  static constexpr int kSmemBytes = kOffD + 2 * kBlockM * 4 + 1024;  // + alignment slack
+  static constexpr int kOffQ = kOffV + kKvTile;              // kStages buffers
+  static constexpr int kOffDo = kOffQ + kStages * kQTile;    // kStages buffers
+  static constexpr int kOffDs = kOffDo + kStages * kQTile;   // dS^T [128 keys][64 queries]
+  static constexpr int kOffLse = kOffDs + kBlockN * kBlockM * 2;  // kStages x 64 floats
+  static constexpr int kOffD = kOffLse + kStages * kBlockM * 4;
+  static constexpr int kOffDq = kOffD + kStages * kBlockM * 4;          // DQ_SMEM: 2 warpgroups' tiles
+  static constexpr int kSmemBytes = kOffDq + (kDqSmem ? 2 * kDqWgBytes : 0) + 1024;  // + slack
+  static_assert(kOffDq % 16 == 0 && kSmemBytes <= 232448, "bulk sources 16-byte aligned; 227 KiB");
   static_assert(kOffDs % 1024 == 0, "swizzled tiles start on 1024-byte boundaries");
 };
 
 #if defined(KFORGE_FMHA_HAS_SM90_BODY)
 
-// m64n64k16 with both operands from shared memory, both MN-major (transposed): dQ = dS K.
-#define KFORGE_FMHA_WGMMA_SS_TT(NAME, PTX_TYPE)                                                  \
+// m64n64k16 with both operands from shared memory; TRANS: "imm-trans-a, imm-trans-b" ("1, 1":
+// both MN-major, dQ = dS K).
+#define KFORGE_FMHA_WGMMA_SS_TT(NAME, PTX_TYPE, TRANS)                                               \
   __device__ __forceinline__ void NAME(float (&d)[32], uint64_t da, uint64_t db, int accumulate) { \
     asm volatile(                                                                                \
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                            \
         "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " "                 \
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                               \
         "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                    \
-        "%32, %33, p, 1, 1, 1, 1;\n}\n"                                                          \
+        "%32, %33, p, 1, 1, " TRANS ";\n}\n"                                                     \
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),   \
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),            \
           "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),         \
@@ -90,9 +130,35 @@ struct Shape {
           "+f"(d[31])                                                                            \
         : "l"(da), "l"(db), "r"(accumulate));                                                    \
   }
-KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_tt_bf16, "bf16")
-KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_tt_f16, "f16")
+KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_tt_bf16, "bf16", "1, 1")
+KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_tt_f16, "f16", "1, 1")
+// A K-major, B MN-major (DK_SS: dK += dS^T Q with dS^T from shared memory).
+KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_nt_bf16, "bf16", "0, 1")
+KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_nt_f16, "f16", "0, 1")
 #undef KFORGE_FMHA_WGMMA_SS_TT
+
+// DQ_SMEM: [gdst .. + bytes) += [ssrc .. + bytes) (fp32), asynchronously, in this thread's bulk
+// group; both 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gdst, uint32_t ssrc, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   gdst),
+               "r"(ssrc), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk reductions have read their shared memory (it may be overwritten).
+__device__ __forceinline__ void bulk_wait_read_all() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// This thread's bulk reductions are complete.
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
 
 // p[0..3] += {a, b, c, d} in global memory, one vector reduction (sm_90); p is 16-byte aligned.
 __device__ __forceinline__ void atomic_add4(float* p, float a, float b, float c, float d) {
@@ -107,6 +173,14 @@ __device__ __forceinline__ void ss_tt(float (&d)[32], uint64_t da, uint64_t db, 
     wgmma_ss64_tt_bf16(d, da, db, acc);
   } else {
     wgmma_ss64_tt_f16(d, da, db, acc);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void ss_nt(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    wgmma_ss64_nt_bf16(d, da, db, acc);
+  } else {
+    wgmma_ss64_nt_f16(d, da, db, acc);
   }
 }
 
@@ -298,10 +372,11 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
       }
     }
 
+    // P^T's A fragments (DK_SS: live until the step's last wait, dV reads them asynchronously).
+    uint32_t pa[4][4];
     // dV += P^T dO: P^T as the register A operand (k-step kk = query columns 16 kk .. 16 kk +
     // 15 = accumulator n-tiles 2 kk and 2 kk + 1, the mma.m16n8k16 A-fragment order).
     {
-      uint32_t pa[4][4];
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         pa[kk][0] = Mma<T>::pack(st[8 * kk + 0], st[8 * kk + 1]);
@@ -318,16 +393,21 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
         }
       }
       wgmma_commit();
-      wgmma_wait0();  // dP^T and dV done: pa is free
-      keep(pa);
+      if constexpr (kDkSs) {
+        wgmma_wait1();  // dP^T done; dV runs on while dS is computed (pa held until it ends)
+        keep(dp);
+      } else {
+        wgmma_wait0();  // dP^T and dV done: pa is free
+        keep(pa);
 #pragma unroll
-      for (int dh = 0; dh < KH; ++dh) keep(dv[dh]);
-      keep(dp);
+        for (int dh = 0; dh < KH; ++dh) keep(dv[dh]);
+        keep(dp);
+      }
     }
 
     // dS^T = P^T (dP^T - D): A fragments for dK, and the swizzled dS^T tile for dQ (row key_l +
-    // 8 r, 4-byte word t of chunk j; key_l % 8 = g).
-    uint32_t da[4][4];
+    // 8 r, 4-byte word t of chunk j; key_l % 8 = g). DK_SS: the tile only.
+    [[maybe_unused]] uint32_t da[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
@@ -338,33 +418,62 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
         for (int r = 0; r < 2; ++r) {
           const float ds0 = st[4 * j + 2 * r] * (dp[4 * j + 2 * r] - d.x);
           const float ds1 = st[4 * j + 2 * r + 1] * (dp[4 * j + 2 * r + 1] - d.y);
-          da[kk][2 * hi + r] = Mma<T>::pack(ds0, ds1);
+          const uint32_t packed = Mma<T>::pack(ds0, ds1);
+          if constexpr (!kDkSs) da[kk][2 * hi + r] = packed;
           *reinterpret_cast<uint32_t*>(base + S::kOffDs + (key_l + 8 * r) * 128 +
-                                       ((j ^ g) << 4) + t * 4) = da[kk][2 * hi + r];
+                                       ((j ^ g) << 4) + t * 4) = packed;
         }
       }
     }
 
-    // dK += dS^T Q.
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-      for (int dh = 0; dh < KH; ++dh) {
-        Wgmma<T>::rs(dk[dh], da[kk], q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
+    if constexpr (kDkSs) {
+      // This warpgroup's 64 rows of dS^T visible to its wgmma (async proxy); then dK, issued
+      // before the 256-thread barrier that dQ needs at head dim 128 (DEFER_DK: after dQ).
+      fence_proxy_async();
+      if (HDIM == 64 || !kDeferDk<HDIM>) {
+        if (wg == 0) {  // literal ids: ptxas then reserves 3 barriers, not all 16
+          named_sync(2, 128);
+        } else {
+          named_sync(3, 128);
+        }
       }
-    }
-    wgmma_commit();
-
-    // dS^T visible to the async proxy, then to the warpgroup(s) that read it.
-    fence_proxy_async();
-    if constexpr (HDIM == 128) {
-      named_sync(1, kThreads);
+      if constexpr (!kDeferDk<HDIM>) {
+        // dK += dS^T Q with dS^T as the K-major A operand (this warpgroup's 64 rows; k-step kk:
+        // 32 bytes along the row).
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+          for (int dh = 0; dh < KH; ++dh) {
+            ss_nt<T>(dk[dh], make_desc(sDs + wg * 64 * 128) + kk * 2,
+                     q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U, 1);
+          }
+        }
+        wgmma_commit();
+      }
+      if constexpr (HDIM == 128) named_sync(1, kThreads);  // the other warpgroup's dS^T too
     } else {
-      if (wg == 0) {  // literal ids: ptxas then reserves 3 barriers, not all 16
-        named_sync(2, 128);
+      // dK += dS^T Q.
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int dh = 0; dh < KH; ++dh) {
+          Wgmma<T>::rs(dk[dh], da[kk], q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
+        }
+      }
+      wgmma_commit();
+
+      // dS^T visible to the async proxy, then to the warpgroup(s) that read it.
+      fence_proxy_async();
+      if constexpr (HDIM == 128) {
+        named_sync(1, kThreads);
       } else {
-        named_sync(3, 128);
+        if (wg == 0) {  // literal ids: ptxas then reserves 3 barriers, not all 16
+          named_sync(2, 128);
+        } else {
+          named_sync(3, 128);
+        }
       }
     }
 
@@ -381,17 +490,67 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
                k_desc + (HDIM == 128 ? wg : 0) * kKvHalfU + (ks0 + kk) * kRows16U, kk > 0);
     }
     wgmma_commit();
-    wgmma_wait1();  // dK done: da is free
-    keep(da);
+    if constexpr (kDeferDk<HDIM>) {
+      wgmma_fence();  // dK as above, behind dQ
 #pragma unroll
-    for (int dh = 0; dh < KH; ++dh) keep(dk[dh]);
-    wgmma_wait0();  // dQ done
-    keep(dq);
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int dh = 0; dh < KH; ++dh) {
+          ss_nt<T>(dk[dh], make_desc(sDs + wg * 64 * 128) + kk * 2,
+                   q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U, 1);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait1();  // dV and dQ done: pa is free; dK runs on under the dQ adds
+      keep(pa);
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) keep(dv[dh]);
+      keep(dq);
+    } else if constexpr (kDkSs) {
+      wgmma_wait0();  // dV, dK and dQ done: pa is free
+      keep(pa);
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) {
+        keep(dv[dh]);
+        keep(dk[dh]);
+      }
+      keep(dq);
+    } else {
+      wgmma_wait1();  // dK done: da is free
+      keep(da);
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) keep(dk[dh]);
+      wgmma_wait0();  // dQ done
+      keep(dq);
+    }
 
     // Accumulator entry 4 j + 2 r + e of dq: query row 16 warp + g + 8 r, column dcol0 + 8 j +
     // 2 t + e.
     float* dq_acc = p.dq_accum + (h * p.rows + s.ws_row) * HDIM;
-    if constexpr (kDqV4<HDIM>) {
+    if constexpr (kDqSmem) {
+      // This warp's rows 16 warp .. 16 warp + 15 of its warpgroup's tile; lane l < 16 adds row l
+      // (256 bytes: columns dcol0 .. dcol0 + 63) once the whole warp has written it.
+      const int wrow0 = warp * 16;
+      const uint32_t sdq = sbase + S::kOffDq + wg * kDqWgBytes + wrow0 * kDqRowBytes;
+      if (lane < 16) bulk_wait_read_all();  // last step's reduction of row `lane` has read it
+      __syncwarp();
+      const uint32_t mine = sdq + g * kDqRowBytes + t * 8;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          st_shared_f32x2(mine + r * 8 * kDqRowBytes + j * 32, dq[4 * j + 2 * r],
+                          dq[4 * j + 2 * r + 1]);
+        }
+      }
+      fence_proxy_async();  // the generic-proxy stores, visible to the bulk reduction
+      __syncwarp();
+      if (lane < 16 && r0 + wrow0 + lane < sq) {
+        bulk_reduce_add_f32(dq_acc + static_cast<int64_t>(r0 + wrow0 + lane) * HDIM + dcol0,
+                            sdq + lane * kDqRowBytes, 64 * 4);
+        bulk_commit_group();
+      }
+    } else if constexpr (kDqV4<HDIM>) {
       // Lanes t and t ^ 1 swap halves so that each adds 4 consecutive columns of one row
       // (red.global.add.v4.f32): the even lane columns 2 t .. 2 t + 3 of row g, the odd lane
       // columns 2 t - 2 .. 2 t + 1 of row g + 8.
@@ -423,9 +582,15 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
         }
       }
     }
+    if constexpr (kDeferDk<HDIM>) {
+      wgmma_wait0();  // dK done (it reads this step's Q and dS^T)
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) keep(dk[dh]);
+    }
   }
 
   cp_async_wait<0>();  // n_iter == 0: the K / V loads are still in flight
+  if constexpr (kDqSmem) bulk_wait_all();  // shared memory stays valid until the reductions end
 
   // dK (scaled) and dV of this thread's keys, in the input dtype (zero where no query sees the
   // key block).

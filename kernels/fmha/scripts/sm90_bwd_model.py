@@ -12,7 +12,14 @@ the masks and per-column LSE / D, the dS^T stores, the dQ adds (the .v4 lane-pai
 fp16). The ordering of asynchronous work (fences, barriers, waits) is not modelled: it checks the
 data layout and the arithmetic, not the synchronisation. Keep it in step with the kernel.
 
-    python kernels/fmha/scripts/sm90_bwd_model.py [--quick]     # prints "ok" or raises
+The tuning knobs that change layouts are modelled too (--variant, or both in --quick):
+KFORGE_FMHA_BWD_SM90_DK_SS (dK += dS^T Q with dS^T read back from its swizzled tile as the
+K-major A operand, descriptor of the warpgroup's 64 rows advanced 32 bytes a k-step) and
+KFORGE_FMHA_BWD_SM90_DQ_SMEM (each thread's dQ accumulators stored as float2 into its warpgroup's
+[64 rows][72 floats] fp32 tile, then per warp lane l < 16 one 64-float row added to the dQ
+accumulator: the bulk reduction's source and destination).
+
+    python kernels/fmha/scripts/sm90_bwd_model.py [--quick] [--variant dkss,dqsmem]  # "ok" or raises
 """
 
 from __future__ import annotations
@@ -121,7 +128,12 @@ def pack(x: float, y: float) -> tuple[float, float]:
     return (rnd(x), rnd(y))
 
 
-def cta(p: dict, hdim: int, causal: bool, n_block: int, kv_head: int, b: int) -> None:
+DQ_ROW = 64 * 4 + 32  # DQ_SMEM: bytes of one padded row of a warpgroup's dQ tile
+DQ_WG = BM * DQ_ROW
+
+
+def cta(p: dict, hdim: int, causal: bool, n_block: int, kv_head: int, b: int,
+        dk_ss: bool = False, dq_smem: bool = False) -> None:
     kh = hdim // 64
     kv_tile, q_tile = BN * hdim * 2, BM * hdim * 2
     off_k, off_v = 0, kv_tile
@@ -225,6 +237,7 @@ def cta(p: dict, hdim: int, causal: bool, n_block: int, kv_head: int, b: int) ->
                 for hi in range(2):
                     j = 2 * kk + hi
                     dx, dy = d_s[buf][8 * j + 2 * t], d_s[buf][8 * j + 2 * t + 1]
+                    # (DK_SS keeps no register copy; the model keeps it for the default path)
                     for r in range(2):
                         ds0 = st[4 * j + 2 * r] * (dp[4 * j + 2 * r] - dx)
                         ds1 = st[4 * j + 2 * r + 1] * (dp[4 * j + 2 * r + 1] - dy)
@@ -242,9 +255,13 @@ def cta(p: dict, hdim: int, causal: bool, n_block: int, kv_head: int, b: int) ->
             for dh in range(kh):
                 acc_v = from_frag([dv[wg * 128 + tl][dh] for tl in range(128)], 64)
                 acc_k = from_frag([dk[wg * 128 + tl][dh] for tl in range(128)], 64)
+                ds_a = make_desc(sbase + off_ds + wg * 64 * 128)
                 for kk in range(4):
                     a_p = a_from_regs([pa[tl][kk] for tl in range(128)])
-                    a_d = a_from_regs([da_all[wg * 128 + tl][kk] for tl in range(128)])
+                    if dk_ss:  # dS^T from its tile: K-major A, 32 bytes (16 queries) a k-step
+                        a_d = sm.operand(ds_a + kk * 2, 64, 16, False, True)
+                    else:
+                        a_d = a_from_regs([da_all[wg * 128 + tl][kk] for tl in range(128)])
                     acc_v += a_p @ sm.operand(do_desc + buf * k_q_tile_u + dh * k_q_half_u +
                                               kk * k_rows16_u, 16, 64, True, False)
                     acc_k += a_d @ sm.operand(q_desc + buf * k_q_tile_u + dh * k_q_half_u +
@@ -265,6 +282,25 @@ def cta(p: dict, hdim: int, causal: bool, n_block: int, kv_head: int, b: int) ->
                     16, 64, True, False)
             fr = to_frag(dq_m)
             acc = p["dq_accum"][h]
+            if dq_smem:
+                # float2 stores of the accumulators into the warpgroup's padded fp32 tile, then
+                # lane l < 16 of warp w adds tile row 16 w + l (64 floats) to query row r0 + 16 w + l
+                tile = torch.full((DQ_WG // 4,), float("nan"))
+                for tl in range(128):
+                    warp, lane = tl // 32, tl % 32
+                    g, t = lane // 4, lane % 4
+                    for r in range(2):
+                        for j in range(8):
+                            a = ((16 * warp + g + 8 * r) * DQ_ROW + (8 * j + 2 * t) * 4) // 4
+                            tile[a] = fr[tl][4 * j + 2 * r]
+                            tile[a + 1] = fr[tl][4 * j + 2 * r + 1]
+                for warp in range(4):
+                    for lane in range(16):
+                        row = r0 + 16 * warp + lane
+                        if row < sq:
+                            src = (16 * warp + lane) * DQ_ROW // 4
+                            acc[qs + row, dcol0:dcol0 + 64] += tile[src:src + 64]
+                continue
             for tl in range(128):
                 warp, lane = tl // 32, tl % 32
                 g, t = lane // 4, lane % 4
@@ -304,7 +340,8 @@ def cta(p: dict, hdim: int, causal: bool, n_block: int, kv_head: int, b: int) ->
                             p["dv_out"][kv_head][ks + key, c + e] = rnd(dv[tid][dh][4 * j + 2 * r + e])
 
 
-def check(hdim: int, causal: bool, lens_q: list[int], lens_k: list[int], heads: int, heads_k: int) -> None:
+def check(hdim: int, causal: bool, lens_q: list[int], lens_k: list[int], heads: int, heads_k: int,
+          dk_ss: bool = False, dq_smem: bool = False) -> None:
     torch.manual_seed(hdim + 7 * causal + sum(lens_q))
     tq, tk = sum(lens_q), sum(lens_k)
     f16 = lambda x: x.to(torch.float16).float()  # noqa: E731
@@ -346,27 +383,39 @@ def check(hdim: int, causal: bool, lens_q: list[int], lens_k: list[int], heads: 
     for b in range(len(lens_q)):
         for kvh in range(heads_k):
             for nb in range((max(lens_k) + BN - 1) // BN):
-                cta(p, hdim, causal, nb, kvh, b)
+                cta(p, hdim, causal, nb, kvh, b, dk_ss, dq_smem)
     got = {"dq": p["dq_accum"] * scale, "dk": p["dk_out"], "dv": p["dv_out"]}
     for name in ("dq", "dk", "dv"):
         err = (got[name].double() - ref[name]).abs().max().item()
         mag = ref[name].abs().max().item()
-        assert err <= 2e-2 * max(1.0, mag), (hdim, causal, lens_q, lens_k, name, err, mag)
+        assert err <= 2e-2 * max(1.0, mag), (hdim, causal, lens_q, lens_k, dk_ss, dq_smem, name, err, mag)
         if "-v" in sys.argv:
-            print(hdim, causal, lens_q, lens_k, name, f"max err {err:.2e} (max |ref| {mag:.2f})")
+            print(hdim, causal, lens_q, lens_k, f"dk_ss={dk_ss} dq_smem={dq_smem}", name,
+                  f"max err {err:.2e} (max |ref| {mag:.2f})")
 
 
 def main() -> None:
     # Partial blocks at both ends, GQA 2:1, causal rows that see no key (sq > sk), sk > sq, a
     # second (varlen) sequence at row and key offsets that are not block multiples. --quick: one
     # case per head dim (the CPU test).
+    # --variant dkss,dqsmem: those knobs on (every case); --quick: the default kernel's two cases,
+    # then both knobs on in the head-dim-128 case (dQ over both warpgroups' keys) and in a
+    # head-dim-64 one (each warpgroup's own tile and keys).
     quick = "--quick" in sys.argv
+    names = set()
+    if "--variant" in sys.argv:
+        names = set(sys.argv[sys.argv.index("--variant") + 1].split(","))
+        assert names <= {"dkss", "dqsmem"}, f"unknown variant(s) {names - {'dkss', 'dqsmem'}}"
+    knobs = {"dk_ss": "dkss" in names, "dq_smem": "dqsmem" in names}
     for hdim in (64, 128):
         for causal in (True,) if quick else (False, True):
             if not quick or hdim == 64:
-                check(hdim, causal, [70, 37], [150, 20], heads=2, heads_k=1)
+                check(hdim, causal, [70, 37], [150, 20], heads=2, heads_k=1, **knobs)
             if not quick or hdim == 128:
-                check(hdim, causal, [130], [60], heads=1, heads_k=1)
+                check(hdim, causal, [130], [60], heads=1, heads_k=1, **knobs)
+    if quick and not names:
+        check(128, False, [130], [60], heads=1, heads_k=1, dk_ss=True, dq_smem=True)
+        check(64, True, [70], [150], heads=1, heads_k=1, dk_ss=True, dq_smem=True)
     print("ok")
 
 
