@@ -833,16 +833,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const int n_ctas = (p.seqlen_k + S::kBlockN - 1) / S::kBlockN;
   if (n_ctas > 0) {
     auto kernel = fmha_bwd_kernel<T, HDIM_QK, HDIM_V, CAUSAL>;
-    static int configured[64] = {};  // per device: the dynamic shared memory limit is raised
-    int dev = 0;
-    err = cudaGetDevice(&dev);
+    err = detail::raise_smem_limit_once<fmha_bwd_kernel<T, HDIM_QK, HDIM_V, CAUSAL>>(S::kSmemBytes);
     if (err != cudaSuccess) return err;
-    if (dev >= 64 || !__atomic_load_n(&configured[dev], __ATOMIC_ACQUIRE)) {
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 S::kSmemBytes);
-      if (err != cudaSuccess) return err;
-      if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
-    }
     kernel<<<dim3(n_ctas, p.num_heads_k, p.batch), S::kThreads, S::kSmemBytes, stream>>>(p);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;

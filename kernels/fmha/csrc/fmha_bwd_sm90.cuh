@@ -649,16 +649,8 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   const int n_ctas = (p.seqlen_k + sm90bwd::kBlockN - 1) / sm90bwd::kBlockN;
   if (n_ctas > 0 && p.batch > 0 && p.num_heads_k > 0) {
     auto kernel = sm90bwd::fmha_bwd_sm90_kernel<T, HDIM, CAUSAL>;
-    static int configured[64] = {};
-    int dev = 0;
-    err = cudaGetDevice(&dev);
+    err = detail::raise_smem_limit_once<sm90bwd::fmha_bwd_sm90_kernel<T, HDIM, CAUSAL>>(S::kSmemBytes);
     if (err != cudaSuccess) return err;
-    if (dev >= 64 || !__atomic_load_n(&configured[dev], __ATOMIC_ACQUIRE)) {
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 S::kSmemBytes);
-      if (err != cudaSuccess) return err;
-      if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
-    }
     kernel<<<dim3(n_ctas, p.num_heads_k, p.batch), sm90bwd::kThreads, S::kSmemBytes, stream>>>(p);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;

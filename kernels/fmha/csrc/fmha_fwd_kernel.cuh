@@ -402,6 +402,23 @@ __device__ __forceinline__ float finish_row(const FwdParams& p, float partial_su
   return !(sum > 0.f) ? 0.f : 1.f / sum;
 }
 
+// Raise KERNEL's dynamic shared memory limit to `smem` bytes before its first launch on the current
+// device (the limit is a per-device setting of each kernel; each instantiation of this template keeps
+// its own per-device flags). Devices past 63 are configured at every call.
+template <auto KERNEL>
+cudaError_t raise_smem_limit_once(int smem) {
+  static int configured[64] = {};  // 0: not yet, 1: done
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= 64 || !__atomic_load_n(&configured[dev], __ATOMIC_ACQUIRE)) {
+    err = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
+  }
+  return cudaSuccess;
+}
+
 }  // namespace detail
 
 template <typename T, int HDIM, bool CAUSAL, int HDIM_V = HDIM>
@@ -821,16 +838,8 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   using S = FwdShape<HDIM, HDIM_V>;
   constexpr int smem = S::template smem_bytes<T>();
   auto kernel = fmha_fwd_kernel<T, HDIM, CAUSAL, HDIM_V>;
-  // Raise the dynamic shared memory limit once per device (it is a per-device setting).
-  static int configured[64] = {};  // 0: not yet, 1: done
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  cudaError_t err = detail::raise_smem_limit_once<fmha_fwd_kernel<T, HDIM, CAUSAL, HDIM_V>>(smem);
   if (err != cudaSuccess) return err;
-  if (dev >= 64 || !__atomic_load_n(&configured[dev], __ATOMIC_ACQUIRE)) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
-  }
   const dim3 grid((params.seqlen_q + S::kBlockM - 1) / S::kBlockM, params.num_heads, params.batch);
   kernel<<<grid, S::kThreads, smem, stream>>>(params);
   return cudaGetLastError();
