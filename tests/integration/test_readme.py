@@ -195,6 +195,8 @@ def _normalise_plan(text: str) -> list[str]:
             continue
         if key == "backend":  # whose packages: this interpreter's, or a uv environment's where it lacks the variant's torch
             line = re.sub(r"uses (this interpreter's|the variant environment's) packages", "uses <host> packages", line)
+        if key == "platform":  # the host's glibc against the project's floor: the version is the host's
+            line = re.sub(r"glibc \d+\.\d+", "glibc <host>", line)
         out.append(f"  {key:<12}<host>" if key in HOST_LINES else line.rstrip())
     return out
 
