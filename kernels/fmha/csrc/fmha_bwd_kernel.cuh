@@ -349,16 +349,14 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   // zero-filled: Q = dO = 0 there gives S = 0, P = exp2(0 - 0) = 1, dP = 0, D = 0, so dS = 0 and
   // P^T dO = 0; nothing of those rows reaches dK, dV or dQ.
   // One dO buffer (kDoSingle): dO of step `it` alone, issued once every warp is done with dV.
-  auto load_do = [&](int it) {
-    const int h = h_first + it / m_count;
-    const int r0 = (m_first + it % m_count) * BM;
+  // A step is named by its (query head h, first query row r0); the loop walks them with two
+  // counters (the query block runs fastest), so no step divides by m_count.
+  auto load_do = [&](int h, int r0) {
     const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
                    static_cast<int64_t>(r0) * p.do_row_stride;
     load_tile<BM, HDIM_V, NTHREADS>(sDo, gDo, p.do_row_stride, sq - r0, tid);
   };
-  auto load_step = [&](int it, int buf) {
-    const int h = h_first + it / m_count;
-    const int r0 = (m_first + it % m_count) * BM;
+  auto load_step = [&](int h, int r0, int buf) {
     const T* gQ = static_cast<const T*>(p.q) + s.q + h * p.q_head_stride +
                   static_cast<int64_t>(r0) * p.q_row_stride;
     const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
@@ -375,8 +373,8 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     }
   };
   if (n_iter > 0) {
-    load_step(0, 0);
-    if constexpr (kDoSingle) load_do(0);
+    load_step(h_first, m_first * BM, 0);
+    if constexpr (kDoSingle) load_do(h_first, m_first * BM);
   }
   cp_async_commit();
 
@@ -428,15 +426,18 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   const int warp_m = warp % S::kWarpsM;  // dQ split
   const int warp_d = warp / S::kWarpsM;
 
+  int h = h_first, m_block = m_first;  // step it's query head and query block
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it & 1;
+    // The next step's: the next query block, or the first one of the next query head.
+    const bool wrap = m_block + 1 == m_total;
+    const int h_next = wrap ? h + 1 : h;
+    const int m_next = wrap ? m_first : m_block + 1;
     cp_async_wait<0>();
     __syncthreads();  // step it's tiles are in; every warp is done with step it - 1
-    if (it + 1 < n_iter) load_step(it + 1, buf ^ 1);
+    if (it + 1 < n_iter) load_step(h_next, m_next * BM, buf ^ 1);
     cp_async_commit();
 
-    const int h = h_first + it / m_count;
-    const int m_block = m_first + it % m_count;
     const int r0 = m_block * BM;
     const float* lse_s = sLse + buf * BM;
     const float* d_s = sD + buf * BM;
@@ -665,7 +666,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       if constexpr (kDoSingle) {
         // Every warp is done with this step's dO: the next step's loads under dK and dQ.
         __syncthreads();
-        if (it + 1 < n_iter) load_do(it + 1);
+        if (it + 1 < n_iter) load_do(h_next, m_next * BM);
         cp_async_commit();
       }
 #pragma unroll
@@ -772,6 +773,8 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
         atomicAdd(sem, 1);
       }
     }
+    h = h_next;
+    m_block = m_next;
   }
 
   // dK (scaled) and dV of this warp's 16 MT keys, in the input dtype.
