@@ -122,6 +122,13 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
     "wide-ku1": (["KFORGE_FMHA_BWD_192_KUNROLL=1"],
                  "(192,128) / (128,192): the S^T / dP^T k-loops rolled, as before they were fully "
                  "unrolled (the old default; times (192,128))"),
+    "fullload0": (["KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
+                  "Q / dO tiles always with load_tile's per-chunk bounds (the old loads; the default "
+                  "skips them where the whole query block is in the sequence)"),
+    "prev": (["KFORGE_FMHA_BWD_192_KUNROLL=1", "KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
+             "wide-ku1 + fullload0: the kernel before the address-math changes (but for the step "
+             "counters, which replace a division with the same values); time with --head-dims "
+             "192,128,64"),
 }
 DEFAULT_VARIANTS = ["base", "dqv4", "n128-v4", "m64-v4", "mt2-m64-qs16", "mt2-m64-ku4", "h64-mt2",
                     "h64-mt2-do1", "h64-mt2-m128-v4", "h64-m128-v4"]

@@ -85,6 +85,13 @@ struct BwdTile {
 #define KFORGE_FMHA_BWD_192_KUNROLL 64
 #endif
 
+// Q and dO tiles whose rows are all in the sequence (every query block but a sequence's last)
+// load without load_tile's per-chunk bound and zero-fill select: 1 (default); 0, every tile with
+// the bounds (as before). The same bytes reach the same shared-memory slots either way.
+#ifndef KFORGE_FMHA_BWD_FULL_TILE_LOADS
+#define KFORGE_FMHA_BWD_FULL_TILE_LOADS 1
+#endif
+
 // dQ's adds on sm_90 and newer: 0, red.global.add.v2.f32 (two columns a lane, as the mma
 // accumulators hold them); 1, red.global.add.v4.f32 after one lane swap (half the reductions,
 // two shuffles per 4 values). builds for sm_80 / sm_86 / sm_89 use two atomicAdd either way.

@@ -125,6 +125,53 @@ __device__ __forceinline__ void atomic_add4(float* p, float a, float b, float c,
 }
 #endif
 
+// A [ROWS][HDIM] tile whose rows are all in the sequence: load_tile's chunks to the same swizzled
+// slots, without its per-chunk bound (a compare and two 64-bit selects a 16-byte chunk).
+template <int ROWS, int HDIM, int kThreads, typename T>
+__device__ __forceinline__ void load_tile_full(T* smem, const T* gmem, int64_t row_stride, int tid) {
+  constexpr int kChunks = HDIM / 8;
+  constexpr int kRowsPerIter = kThreads / kChunks;
+  if constexpr (kThreads % kChunks != 0 || kRowsPerIter == 0 || ROWS % kRowsPerIter != 0 ||
+                kRowsPerIter % 8 != 0) {  // load_tile_any's order
+    constexpr int kTotal = ROWS * kChunks;
+#pragma unroll
+    for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      if (kTotal % kThreads == 0 || idx < kTotal) {
+        const int row = idx / kChunks;
+        const int c = idx % kChunks;
+        cp_async16(smem_addr(smem + swz<HDIM>(row, c)),
+                   gmem + static_cast<int64_t>(row) * row_stride + c * 8, true);
+      }
+    }
+  } else {
+    const int row = tid / kChunks;
+    const int c = tid % kChunks;
+    const T* src = gmem + static_cast<int64_t>(row) * row_stride + c * 8;
+    const uint32_t dst = smem_addr(smem + swz<HDIM>(row, c));
+    const int64_t step = static_cast<int64_t>(kRowsPerIter) * row_stride;
+#pragma unroll
+    for (int i = 0; i < ROWS / kRowsPerIter; ++i) {
+      cp_async16(dst + i * kRowsPerIter * HDIM * static_cast<int>(sizeof(T)), src + i * step, true);
+    }
+  }
+}
+
+// load_tile of a query tile: rows at or past valid_rows zero-filled. A tile whose rows are all
+// valid (every query block but a sequence's last) takes load_tile_full, unless
+// KFORGE_FMHA_BWD_FULL_TILE_LOADS is 0 (the per-chunk bounds everywhere, as before).
+template <int ROWS, int HDIM, int kThreads, typename T>
+__device__ __forceinline__ void load_query_tile(T* smem, const T* gmem, int64_t row_stride,
+                                                int valid_rows, int tid) {
+#if KFORGE_FMHA_BWD_FULL_TILE_LOADS
+  if (valid_rows >= ROWS) {
+    load_tile_full<ROWS, HDIM, kThreads>(smem, gmem, row_stride, tid);
+    return;
+  }
+#endif
+  load_tile<ROWS, HDIM, kThreads>(smem, gmem, row_stride, valid_rows, tid);
+}
+
 template <typename T>
 __device__ __forceinline__ float2 to_float2(uint32_t x);
 template <>
@@ -354,16 +401,18 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   auto load_do = [&](int h, int r0) {
     const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
                    static_cast<int64_t>(r0) * p.do_row_stride;
-    load_tile<BM, HDIM_V, NTHREADS>(sDo, gDo, p.do_row_stride, sq - r0, tid);
+    load_query_tile<BM, HDIM_V, NTHREADS>(sDo, gDo, p.do_row_stride, sq - r0, tid);
   };
   auto load_step = [&](int h, int r0, int buf) {
     const T* gQ = static_cast<const T*>(p.q) + s.q + h * p.q_head_stride +
                   static_cast<int64_t>(r0) * p.q_row_stride;
     const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
                    static_cast<int64_t>(r0) * p.do_row_stride;
-    load_tile<BM, HDIM_QK, NTHREADS>(sQ + buf * BM * HDIM_QK, gQ, p.q_row_stride, sq - r0, tid);
+    load_query_tile<BM, HDIM_QK, NTHREADS>(sQ + buf * BM * HDIM_QK, gQ, p.q_row_stride, sq - r0,
+                                           tid);
     if constexpr (!kDoSingle) {
-      load_tile<BM, HDIM_V, NTHREADS>(sDo + buf * BM * HDIM_V, gDo, p.do_row_stride, sq - r0, tid);
+      load_query_tile<BM, HDIM_V, NTHREADS>(sDo + buf * BM * HDIM_V, gDo, p.do_row_stride, sq - r0,
+                                            tid);
     }
     if (tid < BM) {
       const bool valid = r0 + tid < sq;
