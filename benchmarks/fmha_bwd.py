@@ -14,8 +14,8 @@ Columns are timed in interleaved rounds (benchmarks/timing.py's time_interleaved
 around each call, the column order drawn per block of rounds, each round behind a GPU sleep), the
 median over --runs rounds. TFLOP/s: the forward's FLOPs are 2·B·H·L²·(d_qk + d_v) (4·B·H·L²·d at
 d_qk = d_v), halved when causal; the backward counts 2.5x them, fwd+bwd 3.5x. Each column's FLOPs
-are its own head dims: at (192, 128), FA2 and FA3 run (192, 192) (--fa-192-dv), so their TFLOP/s
-count the larger P·V; the ratio kforge / column is of TFLOP/s (= the time ratio at equal dims).
+are its own head dims: at (192, 128), FA2, FA3 and SDPA flash (FlashAttention-2's kernel, which
+needs d_qk = d_v) run (192, 192) (--fa-192-dv), so their TFLOP/s count the larger P·V; the ratio kforge / column is of TFLOP/s (= the time ratio at equal dims).
 
 Same work: before timing, each column's dq, dk, dv are compared with kforge's (max |Δ| over
 max |kforge's|); a column over --max-diff gets no ratio, and the run exits 1. Columns with other
@@ -67,8 +67,9 @@ def attention_flops(batch: int, heads: int, seqlen: int, d_qk: int, d_v: int, ca
 
 
 def column_dims(column: str, d_qk: int, d_v: int, fa_192_dv: int = 192) -> tuple[int, int]:
-    """(d_qk, d_v) a column runs at: FA2 and FA3 run d_qk = 192 at (192, fa_192_dv)."""
-    if column in ("fa2", "fa3") and d_qk == 192 and d_v != d_qk:
+    """(d_qk, d_v) a column runs at: FA2, FA3 and SDPA flash (FA2's kernel, d_qk = d_v only) run
+    d_qk = 192 at (192, fa_192_dv)."""
+    if column in ("fa2", "fa3", "sdpa-flash") and d_qk == 192 and d_v != d_qk:
         return d_qk, fa_192_dv
     return d_qk, d_v
 
@@ -150,8 +151,8 @@ def render(meta: dict, rows: list[dict]) -> str:
                  f"{meta['heads_rule']}. FLOPs: the forward's 2·B·H·L²·(d_qk + d_v), halved when "
                  "causal, times 2.5 (bwd: autograd.grad of a kept forward) or 3.5 (fwd+bwd). Ratio = "
                  "kforge / column in the same run (TFLOP/s), withheld where the gradients differ by "
-                 f"more than {meta['max_diff']} of kforge's largest. At d_qk = 192, FA2 and FA3 run "
-                 f"(192, {meta['fa_192_dv']}) and count their own FLOPs. Produced by `{meta['command']}`.")
+                 f"more than {meta['max_diff']} of kforge's largest. At d_qk = 192, FA2, FA3 and SDPA "
+                 f"flash run (192, {meta['fa_192_dv']}) and count their own FLOPs. Produced by `{meta['command']}`.")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["mode"], r["dtype"], r["d_qk"], r["d_v"]), []).append(r)
@@ -378,7 +379,7 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     ap.add_argument("--modes", default="bwd,fwd+bwd")
     ap.add_argument("--columns", default=",".join(COLUMNS))
-    ap.add_argument("--fa-192-dv", type=int, default=192, help="d_v of FA2/FA3 in the d_qk = 192 case")
+    ap.add_argument("--fa-192-dv", type=int, default=192, help="d_v of FA2/FA3/SDPA flash in the d_qk = 192 case")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--runs", type=int, default=30, help="interleaved rounds per shape and mode")
     ap.add_argument("--order", choices=("shuffle", "rotate"), default="shuffle")

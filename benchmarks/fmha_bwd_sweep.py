@@ -17,7 +17,8 @@ variants' units of the path's main kernel are compiled (--units narrows them), f
 
 Check. Per variant, in a fresh process (the library is loaded once per process), with
 KFORGE_FMHA_BWD_PATH=--path: dQ, dK, dV of a few small shapes (bf16 and fp16, (128, 128) and
-(64, 64), GQA 8/2, 1000 queries and keys: partial blocks and the causal diagonal) against SDPA's
+(64, 64), and for the portable path bf16 (192, 128); GQA 8/2, 1000 queries and keys: partial
+blocks and the causal diagonal) against SDPA's
 math backend in fp32, and against the first variant's gradients (each worker saves its own; the
 parent compares them): the largest |diff| / max |first's|, which is summation order only (fp32 dQ
 atomics; dK/dV summed over other query blocks when BM changes), about 1e-3 in bf16; a variant over
@@ -26,8 +27,9 @@ in the table and gets no ratios.
 
 Time. benchmarks/fmha_bwd.py's bench_shape (its interleaved timing, median of --runs rounds): the
 backward alone ("bwd" mode), kforge vs the --columns (sdpa-flash = FlashAttention-2's kernel;
-sdpa-cudnn, the sm90 path's default second column), bf16, (128, 128) and (64, 64), seqlen 4k and
-8k (batch x seqlen = 16k tokens, 2048 // d_v heads), causal and not. The variants' workers run
+sdpa-cudnn, the sm90 path's default second column), bf16, (128, 128) and (64, 64) (or the pair
+the variant's knobs name; --head-dims 192,128,64 for all three, 192 meaning (192, 128) against
+SDPA flash at (192, 192), FlashAttention-2's kernel counting its own FLOPs), seqlen 4k and 8k (batch x seqlen = 16k tokens, 2048 // d_v heads), causal and not. The variants' workers run
 side by side, one per GPU (--gpus, default: every GPU nvidia-smi lists).
 
     # on the GPU host, from the repository root (writes $OUT/fmha_bwd_sweep.{md,json})
@@ -117,6 +119,16 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
                          "12-28 spill bytes on sm_90a / sm_80, none on sm_120a"),
     "h64-m128": (["KFORGE_FMHA_BWD_64_BM=128", BIG], "h64-m128-v4 without v4"),
     "ku2": (["KFORGE_FMHA_BWD_128_KUNROLL=2"], "(128,128): k-loops unrolled by 2"),
+    "wide-ku1": (["KFORGE_FMHA_BWD_192_KUNROLL=1"],
+                 "(192,128) / (128,192): the S^T / dP^T k-loops rolled, as before they were fully "
+                 "unrolled (the old default; times (192,128))"),
+    "fullload0": (["KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
+                  "Q / dO tiles always with load_tile's per-chunk bounds (the old loads; the default "
+                  "skips them where the whole query block is in the sequence)"),
+    "prev": (["KFORGE_FMHA_BWD_192_KUNROLL=1", "KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
+             "wide-ku1 + fullload0: the kernel before the address-math changes (but for the step "
+             "counters, which replace a division with the same values); time with --head-dims "
+             "192,128,64"),
 }
 DEFAULT_VARIANTS = ["base", "dqv4", "n128-v4", "m64-v4", "mt2-m64-qs16", "mt2-m64-ku4", "h64-mt2",
                     "h64-mt2-do1", "h64-mt2-m128-v4", "h64-m128-v4"]
@@ -155,19 +167,24 @@ PATHS = {
              "columns": "sdpa-flash,sdpa-cudnn", "kernel": "bwd_sm90_wgmma", "accuracy": ""},
 }
 
-CHECK_SHAPES = [  # (dtype, d, causal): batch 2, 1000 queries and keys, 8 heads on 2 kv heads
+CHECK_SHAPES = [  # (dtype, d_qk, causal): batch 2, 1000 queries and keys, 8 heads on 2 kv heads
     ("bf16", 128, True), ("bf16", 128, False), ("fp16", 128, True), ("bf16", 64, True),
-    ("bf16", 64, False)]
+    ("bf16", 64, False), ("bf16", 192, True), ("bf16", 192, False)]
 FLOOR = {"bf16": 8e-3, "fp16": 1e-3}
 DEVICE = "cuda"  # the worker's device (a CPU smoke test of the worker's plumbing sets "cpu")
 
 
+def pair_of(d_qk: int) -> tuple[int, int]:
+    """The (d_qk, d_v) pair a head dim of the sweep stands for: 192 is (192, 128), FlashMLA's
+    dense prefill (the wide pairs' knobs are KFORGE_FMHA_BWD_192_*); the others are (d, d)."""
+    return (192, 128) if d_qk == 192 else (d_qk, d_qk)
+
+
 def variant_dims(defines: list[str]) -> list[int]:
-    """The head dims a variant changes (its timed rows): 128 or 64 when its definitions name only
-    that pair, else both."""
-    d128 = any("_128_" in d for d in defines)
-    d64 = any("_64_" in d for d in defines)
-    return [128] if d128 and not d64 else [64] if d64 and not d128 else [128, 64]
+    """The head dims a variant changes (its timed rows): 192, 128 or 64 when its definitions name
+    only that pair, else 128 and 64 (--head-dims overrides it for every variant)."""
+    named = [d for d in (192, 128, 64) if any(f"_{d}_" in x for x in defines)]
+    return named if len(named) == 1 else [128, 64]
 
 
 # --- pure parts ----------------------------------------------------------------------------------
@@ -230,9 +247,11 @@ def split_ninja_output(text: str) -> dict[str, str]:
     return {k: "\n".join(v) for k, v in out.items()}
 
 
-def ptxas_summary(kernels: list[dict], d: int, path: str = "portable") -> str:
-    """'regs a/b, spills 0' over the causal/non-causal (and dtype) kernels of head dim d."""
-    ks = [k for k in kernels if k["d_qk"] == d and k["d_v"] == d and "registers" in k
+def ptxas_summary(kernels: list[dict], d: int, path: str = "portable", d_v: int | None = None) -> str:
+    """'regs a/b, spills 0' over the causal/non-causal (and dtype) kernels of head dims (d, d_v)
+    (d_v: d unless given)."""
+    d_v = d if d_v is None else d_v
+    ks = [k for k in kernels if k["d_qk"] == d and k["d_v"] == d_v and "registers" in k
           and k.get("path", "portable") == path]
     if not ks:
         return "n/a"
@@ -255,13 +274,13 @@ def render(meta: dict, results: list[dict]) -> str:
             key = (row["d_qk"], row["seqlen"], row["causal"])
             if key not in cols:
                 cols.append(key)
-    head = ["variant", "ptxas (128)", "ptxas (64)", "diff", "err x", "verdict"]
+    head = ["variant", "ptxas (128)", "ptxas (64)", "ptxas (192x128)", "diff", "err x", "verdict"]
     head += [f"d{d} L{s // 1024}k {'c' if c else 'nc'}" for d, s, c in cols]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in results:
         rows = {(x["d_qk"], x["seqlen"], x["causal"]): x for x in r.get("rows", [])}
-        cells = [r["name"], r.get("ptxas128", "n/a"), r.get("ptxas64", "n/a"),
+        cells = [r["name"], r.get("ptxas128", "n/a"), r.get("ptxas64", "n/a"), r.get("ptxas192", "n/a"),
                  "n/a" if r.get("diff") is None else f"{r['diff']:.1e}",
                  "n/a" if r.get("err_ratio") is None else f"{r['err_ratio']:.2f}",
                  r.get("verdict", "n/a")]
@@ -384,12 +403,15 @@ def worker(args) -> int:
     grads_path = Path(args.grads)
     mine = {}
     for dt, d, causal in CHECK_SHAPES:
+        if args.path == "sm90" and d not in (64, 128):
+            continue  # the sm_90a kernel has (64, 64) and (128, 128) only
+        d_v = pair_of(d)[1]
         g = torch.Generator(device=DEVICE).manual_seed(d + 7 * causal)
         b, s, h, hk = 2, 1000, 8, 2
 
         def rnd(*shape, dt=dt, g=g):
             return torch.randn(*shape, device=DEVICE, generator=g).to(dtypes[dt])
-        q, k, v, dout = rnd(b, s, h, d), rnd(b, s, hk, d), rnd(b, s, hk, d), rnd(b, s, h, d)
+        q, k, v, dout = rnd(b, s, h, d), rnd(b, s, hk, d), rnd(b, s, hk, d_v), rnd(b, s, h, d_v)
         qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
         o = kf.attention(qq, kk, vv, causal=causal)
         ours = torch.autograd.grad(o, (qq, kk, vv), dout)
@@ -412,7 +434,7 @@ def worker(args) -> int:
                                fa_192_dv=192)
     columns = [c for c in ("kforge", *refs) if c not in missing]
     dims = [int(x) for x in args.dims.split(",")]
-    shapes = fmha_bwd.plan(["bf16"], [(d, d) for d in dims], args.seqlens, args.tokens, None,
+    shapes = fmha_bwd.plan(["bf16"], [pair_of(d) for d in dims], args.seqlens, args.tokens, None,
                            [False, True])
     out["rows"] = []
     for shape in shapes:
@@ -520,6 +542,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lib", help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)
     ap.add_argument("--grads", help=argparse.SUPPRESS)
+    ap.add_argument("--head-dims", default=None,
+                    help="head dims to time for every variant, e.g. 192,128,64 (192: the pair "
+                         "(192, 128), against SDPA flash at (192, 192)); default: the ones each "
+                         "variant's knobs name, else 128,64")
     ap.add_argument("--dims", default="128,64", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.seqlens = [int(x) for x in args.seqlens.split(",")]
@@ -569,7 +595,9 @@ def main(argv=None) -> int:
     for r in results:
         r["ptxas128"] = ptxas_summary(r.get("ptxas", []), 128, args.path)
         r["ptxas64"] = ptxas_summary(r.get("ptxas", []), 64, args.path)
-        print(f"           {r['name']}: (128,128) {r['ptxas128']}; (64,64) {r['ptxas64']}"
+        r["ptxas192"] = ptxas_summary(r.get("ptxas", []), 192, args.path, 128)
+        print(f"           {r['name']}: (128,128) {r['ptxas128']}; (64,64) {r['ptxas64']}; "
+              f"(192,128) {r['ptxas192']}"
               + (f"; {r['error']}" if r.get("error") else ""), flush=True)
     print(f"[{time.time() - t_start:6.0f} s] built", flush=True)
 
@@ -594,7 +622,7 @@ def main(argv=None) -> int:
                    "--name", r["name"], "--grads", r["grads"], "--warmup", str(args.warmup),
                    "--runs", str(args.runs), "--seqlens", ",".join(map(str, args.seqlens)),
                    "--tokens", str(args.tokens), "--path", args.path, "--columns", args.columns,
-                   "--dims", ",".join(map(str, variant_dims(r["defines"])))]
+                   "--dims", args.head_dims or ",".join(map(str, variant_dims(r["defines"])))]
             try:
                 res = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                      timeout=args.worker_timeout)

@@ -42,6 +42,7 @@ def test_ptxas_report_of_the_main_kernels_only(sweep) -> None:
     assert sweep.ptxas_summary(ks, 128) == "249-255 regs, SPILLS 48 B"
     assert sweep.ptxas_summary(ks[:1], 128) == "249-249 regs, no spills"
     assert sweep.ptxas_summary(ks, 64) == "n/a"
+    assert sweep.ptxas_summary(ks, 128, d_v=192) == "n/a"  # only (128, 128) kernels here
 
 
 def test_variant_dims_follow_the_pair_its_knobs_name(sweep) -> None:
@@ -49,6 +50,9 @@ def test_variant_dims_follow_the_pair_its_knobs_name(sweep) -> None:
     assert sweep.variant_dims(["KFORGE_FMHA_BWD_128_WARPS=8", sweep.BIG]) == [128]
     assert sweep.variant_dims(["KFORGE_FMHA_BWD_64_BM=128"]) == [64]
     assert sweep.variant_dims(["KFORGE_FMHA_BWD_DQ_V4=1"]) == [128, 64]
+    assert sweep.variant_dims(["KFORGE_FMHA_BWD_192_KUNROLL=1"]) == [192]
+    assert sweep.variant_dims(["KFORGE_FMHA_BWD_192_KUNROLL=1", "KFORGE_FMHA_BWD_64_BM=128"]) == [128, 64]
+    assert sweep.pair_of(192) == (192, 128) and sweep.pair_of(64) == (64, 64)
 
 
 def test_verdict_flags_a_different_or_less_accurate_variant(sweep) -> None:

@@ -30,7 +30,7 @@ struct BwdTile {
 
 // The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles, do_buffers), overridable
 // one by one for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL,MT,DOBUF} with
-// PAIR 64 or 128 (pass the
+// PAIR 64 or 128, and KFORGE_FMHA_BWD_192_KUNROLL for the wide pairs (pass the
 // same -D to the CUDA and the C++ compiler: the API sizes the workspace from this table).
 #ifndef KFORGE_FMHA_BWD_64_WARPS
 #define KFORGE_FMHA_BWD_64_WARPS 8
@@ -77,6 +77,21 @@ struct BwdTile {
 #define KFORGE_FMHA_BWD_128_KUNROLL 64  // H200: 0.73-0.80x SDPA flash against 0.64-0.68x at 1
 #endif
 
+// The wide pairs, (192, 128) and (128, 192): the S^T / dP^T k-loops fully unrolled (64), so
+// every ldmatrix address is a register + an immediate and the loads of later k-steps issue ahead
+// of the mma (no spills: 224-241 registers on sm_80, sm_90a, sm_120a with nvcc 13.0); 1 is the
+// rolled loop of before (its swizzled addresses recomputed every k-step).
+#ifndef KFORGE_FMHA_BWD_192_KUNROLL
+#define KFORGE_FMHA_BWD_192_KUNROLL 64
+#endif
+
+// Q and dO tiles whose rows are all in the sequence (every query block but a sequence's last)
+// load without load_tile's per-chunk bound and zero-fill select: 1 (default); 0, every tile with
+// the bounds (as before). The same bytes reach the same shared-memory slots either way.
+#ifndef KFORGE_FMHA_BWD_FULL_TILE_LOADS
+#define KFORGE_FMHA_BWD_FULL_TILE_LOADS 1
+#endif
+
 // dQ's adds on sm_90 and newer: 0, red.global.add.v2.f32 (two columns a lane, as the mma
 // accumulators hold them); 1, red.global.add.v4.f32 after one lane swap (half the reductions,
 // two shuffles per 4 values). builds for sm_80 / sm_86 / sm_89 use two atomicAdd either way.
@@ -91,8 +106,8 @@ inline constexpr BwdTile kBwdTiles[] = {
     {128, 128, KFORGE_FMHA_BWD_128_WARPS, KFORGE_FMHA_BWD_128_SPLIT, KFORGE_FMHA_BWD_128_BM,
      KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL, KFORGE_FMHA_BWD_128_MT,
      KFORGE_FMHA_BWD_128_DOBUF},
-    {192, 128, 8, 2, 32, 16, 1},
-    {128, 192, 8, 2, 32, 16, 1},
+    {192, 128, 8, 2, 32, 16, KFORGE_FMHA_BWD_192_KUNROLL},
+    {128, 192, 8, 2, 32, 16, KFORGE_FMHA_BWD_192_KUNROLL},
 };
 inline constexpr int kNumBwdTiles = sizeof(kBwdTiles) / sizeof(kBwdTiles[0]);
 

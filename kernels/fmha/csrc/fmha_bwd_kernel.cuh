@@ -125,6 +125,53 @@ __device__ __forceinline__ void atomic_add4(float* p, float a, float b, float c,
 }
 #endif
 
+// A [ROWS][HDIM] tile whose rows are all in the sequence: load_tile's chunks to the same swizzled
+// slots, without its per-chunk bound (a compare and two 64-bit selects a 16-byte chunk).
+template <int ROWS, int HDIM, int kThreads, typename T>
+__device__ __forceinline__ void load_tile_full(T* smem, const T* gmem, int64_t row_stride, int tid) {
+  constexpr int kChunks = HDIM / 8;
+  constexpr int kRowsPerIter = kThreads / kChunks;
+  if constexpr (kThreads % kChunks != 0 || kRowsPerIter == 0 || ROWS % kRowsPerIter != 0 ||
+                kRowsPerIter % 8 != 0) {  // load_tile_any's order
+    constexpr int kTotal = ROWS * kChunks;
+#pragma unroll
+    for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      if (kTotal % kThreads == 0 || idx < kTotal) {
+        const int row = idx / kChunks;
+        const int c = idx % kChunks;
+        cp_async16(smem_addr(smem + swz<HDIM>(row, c)),
+                   gmem + static_cast<int64_t>(row) * row_stride + c * 8, true);
+      }
+    }
+  } else {
+    const int row = tid / kChunks;
+    const int c = tid % kChunks;
+    const T* src = gmem + static_cast<int64_t>(row) * row_stride + c * 8;
+    const uint32_t dst = smem_addr(smem + swz<HDIM>(row, c));
+    const int64_t step = static_cast<int64_t>(kRowsPerIter) * row_stride;
+#pragma unroll
+    for (int i = 0; i < ROWS / kRowsPerIter; ++i) {
+      cp_async16(dst + i * kRowsPerIter * HDIM * static_cast<int>(sizeof(T)), src + i * step, true);
+    }
+  }
+}
+
+// load_tile of a query tile: rows at or past valid_rows zero-filled. A tile whose rows are all
+// valid (every query block but a sequence's last) takes load_tile_full, unless
+// KFORGE_FMHA_BWD_FULL_TILE_LOADS is 0 (the per-chunk bounds everywhere, as before).
+template <int ROWS, int HDIM, int kThreads, typename T>
+__device__ __forceinline__ void load_query_tile(T* smem, const T* gmem, int64_t row_stride,
+                                                int valid_rows, int tid) {
+#if KFORGE_FMHA_BWD_FULL_TILE_LOADS
+  if (valid_rows >= ROWS) {
+    load_tile_full<ROWS, HDIM, kThreads>(smem, gmem, row_stride, tid);
+    return;
+  }
+#endif
+  load_tile<ROWS, HDIM, kThreads>(smem, gmem, row_stride, valid_rows, tid);
+}
+
 template <typename T>
 __device__ __forceinline__ float2 to_float2(uint32_t x);
 template <>
@@ -349,23 +396,23 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   // zero-filled: Q = dO = 0 there gives S = 0, P = exp2(0 - 0) = 1, dP = 0, D = 0, so dS = 0 and
   // P^T dO = 0; nothing of those rows reaches dK, dV or dQ.
   // One dO buffer (kDoSingle): dO of step `it` alone, issued once every warp is done with dV.
-  auto load_do = [&](int it) {
-    const int h = h_first + it / m_count;
-    const int r0 = (m_first + it % m_count) * BM;
+  // A step is named by its (query head h, first query row r0); the loop walks them with two
+  // counters (the query block runs fastest), so no step divides by m_count.
+  auto load_do = [&](int h, int r0) {
     const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
                    static_cast<int64_t>(r0) * p.do_row_stride;
-    load_tile<BM, HDIM_V, NTHREADS>(sDo, gDo, p.do_row_stride, sq - r0, tid);
+    load_query_tile<BM, HDIM_V, NTHREADS>(sDo, gDo, p.do_row_stride, sq - r0, tid);
   };
-  auto load_step = [&](int it, int buf) {
-    const int h = h_first + it / m_count;
-    const int r0 = (m_first + it % m_count) * BM;
+  auto load_step = [&](int h, int r0, int buf) {
     const T* gQ = static_cast<const T*>(p.q) + s.q + h * p.q_head_stride +
                   static_cast<int64_t>(r0) * p.q_row_stride;
     const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
                    static_cast<int64_t>(r0) * p.do_row_stride;
-    load_tile<BM, HDIM_QK, NTHREADS>(sQ + buf * BM * HDIM_QK, gQ, p.q_row_stride, sq - r0, tid);
+    load_query_tile<BM, HDIM_QK, NTHREADS>(sQ + buf * BM * HDIM_QK, gQ, p.q_row_stride, sq - r0,
+                                           tid);
     if constexpr (!kDoSingle) {
-      load_tile<BM, HDIM_V, NTHREADS>(sDo + buf * BM * HDIM_V, gDo, p.do_row_stride, sq - r0, tid);
+      load_query_tile<BM, HDIM_V, NTHREADS>(sDo + buf * BM * HDIM_V, gDo, p.do_row_stride, sq - r0,
+                                            tid);
     }
     if (tid < BM) {
       const bool valid = r0 + tid < sq;
@@ -375,8 +422,8 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     }
   };
   if (n_iter > 0) {
-    load_step(0, 0);
-    if constexpr (kDoSingle) load_do(0);
+    load_step(h_first, m_first * BM, 0);
+    if constexpr (kDoSingle) load_do(h_first, m_first * BM);
   }
   cp_async_commit();
 
@@ -428,15 +475,18 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   const int warp_m = warp % S::kWarpsM;  // dQ split
   const int warp_d = warp / S::kWarpsM;
 
+  int h = h_first, m_block = m_first;  // step it's query head and query block
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it & 1;
+    // The next step's: the next query block, or the first one of the next query head.
+    const bool wrap = m_block + 1 == m_total;
+    const int h_next = wrap ? h + 1 : h;
+    const int m_next = wrap ? m_first : m_block + 1;
     cp_async_wait<0>();
     __syncthreads();  // step it's tiles are in; every warp is done with step it - 1
-    if (it + 1 < n_iter) load_step(it + 1, buf ^ 1);
+    if (it + 1 < n_iter) load_step(h_next, m_next * BM, buf ^ 1);
     cp_async_commit();
 
-    const int h = h_first + it / m_count;
-    const int m_block = m_first + it % m_count;
     const int r0 = m_block * BM;
     const float* lse_s = sLse + buf * BM;
     const float* d_s = sD + buf * BM;
@@ -665,7 +715,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       if constexpr (kDoSingle) {
         // Every warp is done with this step's dO: the next step's loads under dK and dQ.
         __syncthreads();
-        if (it + 1 < n_iter) load_do(it + 1);
+        if (it + 1 < n_iter) load_do(h_next, m_next * BM);
         cp_async_commit();
       }
 #pragma unroll
@@ -772,6 +822,8 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
         atomicAdd(sem, 1);
       }
     }
+    h = h_next;
+    m_block = m_next;
   }
 
   // dK (scaled) and dV of this warp's 16 MT keys, in the input dtype.
