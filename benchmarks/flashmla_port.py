@@ -10,6 +10,11 @@ Time: triton.testing.do_bench median. Bytes and FLOPs as upstream's test counts 
     bytes = b * (s_q*h_q*576*2 + mean_seqlen*576*2 + s_q*h_q*512*2)
     flops = b * h_q * s_q * (2*576*mean_seqlen + 2*mean_seqlen*512)
 The two outputs are also compared (max abs difference) so a fast wrong kernel shows.
+
+Besides the port's default, A/B variants of it run through the env switches its dispatch reads
+(FLASH_MLA_PORT_BLOCK_M, _KSPLIT, _RESCALE_THRESHOLD, _LEGACY_GRID: see docs/flashmla-sm120-port.md);
+--no-variants times only the default. _LEGACY_GRID only changes anything once the dispatch sizes
+num_sm_parts with sm120::mma_num_sm_parts (the row says "same grid" otherwise).
 """
 
 from __future__ import annotations
@@ -21,11 +26,36 @@ import os
 import random
 import sys
 
+# (name, env, applies to h_q): every variant runs with FLASH_MLA_FORCE_PORT=1 on top of its env.
+VARIANTS = [
+    ("bm16", {"FLASH_MLA_PORT_BLOCK_M": "16"}, lambda h_q: h_q == 32),  # two 16-row CTAs per KV head
+    ("noksplit", {"FLASH_MLA_PORT_KSPLIT": "0"}, lambda h_q: h_q > 16),  # 16x8 warp tiles of S
+    ("thr0", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "0"}, lambda h_q: True),  # move the max whenever it grows
+    ("legacygrid", {"FLASH_MLA_PORT_LEGACY_GRID": "1"}, lambda h_q: h_q >= 64),  # total CTAs capped at 160
+]
+PORT_ENV = (
+    "FLASH_MLA_FORCE_PORT",
+    "FLASH_MLA_PORT_BLOCK_M",
+    "FLASH_MLA_PORT_KSPLIT",
+    "FLASH_MLA_PORT_RESCALE_THRESHOLD",
+    "FLASH_MLA_PORT_LEGACY_GRID",
+)
+
 SHAPES = [  # (batch, h_q, mean seqlen_k)
-    (32, 16, 4096), (64, 16, 8192), (132, 16, 4096), (132, 16, 16384), (32, 16, 32768),
-    (32, 32, 4096), (64, 32, 8192), (132, 32, 4096), (132, 32, 16384), (32, 32, 32768),
-    (128, 64, 4096), (128, 64, 8192),
-    (128, 128, 4096), (128, 128, 8192),
+    (32, 16, 4096),
+    (64, 16, 8192),
+    (132, 16, 4096),
+    (132, 16, 16384),
+    (32, 16, 32768),
+    (32, 32, 4096),
+    (64, 32, 8192),
+    (132, 32, 4096),
+    (132, 32, 16384),
+    (32, 32, 32768),
+    (128, 64, 4096),
+    (128, 64, 8192),
+    (128, 128, 4096),
+    (128, 128, 8192),
 ]
 
 
@@ -46,6 +76,7 @@ def make_inputs(torch, b, h_q, s_k, s_q=1, h_kv=1, d=576, block=64, seed=0):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--no-variants", action="store_true", help="time only wgmma and the port's default")
     args = parser.parse_args(argv)
 
     import flash_mla
@@ -59,19 +90,19 @@ def main(argv=None) -> int:
         q, k_cache, block_table, seqlens, mean_len = make_inputs(torch, b, h_q, s_k)
         res = {"batch": b, "h_q": h_q, "mean_seqlen": round(mean_len, 1)}
         outs = {}
-        impls = [("sm90_wgmma", None, None), ("sm120_mma_port", "1", None)]
-        if h_q == 32:  # the port's alternative for 32 rows: two 16-row CTAs per KV head
-            impls.append(("sm120_mma_port_bm16", "1", "16"))
-        for impl, force, block_m in impls:
-            if force:
-                os.environ["FLASH_MLA_FORCE_PORT"] = force
-            else:
-                os.environ.pop("FLASH_MLA_FORCE_PORT", None)
-            if block_m:
-                os.environ["FLASH_MLA_PORT_BLOCK_M"] = block_m
-            else:
-                os.environ.pop("FLASH_MLA_PORT_BLOCK_M", None)
-            assert get_dense_decode_impl() == impl.replace("_bm16", ""), get_dense_decode_impl()
+        impls = [("sm90_wgmma", {}), ("sm120_mma_port", {"FLASH_MLA_FORCE_PORT": "1"})]
+        if not args.no_variants:
+            impls += [
+                (f"sm120_mma_port_{name}", {"FLASH_MLA_FORCE_PORT": "1", **env})
+                for name, env, applies in VARIANTS
+                if applies(h_q)
+            ]
+        for impl, env in impls:
+            for key in PORT_ENV:
+                os.environ.pop(key, None)
+            os.environ.update(env)
+            want = "sm90_wgmma" if impl == "sm90_wgmma" else "sm120_mma_port"
+            assert get_dense_decode_impl() == want, get_dense_decode_impl()
             meta, _ = flash_mla.get_mla_metadata()
 
             run = functools.partial(flash_mla.flash_mla_with_kvcache, q, k_cache, block_table, seqlens, 512, meta, None)
@@ -82,26 +113,34 @@ def main(argv=None) -> int:
             nbytes = b * (h_q * 576 * 2 + mean_len * 576 * 2 + h_q * 512 * 2)
             flops = b * h_q * (2 * 576 * mean_len + 2 * mean_len * 512)
             res[impl] = {"us": ms * 1e3, "GBps": nbytes / (ms * 1e-3) / 1e9, "TFLOPs": flops / (ms * 1e-3) / 1e12}
-        os.environ.pop("FLASH_MLA_FORCE_PORT", None)
-        os.environ.pop("FLASH_MLA_PORT_BLOCK_M", None)
-        if "sm120_mma_port_bm16" in outs:
-            res["max_abs_diff_bm16"] = (outs["sm90_wgmma"] - outs["sm120_mma_port_bm16"]).abs().max().item()
-            res["bw_ratio_bm16"] = res["sm120_mma_port_bm16"]["GBps"] / res["sm90_wgmma"]["GBps"]
-        res["max_abs_diff"] = (outs["sm90_wgmma"] - outs["sm120_mma_port"]).abs().max().item()
-        res["bw_ratio"] = res["sm120_mma_port"]["GBps"] / res["sm90_wgmma"]["GBps"]
+            if impl != "sm90_wgmma":
+                res[impl]["max_abs_diff"] = (outs["sm90_wgmma"] - outs[impl]).abs().max().item()
+                res[impl]["bw_ratio"] = res[impl]["GBps"] / res["sm90_wgmma"]["GBps"]
+        for key in PORT_ENV:
+            os.environ.pop(key, None)
+        res["max_abs_diff"] = res["sm120_mma_port"]["max_abs_diff"]
+        res["bw_ratio"] = res["sm120_mma_port"]["bw_ratio"]
         rows.append(res)
         print(json.dumps(res), flush=True)
 
     print(f"\ndevice: {dev}")
-    print(f"{'b':>4} {'h_q':>4} {'seqlen':>7} | {'wgmma us':>9} {'GB/s':>6} {'TF/s':>5} | {'port us':>9} {'GB/s':>6} {'TF/s':>5} | ratio  maxdiff")
+    print(
+        f"{'b':>4} {'h_q':>4} {'seqlen':>7} | {'wgmma us':>9} {'GB/s':>6} {'TF/s':>5} | {'port us':>9} {'GB/s':>6} {'TF/s':>5} | ratio  maxdiff"
+    )
     for r in rows:
         w, p = r["sm90_wgmma"], r["sm120_mma_port"]
-        print(f"{r['batch']:>4} {r['h_q']:>4} {r['mean_seqlen']:>7.0f} | {w['us']:>9.1f} {w['GBps']:>6.0f} {w['TFLOPs']:>5.0f} | "
-              f"{p['us']:>9.1f} {p['GBps']:>6.0f} {p['TFLOPs']:>5.0f} | {r['bw_ratio']:.2f}  {r['max_abs_diff']:.2e}")
-        if "sm120_mma_port_bm16" in r:
-            q = r["sm120_mma_port_bm16"]
-            print(f"{'':>4} {'':>4} {'bm16':>7} | {'':>9} {'':>6} {'':>5} | {q['us']:>9.1f} {q['GBps']:>6.0f} {q['TFLOPs']:>5.0f} | "
-                  f"{r['bw_ratio_bm16']:.2f}  {r['max_abs_diff_bm16']:.2e}")
+        print(
+            f"{r['batch']:>4} {r['h_q']:>4} {r['mean_seqlen']:>7.0f} | {w['us']:>9.1f} {w['GBps']:>6.0f} {w['TFLOPs']:>5.0f} | "
+            f"{p['us']:>9.1f} {p['GBps']:>6.0f} {p['TFLOPs']:>5.0f} | {r['bw_ratio']:.2f}  {r['max_abs_diff']:.2e}"
+        )
+        for impl in r:
+            if not impl.startswith("sm120_mma_port_"):
+                continue
+            q = r[impl]
+            print(
+                f"{'':>4} {'':>4} {impl[len('sm120_mma_port_') :]:>7} | {'':>9} {'':>6} {'':>5} | {q['us']:>9.1f} {q['GBps']:>6.0f} "
+                f"{q['TFLOPs']:>5.0f} | {q['bw_ratio']:.2f}  {q['max_abs_diff']:.2e}"
+            )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump({"device": dev, "rows": rows}, fh, indent=1)
