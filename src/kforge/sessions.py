@@ -177,6 +177,6 @@ def _register_fixed(nox: Any, root: Path, venv_params: list[str]) -> None:
     def lint(session: Any) -> None:
         if _has_venv(session):
             session.install("ruff")
-        session.run("ruff", "check", "src", "tests", "noxfile.py", "tasks.py", "benchmarks", external=True)
+        session.run("ruff", "check", "src", "tests", "noxfile.py", "tasks.py", "benchmarks", "scripts", external=True)
 
     _add(nox, "lint", lint, "ruff over kforge, its tests and entry points", ["lint"])

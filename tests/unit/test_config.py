@@ -116,6 +116,9 @@ def test_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
         (MINIMAL + 'arch_sets = { "a-b" = ["sm_90a"] }\n', "projects.demo.arch_sets.a-b", "not a valid arch set name"),
         (MINIMAL + 'arch_sets = { release = [] }\n', "projects.demo.arch_sets.release", "is empty"),
         (MINIMAL + 'arch_sets = { release = ["sm_90f"] }\n', "projects.demo.arch_sets.release[0]", "no 'f' variant"),
+        (MINIMAL + 'arch_sets = { "sm90+sm80" = ["sm_80", "sm_90a"] }\n', "projects.demo.arch_sets.sm90+sm80", 'Name it "sm80+sm90"'),
+        (MINIMAL + 'arch_sets = { "sm80+sm90" = ["sm_80"] }\n', "projects.demo.arch_sets.sm80+sm90", "joins archs with '+' but lists sm_80"),
+        (MINIMAL + 'arch_sets = { "sm80+gpu" = ["sm_80", "sm_90a"] }\n', "projects.demo.arch_sets.sm80+gpu", "a name with '+' joins archs"),
         (MINIMAL + '\n[projects.demo.profiles.small]\ncompile_units = 0\n', "projects.demo.profiles.small.compile_units",
          "positive integer"),
         (MINIMAL + '\n[projects.demo.profiles.small]\ncompile_unit = 3\n', "projects.demo.profiles.small.compile_unit",
@@ -156,6 +159,15 @@ def test_every_real_project_says_what_ptx_it_ships() -> None:
         "flash-attn3-standalone": ("upstream", "none"), "flashmla": ("upstream", "none"), "flashinfer": ("upstream", "none"),
     }
     assert all(p.strip_debug for p in forge.projects.values())
+
+
+def test_a_plus_named_arch_set_lists_that_build_under_its_own_id(tmp_path: Path) -> None:
+    from kforge.config.targets import expand_matrix, parse_target
+
+    forge = load_forge(write(tmp_path, MINIMAL + 'arch_sets = { "sm80+sm90" = ["sm_90a", "8.0"] }\n'))
+    assert [a.sm for a in forge.projects["demo"].arch_sets["sm80+sm90"]] == ["sm_80", "sm_90a"]
+    assert [t.id for t in expand_matrix(forge, "linux-x86_64")] == ["demo-sm80", "demo-sm90", "demo-sm80+sm90"]
+    assert parse_target(forge, "demo-sm90+sm80", "linux-x86_64").id == "demo-sm80+sm90"  # any spelling: one build
 
 
 def test_arch_sets_resolve_to_the_declared_archs_in_order(tmp_path: Path) -> None:

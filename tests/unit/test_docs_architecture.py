@@ -11,7 +11,7 @@ SRC = ROOT / "src" / "kforge"
 
 
 def _files() -> list[str]:
-    return [p.relative_to(ROOT).as_posix() for top in ("src", "tests", "benchmarks", "kernels")
+    return [p.relative_to(ROOT).as_posix() for top in ("src", "tests", "benchmarks", "kernels", "scripts")
             for p in (ROOT / top).rglob("*.py") if ".kforge" not in p.parts] + [p.name for p in ROOT.glob("*.py")]
 
 

@@ -325,6 +325,11 @@ def test_flashmla_sm100_sm120_plans_both_families(forge) -> None:
     assert "12.0a" in plan.env["TORCH_CUDA_ARCH_LIST"]  # sm_120 reaches torch's extension builder (upstream has no gencode for it)
     assert "-gencode=arch=compute_100f,code=sm_100f" in plan.nvcc_flags
     assert plan.local_version == "cu130torch2.11.sm100f.sm120a"
+    # a listed build (forge.toml arch_sets "sm100+sm120"): exactly these two gencodes, and the prefill port's patches
+    assert plan.nvcc_flags == ("-gencode=arch=compute_100f,code=sm_100f", "-gencode=arch=compute_120a,code=sm_120a")
+    assert plan.env["TORCH_CUDA_ARCH_LIST"] == "12.0a"
+    assert any(p.startswith("0015-sm120-dense-prefill") for p in plan.patches)
+    assert plan_for(forge, "flashmla-sm120+sm100").target.id == "flashmla-sm100+sm120"
 
 
 def test_flashinfer_set_applies_its_variant_rule_to_every_arch(forge) -> None:

@@ -75,11 +75,19 @@ def test_a_build_job_per_buildable_target(forge, dev) -> None:
     expected = set()
     for platform in forge.ci.runners:
         for t in expand_matrix(forge, platform):
-            if t.platform == platform and len(t.archs) == 1 and not forge.projects[t.project].unbuildable_reason(t.arch):
-                expected.add((t.id, platform))  # arch-set targets (fmha-release) are not CI jobs
-    assert not any(len(t.target.archs) > 1 for t in ci_targets(forge))
+            # named arch-set targets (fmha-release) are not CI jobs; the '+' ones forge.toml lists are
+            listed = len(t.archs) == 1 or "+" in t.arch_token
+            if t.platform == platform and listed and not any(forge.projects[t.project].unbuildable_reason(a) for a in t.archs):
+                expected.add((t.id, platform))
+    assert not any(len(t.target.archs) > 1 and "+" not in t.session_id for t in ci_targets(forge))
     got = {(t.session_id, t.platform.name) for t in ci_targets(forge)}
     assert got == expected
+    # flashmla-sm100+sm120 (forge.toml arch_sets "sm100+sm120"): a job next to flashmla-sm120's, its id without
+    # the '+' GitHub refuses there, GPU-tested on a GPU of its first arch; flashmla-release is not a job.
+    assert ("flashmla-sm100+sm120", "linux-x86_64") in got and ("flashmla-release", "linux-x86_64") not in got
+    assert "python -m nox -s build-flashmla-sm100+sm120" in _runs(dev["jobs"]["build-flashmla-sm100_sm120-linux"])
+    assert dev["jobs"]["test-flashmla-sm100_sm120-linux"]["runs-on"][-1] == "sm100"
+    assert all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", k) for k in dev["jobs"]), "GitHub job ids: letters, digits, - and _"
     assert {k for k in dev["jobs"] if k.startswith("build-")} == {f"build-{t.key}" for t in ci_targets(forge)}
     # flashmla-sm120 builds (our port, patches/flashmla 0011-0013): a job on each of its platforms, and a GPU test.
     assert forge.projects["flashmla"].unbuildable_reason(forge.projects["flashmla"].archs[-1]) is None

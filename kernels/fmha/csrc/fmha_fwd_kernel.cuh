@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
 #include <type_traits>
 
 #include "fmha_manifest.h"
@@ -404,17 +405,18 @@ __device__ __forceinline__ float finish_row(const FwdParams& p, float partial_su
 
 // Raise KERNEL's dynamic shared memory limit to `smem` bytes before its first launch on the current
 // device (the limit is a per-device setting of each kernel; each instantiation of this template keeps
-// its own per-device flags). Devices past 63 are configured at every call.
+// its own per-device flags). Devices past 63 are configured at every call. std::atomic, not the
+// GCC __atomic builtins: this host code also builds with MSVC (FlashMLA carries this header).
 template <auto KERNEL>
 cudaError_t raise_smem_limit_once(int smem) {
-  static int configured[64] = {};  // 0: not yet, 1: done
+  static std::atomic<int> configured[64];  // zero-initialised (static storage): 0 not yet, 1 done
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  if (dev >= 64 || !__atomic_load_n(&configured[dev], __ATOMIC_ACQUIRE)) {
+  if (dev >= 64 || configured[dev].load(std::memory_order_acquire) == 0) {
     err = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    if (dev < 64) __atomic_store_n(&configured[dev], 1, __ATOMIC_RELEASE);
+    if (dev < 64) configured[dev].store(1, std::memory_order_release);
   }
   return cudaSuccess;
 }

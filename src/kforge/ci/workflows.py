@@ -139,13 +139,16 @@ def ci_targets(forge: Forge) -> tuple[CiTarget, ...]:
             if target.platform != platform_name:
                 continue
             project = forge.projects[target.project]
-            if len(target.archs) != 1:  # arch-set targets (fmha-release) are fat release builds, run with nox
-                continue                # or kforge by hand; CI builds and GPU-tests each arch on its own
-            if project.unbuildable_reason(target.arch):
+            # Named arch-set targets (fmha-release) are fat release builds, run with nox or kforge by hand: CI
+            # builds and GPU-tests each arch on its own, and the several-arch builds forge.toml lists under their
+            # '+' id (arch_sets "sm100+sm120": flashmla-sm100+sm120), GPU-tested on a GPU of their first arch.
+            if len(target.archs) != 1 and "+" not in target.arch_token:
+                continue
+            if any(project.unbuildable_reason(a) for a in target.archs):
                 continue
             plan = make_plan(forge, target, _runner_host(forge, platform_name), job_profile=_profile(project.name))
             out.append(CiTarget(
-                key=f"{target.id}-{plat.alias or plat.name}",
+                key=f"{target.id.replace('+', '_')}-{plat.alias or plat.name}",  # a job id has no '+'
                 session_id=target.id,
                 target=target,
                 project=project,
@@ -153,7 +156,7 @@ def ci_targets(forge: Forge) -> tuple[CiTarget, ...]:
                 cuda=plan.toolchain.cuda,
                 torch=plan.toolchain.torch,
                 self_hosted=project.ci_runner == "self-hosted",
-                gpu_label=f"sm{target.arch.number}",
+                gpu_label=f"sm{target.archs[0].number}",
             ))
     return tuple(sorted(out, key=lambda t: t.key))
 

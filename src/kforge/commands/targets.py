@@ -52,5 +52,6 @@ def print_table(targets, *, here: str, in_ci: set[str]) -> None:  # type: ignore
     for t in targets:
         notes = ([f"needs a {t.platform} host"] if t.platform != here else []) + ([] if t.id in in_ci else ["not in CI"])
         print(f"{t.id:{wid}}  {t.arch_names:{war}}  {t.platform:{wpl}}  {', '.join(notes)}".rstrip())
-    print(f"(this host: {here}. CI builds each single-arch target that can build, on the platforms it has "
-          "runners for; `kforge plan TARGET` says what a build will do)")
+    print(f"(this host: {here}. CI builds each single-arch target that can build, and the several-arch builds "
+          "forge.toml lists by their '+' id, on the platforms it has runners for; `kforge plan TARGET` says what a "
+          "build will do)")

@@ -421,14 +421,22 @@ def _archs(r: Reader, key: str, t: ProjectTable) -> tuple[tuple[Arch, ...], Arch
 
 def _arch_sets(r: Reader, key: str, sets: Mapping[str, tuple[str, ...]], archs: tuple[Arch, ...],
                platforms: Mapping[str, Platform]) -> Mapping[str, tuple[Arch, ...]]:
-    """``arch_sets = { release = ["sm_80", "sm_90"] }``: each name a target token, each arch a declared one."""
+    """``arch_sets = { release = ["sm_80", "sm_90"] }``: each name a target token, each arch a declared one.
+
+    A name that joins its archs with ``+`` (``"sm100+sm120" = ["sm_100f", "sm_120a"]``) lists that several-arch
+    build under the id it has anyway (``flashmla-sm100+sm120``): in ``nox -l``, ``kforge targets`` and CI."""
     out: dict[str, tuple[Arch, ...]] = {}
     for name, texts in sets.items():
         where = f"{key}.{name}"
-        if not name or not name[0].isalpha() or not all(c.isalnum() or c == "_" for c in name) or name != name.lower():
+        joined = "+" in name
+        if joined:
+            if not all(_is_arch_spelling(part) for part in name.split("+")):
+                raise r.error(where, "is not a valid arch set name: a name with '+' joins archs (sm100+sm120)",
+                              fix="spell each part as an arch (sm100), or use a plain name (lower-case letters, digits, '_')")
+        elif not name or not name[0].isalpha() or not all(c.isalnum() or c == "_" for c in name) or name != name.lower():
             raise r.error(where, "is not a valid arch set name",
                           fix="use lower-case letters, digits and '_', starting with a letter (it becomes part of target ids)")
-        if _is_arch_spelling(name) or name in {n for p in platforms.values() for n in p.suffix_names}:
+        if not joined and _is_arch_spelling(name) or name in {n for p in platforms.values() for n in p.suffix_names}:
             raise r.error(where, f"'{name}' reads as an arch or a platform in a target id", fix="pick another name, e.g. release")
         chosen: list[Arch] = []
         for i, text in enumerate(texts):
@@ -445,6 +453,12 @@ def _arch_sets(r: Reader, key: str, sets: Mapping[str, tuple[str, ...]], archs: 
             chosen.append(declared)
         if not chosen:
             raise r.error(where, "is empty", fix="name at least one arch")
+        if joined:
+            canonical = "+".join(f"sm{a.number}" for a in sorted(chosen))
+            if len(chosen) < 2 or name != canonical:
+                raise r.error(where, f"joins archs with '+' but lists {', '.join(a.sm for a in sorted(chosen))}: a '+' "
+                              "name must be the id those archs give a target, so that both spellings are one build",
+                              fix=f"name it \"{canonical}\"" + (" (with two archs or more)" if len(chosen) < 2 else ""))
         out[name] = tuple(sorted(chosen))
     return MappingProxyType(out)
 
