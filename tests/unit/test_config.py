@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from kforge.config import model, releasematrix
 from kforge.config.forge import load_forge, normalise_env_value
 from kforge.config.source import GitSource, SdistSource
 from kforge.errors import ConfigError
+from kforge.sources.series import load_series
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,6 +60,36 @@ def test_the_standalone_fa3_library_shares_flash_attn3s_pin_and_series() -> None
     assert (lib.units("minimal"), lib.units("full"), lib.default_profile) == (23, 225, "full")
     assert lib.gpu_tests is not None and lib.gpu_tests.paths == ("hopper/standalone/tests/python",)
     assert "scikit-build-core>=0.10" in lib.build_requires and lib.ci_runner == "self-hosted"
+
+
+# aot.get_default_config()'s keys at the flashinfer pin; patch 0004 adds its own add_* switches to them.
+FLASHINFER_AOT_KEYS = {"fa2_head_dim", "fa3_head_dim", "f16_dtype", "f8_dtype", "use_sliding_window",
+                       "use_logits_soft_cap", "add_comm", "add_gemma", "add_oai_oss", "add_moe", "add_act",
+                       "add_misc", "add_xqa"}
+
+
+def test_flashinfer_decode_profile_narrows_generation_with_keys_its_series_defines() -> None:
+    """The decode profile's FLASHINFER_AOT_CONFIG turns every add_* switch off and names only keys that upstream
+    or the series' 0004 defines (an unknown key fails the build), and agrees with FLASHINFER_AOT_MODULES."""
+    fi = load_forge(ROOT).projects["flashinfer"]
+    env = fi.profiles["decode"].env
+    assert set(env) == {"FLASHINFER_AOT_CONFIG", "FLASHINFER_AOT_MODULES"}
+    assert fi.profiles["full"].env == {}
+    patch = next(e.path for e in load_series(fi.patches).entries if e.name.startswith("0004-"))
+    added = re.search(r"^\+_ATTENTION_ADD_KEYS = \((.*?)^\+\)", patch.read_text(), re.M | re.S)
+    assert added is not None, patch.name
+    series_keys = set(re.findall(r'"(add_\w+)"', added.group(1)))
+    assert {"add_prefill", "add_trtllm_gen_fmha", "add_mla"} <= series_keys
+    cfg = json.loads(env["FLASHINFER_AOT_CONFIG"])
+    assert set(cfg) == FLASHINFER_AOT_KEYS | series_keys  # every switch is named, so none is left on by default
+    assert [k for k, v in cfg.items() if k.startswith("add_") and v is not False] == []
+    assert (cfg["fa2_head_dim"], cfg["fa3_head_dim"], cfg["f8_dtype"]) == ([[128, 128]], [], [])
+    assert (cfg["use_sliding_window"], cfg["use_logits_soft_cap"]) == ([False], [False])
+    modules = env["FLASHINFER_AOT_MODULES"].split(",")
+    assert len(modules) == 4 and all("head_dim_qk_128_head_dim_vo_128" in m and m.endswith(
+        "use_swa_False_use_logits_cap_False") for m in modules)
+    assert {re.search(r"dtype_q_(\w+?)_", m).group(1) for m in modules} == {
+        {"float16": "f16", "bfloat16": "bf16"}[d] for d in cfg["f16_dtype"]}
 
 
 def test_compile_units_per_profile_fall_back_to_the_projects(tmp_path: Path) -> None:
