@@ -20,6 +20,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from kforge.config.archs import read_arch, read_arch_sets, read_archs
 from kforge.config.model import (
     ARCH_ENFORCE_MODES,
     BACKEND_NAMES,
@@ -44,9 +45,9 @@ from kforge.config.model import (
 from kforge.config.releasematrix import ReleaseTable, read_release
 from kforge.config.schema import EnvValue, Reader, normalise_env_value
 from kforge.config.source import GitSource, LocalSource, SdistSource, Source
-from kforge.cuda.arch import Arch, parse_arch
+from kforge.cuda.arch import Arch
 from kforge.cuda.render import RENDERERS
-from kforge.errors import ArchError, ConfigError, decode_utf8, did_you_mean
+from kforge.errors import ConfigError, decode_utf8, did_you_mean
 
 __all__ = ["FORGE_FILE", "find_root", "load_forge", "normalise_env_value", "parse_forge"]  # the model: kforge.config.model
 
@@ -250,7 +251,7 @@ def _ci(r: Reader, t: CiTable, platforms: Mapping[str, Platform]) -> CiSettings:
 def _unbuildable(r: Reader, key: str, t: ProjectTable, archs: tuple[Arch, ...]) -> Mapping[str, str]:
     out: dict[str, str] = {}
     for text, reason in t.unbuildable.items():
-        arch = _arch(r, f"{key}.unbuildable.{text}", text)
+        arch = read_arch(r, f"{key}.unbuildable.{text}", text)
         if not any(a.base == arch.base for a in archs):
             raise r.error(f"{key}.unbuildable.{text}", f"names {arch.sm}, which is not in archs")
         if not reason.strip():
@@ -264,16 +265,6 @@ def _version(r: Reader, key: str, text: str) -> Version:
         return Version(text)
     except InvalidVersion:
         raise r.error(key, f"is not a version: {text!r}", fix="write it as MAJOR.MINOR, e.g. \"12.8\"") from None
-
-
-def _arch(r: Reader, key: str, text: str) -> Arch:
-    if isinstance(text, str) and not text.isascii():  # "sm_٩0" would parse as sm_90: ASCII only (kforge.config.inputs)
-        raise r.error(key, f"is not a known CUDA arch: {text!r} has a non-ASCII character",
-                      fix="write it in plain ASCII, e.g. sm_90a")
-    try:
-        return parse_arch(text)
-    except ArchError as exc:
-        raise r.error(key, f"is not a known CUDA arch: {exc.what}", fix=exc.fix) from None
 
 
 def _toolchains(r: Reader, t: ToolchainsTable) -> Toolchains:
@@ -310,7 +301,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         raise r.error(f"{key}.source", "is missing",
                       fix="add source = { git = {...} } or { sdist = {...} } or { local = \"kernels/NAME\" }")
     t: ProjectTable = r.table(ProjectTable, data, key)
-    archs, default_arch = _archs(r, key, t)
+    archs, default_arch = read_archs(r, key, t.archs, t.default_arch)
     for i, p in enumerate(t.platforms or ()):
         _one_of(r, f"{key}.platforms[{i}]", p, tuple(platforms), f"'{p}' is not a declared platform")
     _one_of(r, f"{key}.backend", t.backend, BACKEND_NAMES, f"'{t.backend}' is not a backend")
@@ -323,7 +314,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         _one_of(r, f"{key}.ci_runner", t.ci_runner, CI_RUNNER_KINDS)
     git, sdist, local, source = _sources(r, f"{key}.source", t.source)
     _upstream_versions(r, key, t, git)
-    arch_sets = _arch_sets(r, f"{key}.arch_sets", t.arch_sets, archs, platforms)
+    arch_sets = read_arch_sets(r, f"{key}.arch_sets", t.arch_sets, archs, platforms)
     return Project(
         name=name, description=t.description, source=source, git=git, sdist=sdist, local=local,
         upstream_version=t.upstream_version, build_dir=t.build_dir, archs=archs, default_arch=default_arch,
@@ -404,73 +395,6 @@ def _platform_tag(r: Reader, key: str, text: str | None) -> str | None:
     return raw
 
 
-def _archs(r: Reader, key: str, t: ProjectTable) -> tuple[tuple[Arch, ...], Arch]:
-    archs: list[Arch] = []
-    for i, text in enumerate(t.archs):
-        arch = _arch(r, f"{key}.archs[{i}]", text)
-        if any(a.base == arch.base for a in archs):
-            raise r.error(f"{key}.archs[{i}]", f"lists {arch.base.sm} twice")
-        archs.append(arch)
-    if not archs:
-        raise r.error(f"{key}.archs", "is empty", fix="list the archs this project can build, e.g. [\"sm_90a\"]")
-    default = _arch(r, f"{key}.default_arch", t.default_arch) if t.default_arch else archs[-1]
-    if not any(a.base == default.base for a in archs):
-        raise r.error(f"{key}.default_arch", f"is {default.sm}, which is not in archs")
-    return tuple(archs), next(a for a in archs if a.base == default.base)
-
-
-def _arch_sets(r: Reader, key: str, sets: Mapping[str, tuple[str, ...]], archs: tuple[Arch, ...],
-               platforms: Mapping[str, Platform]) -> Mapping[str, tuple[Arch, ...]]:
-    """``arch_sets = { release = ["sm_80", "sm_90"] }``: each name a target token, each arch a declared one.
-
-    A name that joins its archs with ``+`` (``"sm100+sm120" = ["sm_100f", "sm_120a"]``) lists that several-arch
-    build under the id it has anyway (``flashmla-sm100+sm120``): in ``nox -l``, ``kforge targets`` and CI."""
-    out: dict[str, tuple[Arch, ...]] = {}
-    for name, texts in sets.items():
-        where = f"{key}.{name}"
-        joined = "+" in name
-        if joined:
-            if not all(_is_arch_spelling(part) for part in name.split("+")):
-                raise r.error(where, "is not a valid arch set name: a name with '+' joins archs (sm100+sm120)",
-                              fix="spell each part as an arch (sm100), or use a plain name (lower-case letters, digits, '_')")
-        elif not name or not name[0].isalpha() or not all(c.isalnum() or c == "_" for c in name) or name != name.lower():
-            raise r.error(where, "is not a valid arch set name",
-                          fix="use lower-case letters, digits and '_', starting with a letter (it becomes part of target ids)")
-        if not joined and _is_arch_spelling(name) or name in {n for p in platforms.values() for n in p.suffix_names}:
-            raise r.error(where, f"'{name}' reads as an arch or a platform in a target id", fix="pick another name, e.g. release")
-        chosen: list[Arch] = []
-        for i, text in enumerate(texts):
-            arch = _arch(r, f"{where}[{i}]", text)
-            declared = next((a for a in archs if a.base == arch.base), None)
-            if declared is None:
-                raise r.error(f"{where}[{i}]", f"is {arch.sm}, which is not in {key.rsplit('.', 1)[0]}.archs",
-                              fix=f"use archs the project declares: {', '.join(a.sm for a in archs)}")
-            if arch.variant and arch.variant != declared.variant:
-                raise r.error(f"{where}[{i}]", f"is {arch.sm}, but the project declares {declared.sm}",
-                              fix=f"write {declared.sm} (or the plain {declared.base.sm})")
-            if any(a.base == declared.base for a in chosen):
-                raise r.error(f"{where}[{i}]", f"lists {declared.base.sm} twice")
-            chosen.append(declared)
-        if not chosen:
-            raise r.error(where, "is empty", fix="name at least one arch")
-        if joined:
-            canonical = "+".join(f"sm{a.number}" for a in sorted(chosen))
-            if len(chosen) < 2 or name != canonical:
-                raise r.error(where, f"joins archs with '+' but lists {', '.join(a.sm for a in sorted(chosen))}: a '+' "
-                              "name must be the id those archs give a target, so that both spellings are one build",
-                              fix=f"name it \"{canonical}\"" + (" (with two archs or more)" if len(chosen) < 2 else ""))
-        out[name] = tuple(sorted(chosen))
-    return MappingProxyType(out)
-
-
-def _is_arch_spelling(text: str) -> bool:
-    try:
-        parse_arch(text)
-    except ArchError:
-        return False
-    return True
-
-
 def _sources(r: Reader, key: str, t: SourceTable) -> tuple[GitSource | None, SdistSource | None, LocalSource | None, Source]:
     git = replace(t.git, commit=t.git.commit.strip().lower()) if t.git else None
     if git and (len(git.commit) != 40 or any(c not in "0123456789abcdef" for c in git.commit)):
@@ -510,5 +434,5 @@ def _rule(r: Reader, key: str, t: RuleTable, projects: Mapping[str, Project],
         _one_of(r, f"{key}.project", p, tuple(projects), f"'{p}' is not a declared project")
     for p in t.platform or ():
         _one_of(r, f"{key}.platform", p, tuple(platforms), f"'{p}' is not a declared platform")
-    archs = tuple(_arch(r, f"{key}.arch", a) for a in t.arch) if t.arch is not None else None
+    archs = tuple(read_arch(r, f"{key}.arch", a) for a in t.arch) if t.arch is not None else None
     return MatrixRule(project=t.project, arch=archs, platform=t.platform)
