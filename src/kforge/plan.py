@@ -31,6 +31,7 @@ from kforge.config.forge import normalise_env_value
 from kforge.config.knowledge import require_current_knowledge
 from kforge.config.model import BACKEND_NAMES, ArchKnob, Forge, GpuTests, Platform, Project
 from kforge.config.options import BY_NAME, PlanOptions, parse_value
+from kforge.config.profilearchs import profile_conflict
 from kforge.config.repairpolicy import TORCH_LIBRARIES, RepairPolicy, default_policy
 from kforge.config.source import GitSource, LocalSource, SdistSource, Source
 from kforge.config.targets import Target
@@ -437,6 +438,10 @@ def _env(project: Project, platform: Platform, profile: str | None, archs: tuple
     toolkit, --env."""
     env: dict[str, str] = {**platform.env, **project.env}
     if profile is not None:
+        if clash := profile_conflict(project, profile, archs):
+            raise ConfigError(clash, why="the wheel would lack those kernels (the doctor would refuse it after the build)",
+                              fix=f"build this target with another profile, or use profile {profile} for targets "
+                              "without those archs")
         env.update(project.profiles[profile].env)
     for knob in project.arch_knobs:
         _check_knob_keeps_variants(project, knob, archs)

@@ -66,6 +66,15 @@ def test_flashmla_sm90_disables_only_sm100(forge) -> None:
     assert "TORCH_CUDA_ARCH_LIST" not in plan.env  # the torch knob is only for 120/121: FlashMLA hard-codes 90a
 
 
+def test_a_profile_that_switches_off_an_arch_of_the_target_is_refused(forge) -> None:
+    # sm120-port sets FLASH_MLA_DISABLE_SM100=1: flashmla-release (sm_90a + sm_100f) would lose sm_100f's kernels,
+    # and the doctor refused exactly that wheel after a whole build on the GPU host (2026-11-27)
+    with pytest.raises(ConfigError) as err:
+        plan_for(forge, "flashmla-release", profile="sm120-port")
+    assert "FLASH_MLA_DISABLE_SM100=1" in err.value.what and "sm_100f" in err.value.what
+    assert plan_for(forge, "flashmla-sm90", profile="sm120-port").env["FLASH_MLA_DISABLE_SM100"] == "1"
+
+
 def test_flash_attn_sm120_windows(forge) -> None:
     plan = plan_for(forge, "flash-attn-sm120-windows")
     assert plan.env["FLASH_ATTN_CUDA_ARCHS"] == "120"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from kforge.config.knowledge import require_current_knowledge
 from kforge.config.model import Forge, Project
+from kforge.config.profilearchs import profile_conflict
 from kforge.config.targets import Target, expand_matrix
 from kforge.cuda.arch import unsupported_reason
 from kforge.errors import ConfigError, TargetError
@@ -69,11 +70,13 @@ def build_rows(forge: Forge, runs: Sequence[Run], here: str) -> tuple[Row, ...]:
         key = (target.project, tuple(a.sm for a in target.archs), target.platform)
         reason = unbuildable_reason(forge, project, target, here)
         for profile in tuple(project.profiles) or (None,):
+            clash = profile_conflict(project, profile, target.archs)
+            why = "; ".join(r for r in (reason, clash) if r) or None
             mine = tuple(r for r in ordered if r.key == key and r.through_kforge and r.profile == profile)
             outside = tuple(
                 r for r in ordered if r.key == key and not r.through_kforge and r.profile in (None, profile)
             )
-            rows.append(Row(target, profile, _status(mine, reason), reason, mine, outside))
+            rows.append(Row(target, profile, _status(mine, why), why, mine, outside))
     _check_every_run_has_a_row(runs, rows)
     return tuple(rows)
 
