@@ -328,32 +328,38 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
 // (the swizzle only permutes chunks inside a group of 8) every shared offset is the thread's
 // base plus an immediate and every global one its base plus i * row step plus 16 bytes * group,
 // where load_tile_any divides each chunk index by the row's chunks and selects its pointer
-// per chunk. The backward keeps load_tile.
-template <int ROWS, int HDIM, int kThreads, typename T>
+// per chunk. FULL: every row of the tile is valid (a key tile below the last), so no bound and
+// no pointer select; only the d_qk != d_v kernels pass it (the others load as before). The
+// backward keeps load_tile.
+template <int ROWS, int HDIM, int kThreads, bool FULL = false, typename T>
 __device__ __forceinline__ void load_tile_fwd(T* smem, const T* gmem, int64_t row_stride,
                                               int valid_rows, int tid) {
   constexpr int kChunks = HDIM / 8;
   constexpr int kDefaultRows = kThreads / kChunks;  // load_tile's rows a pass
   constexpr bool kDefault = kThreads % kChunks == 0 && kDefaultRows > 0 &&
                             kDefaultRows % 8 == 0 && ROWS % kDefaultRows == 0;
-  constexpr int kRowsPerIter = kThreads / 8;  // a multiple of 8: (row & 7) fixed over the passes
-  if constexpr (kDefault || kChunks % 8 != 0 || kThreads % 64 != 0 || ROWS % kRowsPerIter != 0) {
+  constexpr bool kGrouped = !kDefault && kChunks % 8 == 0 && kThreads % 64 == 0 &&
+                            ROWS % (kThreads / 8) == 0;
+  if constexpr (!kGrouped && !(kDefault && FULL)) {
     load_tile<ROWS, HDIM, kThreads>(smem, gmem, row_stride, valid_rows, tid);
   } else {
+    // G chunks of a row a thread a pass: load_tile's mapping (G = 1) or groups of 8 (G = 8).
+    constexpr int G = kGrouped ? 8 : kChunks;
+    constexpr int kRowsPerIter = kThreads / G;  // a multiple of 8: (row & 7) fixed over passes
     constexpr int kIters = ROWS / kRowsPerIter;
-    const int row = tid / 8;
-    const int c = tid % 8;
+    const int row = tid / G;
+    const int c = tid % G;
     const T* src = gmem + static_cast<int64_t>(row) * row_stride + c * 8;
     const uint32_t dst = smem_addr(smem + swz<HDIM>(row, c));
     const int64_t step = static_cast<int64_t>(kRowsPerIter) * row_stride;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const bool valid = row + i * kRowsPerIter < valid_rows;
+      const bool valid = FULL || row + i * kRowsPerIter < valid_rows;
       // A row past the end reads nothing (0 bytes); its pointer stays inside the tile's row 0
       // (every tile the kernel loads has one valid row).
       const T* s = valid ? src + i * step : gmem;
 #pragma unroll
-      for (int g = 0; g < kChunks / 8; ++g) {
+      for (int g = 0; g < kChunks / G; ++g) {
         cp_async16(dst + (i * kRowsPerIter * HDIM + g * 64) * static_cast<int>(sizeof(T)),
                    s + g * 64, valid);
       }
@@ -486,6 +492,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
   constexpr int NT = SLICE / 8;     // n-tiles of S
   constexpr int DT = HDIM_V / 8;  // n-tiles of O
   constexpr float kNegInf = -__builtin_huge_valf();
+  constexpr bool kFullLoads = HDIM != HDIM_V;  // unmasked steps load K and V without the bound
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -777,27 +784,31 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
     }
   };
 
-  auto load_k = [&](int n, int buf) {
-    load_tile_fwd<BN, HDIM, NTHREADS>(sK + buf * BN * HDIM,
-                                  gK + static_cast<int64_t>(n) * BN * p.k_row_stride,
-                                  p.k_row_stride, sk - n * BN, tid);
+  // full: every key of tile n is below sk (the loads of an unmasked step); the bound is dropped
+  // at d_qk != d_v only, so that the other pairs' loads stay as they were.
+  auto load_k = [&](int n, int buf, auto full) {
+    load_tile_fwd<BN, HDIM, NTHREADS, kFullLoads && decltype(full)::value>(
+        sK + buf * BN * HDIM, gK + static_cast<int64_t>(n) * BN * p.k_row_stride, p.k_row_stride,
+        sk - n * BN, tid);
   };
-  auto load_v = [&](int n, int buf) {
-    load_tile_fwd<BN, HDIM_V, NTHREADS>(sV + buf * BN * HDIM_V,
-                                    gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
-                                    p.v_row_stride, sk - n * BN, tid);
+  auto load_v = [&](int n, int buf, auto full) {
+    load_tile_fwd<BN, HDIM_V, NTHREADS, kFullLoads && decltype(full)::value>(
+        sV + buf * BN * HDIM_V, gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
+        p.v_row_stride, sk - n * BN, tid);
   };
   constexpr uint32_t kTileBytes = BN * HDIM * sizeof(T);
   constexpr uint32_t kVTileBytes = BN * HDIM_V * sizeof(T);
 
   auto step = [&](int n, auto masked) {
+    // An unmasked step's tiles (n, and n - 1 below it) hold no key at or past sk.
+    const std::bool_constant<!decltype(masked)::value> full{};
     if constexpr (STAGES == 1) {
       // Two barriers per step (as in FlashAttention-2): here K(n) has landed and every warp is
       // done reading sV; after Q K^T, V(n) has landed and every warp is done reading sK.
       if (n != n_blocks - 1) {  // the first step's V was issued with Q and K
         cp_async_wait<0>();
         __syncthreads();
-        load_v(n, 0);
+        load_v(n, 0, full);
         cp_async_commit();
       }
       float sc[MT][NT][4];
@@ -805,7 +816,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
       if constexpr (decltype(masked)::value) apply_mask(sc, n * BN);
       cp_async_wait<0>();
       __syncthreads();
-      if (n > 0) load_k(n - 1, 0);
+      if (n > 0) load_k(n - 1, 0, full);
       cp_async_commit();
       softmax(sc);
       pv(sc, v_base);
@@ -816,8 +827,8 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
       cp_async_wait<0>();
       __syncthreads();
       if (n > 0) {
-        load_k(n - 1, buf ^ 1);
-        load_v(n - 1, buf ^ 1);
+        load_k(n - 1, buf ^ 1, full);
+        load_v(n - 1, buf ^ 1, full);
       }
       cp_async_commit();
 #pragma unroll
