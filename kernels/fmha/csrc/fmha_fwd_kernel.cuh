@@ -112,6 +112,9 @@ struct FwdConfig<128> {
 #ifndef KFORGE_FMHA_FWD_192_BN
 #define KFORGE_FMHA_FWD_192_BN 64
 #endif
+#ifndef KFORGE_FMHA_FWD_192_STAGES
+#define KFORGE_FMHA_FWD_192_STAGES 1  // 2 (double-buffered K / V) fits sm_120 with 32-key tiles only
+#endif
 #ifndef KFORGE_FMHA_FWD_128X192_BN
 #define KFORGE_FMHA_FWD_128X192_BN 32
 #endif
@@ -121,7 +124,7 @@ struct FwdConfig<192, 128> {
   static constexpr int kBlockN = KFORGE_FMHA_FWD_192_BN;
   static constexpr bool kQInRegs = false;
   static constexpr int kWarps = 8;
-  static constexpr int kStages = 1;
+  static constexpr int kStages = KFORGE_FMHA_FWD_192_STAGES;
   static constexpr int kSlice = 32;
 };
 template <>
