@@ -4,7 +4,8 @@ one process, on the same tensors.
 
 What is timed, per column: "bwd", the backward alone: the forward runs once with autograd and
 each timed call is torch.autograd.grad(out, (q, k, v), dout, retain_graph=True); "fwd+bwd", the
-forward and that backward. kforge runs kforge_fmha.attention (its backward kernels through the C
+forward and that backward; "fwd" (not in the default --modes), the forward alone under
+torch.no_grad() (an A/B of forward builds: KFORGE_FMHA_LIBRARY at each, --modes fwd). kforge runs kforge_fmha.attention (its backward kernels through the C
 API: preprocess, main, convert, the workspace from torch's allocator); SDPA runs
 F.scaled_dot_product_attention under torch.nn.attention.sdpa_kernel(FLASH_ATTENTION or
 CUDNN_ATTENTION) on (B, H, L, D) views of the same tensors; FA2 and FA3 their flash_attn_func.
@@ -13,7 +14,7 @@ Every column goes through torch autograd, so the engine's cost is the same for a
 Columns are timed in interleaved rounds (benchmarks/timing.py's time_interleaved: CUDA events
 around each call, the column order drawn per block of rounds, each round behind a GPU sleep), the
 median over --runs rounds. TFLOP/s: the forward's FLOPs are 2·B·H·L²·(d_qk + d_v) (4·B·H·L²·d at
-d_qk = d_v), halved when causal; the backward counts 2.5x them, fwd+bwd 3.5x. Each column's FLOPs
+d_qk = d_v), halved when causal; the backward counts 2.5x them, fwd+bwd 3.5x, fwd 1x. Each column's FLOPs
 are its own head dims: at (192, 128), FA2, FA3 and SDPA flash (FlashAttention-2's kernel, which
 needs d_qk = d_v) run (192, 192) (--fa-192-dv), so their TFLOP/s count the larger P·V; the ratio kforge / column is of TFLOP/s (= the time ratio at equal dims).
 
@@ -50,8 +51,8 @@ COLUMNS = ("kforge", "kforge-portable", "sdpa-flash", "sdpa-cudnn", "fa2", "fa3"
 # (KFORGE_FMHA_BWD_PATH=portable while its backward runs; the C API reads it at every call), so the
 # sm_90a and the portable backward are timed in the same process on the same tensors.
 PORTABLE = "kforge-portable"
-MODES = ("bwd", "fwd+bwd")
-MODE_FACTOR = {"bwd": 2.5, "fwd+bwd": 3.5}  # times the forward's FLOPs
+MODES = ("bwd", "fwd+bwd", "fwd")
+MODE_FACTOR = {"bwd": 2.5, "fwd+bwd": 3.5, "fwd": 1.0}  # times the forward's FLOPs
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 HIDDEN = 2048  # heads = HIDDEN // d_v, FlashAttention's benchmark convention
 
@@ -149,7 +150,8 @@ def render(meta: dict, rows: list[dict]) -> str:
     lines.append(f"TFLOP/s from CUDA events, median of {meta['runs']} interleaved rounds after "
                  f"{meta['warmup']} warm-ups; batch × seqlen = {meta['tokens']} tokens, heads = "
                  f"{meta['heads_rule']}. FLOPs: the forward's 2·B·H·L²·(d_qk + d_v), halved when "
-                 "causal, times 2.5 (bwd: autograd.grad of a kept forward) or 3.5 (fwd+bwd). Ratio = "
+                 "causal, times 2.5 (bwd: autograd.grad of a kept forward), 3.5 (fwd+bwd) or 1 (fwd: the "
+                 "forward alone, no autograd graph). Ratio = "
                  "kforge / column in the same run (TFLOP/s), withheld where the gradients differ by "
                  f"more than {meta['max_diff']} of kforge's largest. At d_qk = 192, FA2, FA3 and SDPA "
                  f"flash run (192, {meta['fa_192_dv']}) and count their own FLOPs. Produced by `{meta['command']}`.")
@@ -312,7 +314,11 @@ def bench_shape(shape: dict, modes: list[str], columns: list[str], libs: dict, a
             q, k, v, dout = inputs(dims[c])
             fwd = forward_fn(c, causal, libs)
             path = _path_of(c)
-            if mode == "bwd":
+            if mode == "fwd":
+                def fn(fwd=fwd, q=q, k=k, v=v):
+                    with torch.no_grad():
+                        return fwd(q, k, v)
+            elif mode == "bwd":
                 out = fwd(q, k, v)
 
                 def fn(out=out, q=q, k=k, v=v, dout=dout, path=path):

@@ -79,6 +79,16 @@ def test_backward_counts_2_5x_and_fwd_bwd_3_5x_the_forward(bench) -> None:
     assert bwd["ratio"]["fa2"] == pytest.approx(0.5)  # kforge twice as slow: ratio 0.5
 
 
+def test_forward_alone_counts_the_forward_once(bench) -> None:
+    fwd = bench.attention_flops(4, 16, 4096, 192, 128, False)
+    row = bench.make_row(_shape(d_qk=192, d_v=128), "fwd", {"kforge": 1.0, "sdpa-flash": 1.0},
+                         {"sdpa-flash": (192, 192)}, {}, 0.05)
+    assert row["flops"] == fwd
+    assert row["results"]["kforge"]["tflops"] == pytest.approx(fwd / 1e-3 / 1e12)
+    # SDPA flash ran (192, 192): more FLOPs in the same time, so kforge's ratio is 320 / 384
+    assert row["ratio"]["sdpa-flash"] == pytest.approx(320 / 384)
+
+
 def test_causal_halves_the_flops(bench) -> None:
     full = bench.make_row(_shape(causal=False), "bwd", {"kforge": 1.0}, {}, {}, 0.05)
     half = bench.make_row(_shape(causal=True), "bwd", {"kforge": 1.0}, {}, {}, 0.05)

@@ -105,21 +105,32 @@ struct FwdConfig<128> {
 
 // d_qk != d_v (the portable kernel only; FlashMLA-style prefill has (192, 128)). (192, 128):
 // 128 query rows as 8 warps of one 16-row slab (with hdim 128's two slabs per warp, the wider
-// Q K^T spills on sm_80), 32-key tiles, 68 KiB of shared memory. (128, 192): 4 warps of one slab
-// (64 query rows), so the O accumulators (24 n-tiles) stay at 96 registers.
+// Q K^T spills on sm_80) and 64-key tiles (FlashAttention-2's hdim-192 shape: 8 independent
+// accumulator chains in Q K^T instead of 4), 88 KiB of shared memory; KFORGE_FMHA_FWD_192_BN=32
+// gives the 32-key tiles of before (68 KiB). (128, 192): 4 warps of one slab (64 query rows), so
+// the O accumulators (24 n-tiles) stay at 96 registers; 32-key tiles (KFORGE_FMHA_FWD_128X192_BN).
+#ifndef KFORGE_FMHA_FWD_192_BN
+#define KFORGE_FMHA_FWD_192_BN 64
+#endif
+#ifndef KFORGE_FMHA_FWD_192_STAGES
+#define KFORGE_FMHA_FWD_192_STAGES 1  // 2 (double-buffered K / V) fits sm_120 with 32-key tiles only
+#endif
+#ifndef KFORGE_FMHA_FWD_128X192_BN
+#define KFORGE_FMHA_FWD_128X192_BN 32
+#endif
 template <>
 struct FwdConfig<192, 128> {
   static constexpr int kMTiles = 1;
-  static constexpr int kBlockN = 32;
+  static constexpr int kBlockN = KFORGE_FMHA_FWD_192_BN;
   static constexpr bool kQInRegs = false;
   static constexpr int kWarps = 8;
-  static constexpr int kStages = 1;
+  static constexpr int kStages = KFORGE_FMHA_FWD_192_STAGES;
   static constexpr int kSlice = 32;
 };
 template <>
 struct FwdConfig<128, 192> {
   static constexpr int kMTiles = 1;
-  static constexpr int kBlockN = 32;
+  static constexpr int kBlockN = KFORGE_FMHA_FWD_128X192_BN;
   static constexpr bool kQInRegs = false;
   static constexpr int kWarps = 4;
   static constexpr int kStages = 1;
@@ -314,6 +325,51 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
   }
 }
 
+// The forward's tile load. Rows that load_tile splits evenly over the threads take load_tile;
+// rows of 8k 16-byte chunks that do not (hdim 192: 24 chunks, 256 threads) go in groups of 8
+// chunks: thread t copies chunk t % 8 of each group of rows t / 8 + i * (kThreads / 8), so
+// (the swizzle only permutes chunks inside a group of 8) every shared offset is the thread's
+// base plus an immediate and every global one its base plus i * row step plus 16 bytes * group,
+// where load_tile_any divides each chunk index by the row's chunks and selects its pointer
+// per chunk. FULL: every row of the tile is valid (a key tile below the last), so no bound and
+// no pointer select; only the d_qk != d_v kernels pass it (the others load as before). The
+// backward keeps load_tile.
+template <int ROWS, int HDIM, int kThreads, bool FULL = false, typename T>
+__device__ __forceinline__ void load_tile_fwd(T* smem, const T* gmem, int64_t row_stride,
+                                              int valid_rows, int tid) {
+  constexpr int kChunks = HDIM / 8;
+  constexpr int kDefaultRows = kThreads / kChunks;  // load_tile's rows a pass
+  constexpr bool kDefault = kThreads % kChunks == 0 && kDefaultRows > 0 &&
+                            kDefaultRows % 8 == 0 && ROWS % kDefaultRows == 0;
+  constexpr bool kGrouped = !kDefault && kChunks % 8 == 0 && kThreads % 64 == 0 &&
+                            ROWS % (kThreads / 8) == 0;
+  if constexpr (!kGrouped && !(kDefault && FULL)) {
+    load_tile<ROWS, HDIM, kThreads>(smem, gmem, row_stride, valid_rows, tid);
+  } else {
+    // G chunks of a row a thread a pass: load_tile's mapping (G = 1) or groups of 8 (G = 8).
+    constexpr int G = kGrouped ? 8 : kChunks;
+    constexpr int kRowsPerIter = kThreads / G;  // a multiple of 8: (row & 7) fixed over passes
+    constexpr int kIters = ROWS / kRowsPerIter;
+    const int row = tid / G;
+    const int c = tid % G;
+    const T* src = gmem + static_cast<int64_t>(row) * row_stride + c * 8;
+    const uint32_t dst = smem_addr(smem + swz<HDIM>(row, c));
+    const int64_t step = static_cast<int64_t>(kRowsPerIter) * row_stride;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const bool valid = FULL || row + i * kRowsPerIter < valid_rows;
+      // A row past the end reads nothing (0 bytes); its pointer stays inside the tile's row 0
+      // (every tile the kernel loads has one valid row).
+      const T* s = valid ? src + i * step : gmem;
+#pragma unroll
+      for (int g = 0; g < kChunks / G; ++g) {
+        cp_async16(dst + (i * kRowsPerIter * HDIM + g * 64) * static_cast<int>(sizeof(T)),
+                   s + g * 64, valid);
+      }
+    }
+  }
+}
+
 // Where one CTA's (query block, head, batch) tile lives, for both forward kernels: the sequence
 // lengths of this batch entry (varlen through cu_seqlens, or padded), the first query row, the
 // Q/K/V/O pointers (GQA: the K/V head is head / head_ratio), the LSE offset, and how many key
@@ -439,6 +495,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
   constexpr int NT = SLICE / 8;     // n-tiles of S
   constexpr int DT = HDIM_V / 8;  // n-tiles of O
   constexpr float kNegInf = -__builtin_huge_valf();
+  constexpr bool kFullLoads = HDIM != HDIM_V;  // unmasked steps load K and V without the bound
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -462,11 +519,11 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
   const T* gV = tile.v;
   T* gO = tile.o;
 
-  load_tile<BM, HDIM, NTHREADS>(sQ, gQ, p.q_row_stride, sq - row0, tid);
+  load_tile_fwd<BM, HDIM, NTHREADS>(sQ, gQ, p.q_row_stride, sq - row0, tid);
   if (n_blocks > 0) {
     const int nb = n_blocks - 1;
     const int buf = STAGES == 1 ? 0 : (nb & 1);
-    load_tile<BN, HDIM, NTHREADS>(sK + buf * BN * HDIM,
+    load_tile_fwd<BN, HDIM, NTHREADS>(sK + buf * BN * HDIM,
                                   gK + static_cast<int64_t>(nb) * BN * p.k_row_stride,
                                   p.k_row_stride, sk - nb * BN, tid);
   }
@@ -476,7 +533,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
   if (n_blocks > 0) {
     const int nb = n_blocks - 1;
     const int buf = STAGES == 1 ? 0 : (nb & 1);
-    load_tile<BN, HDIM_V, NTHREADS>(sV + buf * BN * HDIM_V,
+    load_tile_fwd<BN, HDIM_V, NTHREADS>(sV + buf * BN * HDIM_V,
                                     gV + static_cast<int64_t>(nb) * BN * p.v_row_stride,
                                     p.v_row_stride, sk - nb * BN, tid);
   }
@@ -730,27 +787,31 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
     }
   };
 
-  auto load_k = [&](int n, int buf) {
-    load_tile<BN, HDIM, NTHREADS>(sK + buf * BN * HDIM,
-                                  gK + static_cast<int64_t>(n) * BN * p.k_row_stride,
-                                  p.k_row_stride, sk - n * BN, tid);
+  // full: every key of tile n is below sk (the loads of an unmasked step); the bound is dropped
+  // at d_qk != d_v only, so that the other pairs' loads stay as they were.
+  auto load_k = [&](int n, int buf, auto full) {
+    load_tile_fwd<BN, HDIM, NTHREADS, kFullLoads && decltype(full)::value>(
+        sK + buf * BN * HDIM, gK + static_cast<int64_t>(n) * BN * p.k_row_stride, p.k_row_stride,
+        sk - n * BN, tid);
   };
-  auto load_v = [&](int n, int buf) {
-    load_tile<BN, HDIM_V, NTHREADS>(sV + buf * BN * HDIM_V,
-                                    gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
-                                    p.v_row_stride, sk - n * BN, tid);
+  auto load_v = [&](int n, int buf, auto full) {
+    load_tile_fwd<BN, HDIM_V, NTHREADS, kFullLoads && decltype(full)::value>(
+        sV + buf * BN * HDIM_V, gV + static_cast<int64_t>(n) * BN * p.v_row_stride,
+        p.v_row_stride, sk - n * BN, tid);
   };
   constexpr uint32_t kTileBytes = BN * HDIM * sizeof(T);
   constexpr uint32_t kVTileBytes = BN * HDIM_V * sizeof(T);
 
   auto step = [&](int n, auto masked) {
+    // An unmasked step's tiles (n, and n - 1 below it) hold no key at or past sk.
+    const std::bool_constant<!decltype(masked)::value> full{};
     if constexpr (STAGES == 1) {
       // Two barriers per step (as in FlashAttention-2): here K(n) has landed and every warp is
       // done reading sV; after Q K^T, V(n) has landed and every warp is done reading sK.
       if (n != n_blocks - 1) {  // the first step's V was issued with Q and K
         cp_async_wait<0>();
         __syncthreads();
-        load_v(n, 0);
+        load_v(n, 0, full);
         cp_async_commit();
       }
       float sc[MT][NT][4];
@@ -758,7 +819,7 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
       if constexpr (decltype(masked)::value) apply_mask(sc, n * BN);
       cp_async_wait<0>();
       __syncthreads();
-      if (n > 0) load_k(n - 1, 0);
+      if (n > 0) load_k(n - 1, 0, full);
       cp_async_commit();
       softmax(sc);
       pv(sc, v_base);
@@ -769,8 +830,8 @@ __global__ void __launch_bounds__(FwdShape<HDIM, HDIM_V>::kThreads,
       cp_async_wait<0>();
       __syncthreads();
       if (n > 0) {
-        load_k(n - 1, buf ^ 1);
-        load_v(n - 1, buf ^ 1);
+        load_k(n - 1, buf ^ 1, full);
+        load_v(n - 1, buf ^ 1, full);
       }
       cp_async_commit();
 #pragma unroll
@@ -839,6 +900,8 @@ template <typename T, int HDIM, bool CAUSAL, int HDIM_V>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   using S = FwdShape<HDIM, HDIM_V>;
   constexpr int smem = S::template smem_bytes<T>();
+  static_assert(HDIM == HDIM_V || smem <= 101376,
+                "a d_qk != d_v forward tile must fit sm_120's 101,376 B of shared memory a block");
   auto kernel = fmha_fwd_kernel<T, HDIM, CAUSAL, HDIM_V>;
   cudaError_t err = detail::raise_smem_limit_once<fmha_fwd_kernel<T, HDIM, CAUSAL, HDIM_V>>(smem);
   if (err != cudaSuccess) return err;
