@@ -108,6 +108,14 @@ struct BwdTile {
 #define KFORGE_FMHA_BWD_FULL_TILE_LOADS 1
 #endif
 
+// The rolled S^T / dP^T k-loops (k_unroll below the k-steps: (64, 64) by default) as a rolled
+// loop over groups of k_unroll steps, each step's swizzled column offsets its unrolled offset with
+// bits toggled by the group (kstep_off): 1; 0, SwzCols::at_dyn of the step (default). The same
+// addresses, loads and mma in the same order.
+#ifndef KFORGE_FMHA_BWD_KLOOP_XOR
+#define KFORGE_FMHA_BWD_KLOOP_XOR 0
+#endif
+
 // dQ's adds on sm_90 and newer: 0, red.global.add.v2.f32 (two columns a lane, as the mma
 // accumulators hold them); 1, red.global.add.v4.f32 after one lane swap (half the reductions,
 // two shuffles per 4 values). builds for sm_80 / sm_86 / sm_89 use two atomicAdd either way.

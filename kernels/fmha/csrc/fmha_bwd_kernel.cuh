@@ -176,6 +176,26 @@ __device__ __forceinline__ void load_query_tile(T* smem, const T* gmem, int64_t 
   load_tile<ROWS, HDIM, kThreads>(smem, gmem, row_stride, valid_rows, tid);
 }
 
+// The S^T / dP^T k-loops as i (rolled) x u (unrolled), k-step kk = U i + u, with U =
+// kstep_unroll<K>(unroll): the unroll, or K when that covers every step.
+template <int K>
+__host__ __device__ constexpr int kstep_unroll(int unroll) {
+  return unroll >= K ? K : unroll;
+}
+// SwzCols::at_dyn(U i + u) for u < U known after unrolling. For U = 1, 2 or 4, U i and u are
+// disjoint bits of kk % 4, so the offset is at(u) with bits toggled by i (one LOP3 a step and
+// operand, the same value): ((2 (kk % 4)) ^ x) << 4 = at(u) ^ ((U i % 4) << 5), plus
+// (kk / 4) * 128 = (U i / 4) * 128. Any other U: at_dyn.
+template <int U>
+__device__ __forceinline__ uint32_t kstep_off(const SwzCols& c, int i, int u) {
+  if constexpr (U == 1 || U == 2 || U == 4) {
+    return (c.at(u) ^ (static_cast<uint32_t>((U * i) & 3) << 5)) +
+           static_cast<uint32_t>((U * i) >> 2) * 128;
+  } else {
+    return c.at_dyn(U * i + u);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ float2 to_float2(uint32_t x);
 template <>
@@ -517,15 +537,28 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           for (int e = 0; e < 4; ++e) st[mt][j][e] = 0.f;
         }
       }
+#if KFORGE_FMHA_BWD_KLOOP_XOR
+      static_assert(KQ % kstep_unroll<KQ>(kKUnroll) == 0 && KV % kstep_unroll<KV>(kKUnroll) == 0,
+                    "KFORGE_FMHA_BWD_KLOOP_XOR: the unroll divides the k-steps");
+#pragma unroll 1
+      for (int i = 0; i < KQ / kstep_unroll<KQ>(kKUnroll); ++i)
+#pragma unroll
+        for (int u = 0; u < kstep_unroll<KQ>(kKUnroll); ++u) {
+#define KFORGE_BWD_A_OFF kstep_off<kstep_unroll<KQ>(kKUnroll)>(a_cols, i, u)
+#define KFORGE_BWD_B_OFF kstep_off<kstep_unroll<KQ>(kKUnroll)>(b_cols, i, u)
+#else
 #pragma unroll(kKUnroll)
       for (int kk = 0; kk < KQ; ++kk) {
+#define KFORGE_BWD_A_OFF a_cols.at_dyn(kk)
+#define KFORGE_BWD_B_OFF b_cols.at_dyn(kk)
+#endif
         if constexpr (MT == 1) {  // (as written before slabs of two m-tiles: the same code)
           uint32_t a[4];
-          ldsm_x4(a, k_a + a_cols.at_dyn(kk));
+          ldsm_x4(a, k_a + KFORGE_BWD_A_OFF);
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
             uint32_t bq[4];
-            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + b_cols.at_dyn(kk));
+            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + KFORGE_BWD_B_OFF);
             Mma<T>::run(st[0][2 * np], a, bq[0], bq[1]);
             Mma<T>::run(st[0][2 * np + 1], a, bq[2], bq[3]);
           }
@@ -533,12 +566,12 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           uint32_t a[MT][4];
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            ldsm_x4(a[mt], k_a + mt * 16 * HDIM_QK * ES + a_cols.at_dyn(kk));
+            ldsm_x4(a[mt], k_a + mt * 16 * HDIM_QK * ES + KFORGE_BWD_A_OFF);
           }
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
             uint32_t bq[4];
-            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + b_cols.at_dyn(kk));
+            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + KFORGE_BWD_B_OFF);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
               Mma<T>::run(st[mt][2 * np], a[mt], bq[0], bq[1]);
@@ -547,6 +580,9 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           }
         }
       }
+
+#undef KFORGE_BWD_A_OFF
+#undef KFORGE_BWD_B_OFF
 
       // P^T, masked where the block holds the end of the keys or crosses the causal diagonal.
 #pragma unroll
@@ -622,15 +658,26 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           for (int e = 0; e < 4; ++e) dp[mt][j][e] = 0.f;
         }
       }
+#if KFORGE_FMHA_BWD_KLOOP_XOR
+#pragma unroll 1
+      for (int i = 0; i < KV / kstep_unroll<KV>(kKUnroll); ++i)
+#pragma unroll
+        for (int u = 0; u < kstep_unroll<KV>(kKUnroll); ++u) {
+#define KFORGE_BWD_A_OFF kstep_off<kstep_unroll<KV>(kKUnroll)>(a_cols, i, u)
+#define KFORGE_BWD_B_OFF kstep_off<kstep_unroll<KV>(kKUnroll)>(b_cols, i, u)
+#else
 #pragma unroll(kKUnroll)
       for (int kk = 0; kk < KV; ++kk) {
+#define KFORGE_BWD_A_OFF a_cols.at_dyn(kk)
+#define KFORGE_BWD_B_OFF b_cols.at_dyn(kk)
+#endif
         if constexpr (MT == 1) {  // (as written before slabs of two m-tiles: the same code)
           uint32_t a[4];
-          ldsm_x4(a, v_a + a_cols.at_dyn(kk));
+          ldsm_x4(a, v_a + KFORGE_BWD_A_OFF);
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
             uint32_t bd[4];
-            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
+            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + KFORGE_BWD_B_OFF);
             Mma<T>::run(dp[0][2 * np], a, bd[0], bd[1]);
             Mma<T>::run(dp[0][2 * np + 1], a, bd[2], bd[3]);
           }
@@ -638,12 +685,12 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           uint32_t a[MT][4];
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            ldsm_x4(a[mt], v_a + mt * 16 * HDIM_V * ES + a_cols.at_dyn(kk));
+            ldsm_x4(a[mt], v_a + mt * 16 * HDIM_V * ES + KFORGE_BWD_A_OFF);
           }
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
             uint32_t bd[4];
-            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
+            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + KFORGE_BWD_B_OFF);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
               Mma<T>::run(dp[mt][2 * np], a[mt], bd[0], bd[1]);
@@ -652,6 +699,9 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           }
         }
       }
+
+#undef KFORGE_BWD_A_OFF
+#undef KFORGE_BWD_B_OFF
 
       // dS^T = P^T (dP^T - D), as A fragments for dK and in shared memory for dQ.
       uint32_t da[NTS / 2][4];  // SPLIT 1 (one m-tile): dK's A fragments
