@@ -125,6 +125,13 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
     "fullload0": (["KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
                   "Q / dO tiles always with load_tile's per-chunk bounds (the old loads; the default "
                   "skips them where the whole query block is in the sequence)"),
+    "dqwm2": (["KFORGE_FMHA_BWD_128_DQWM=2"],
+              "(128,128): dQ = dS K split 2 x 2 over the warps (16 queries x 64 columns a warp, 20 "
+              "ldmatrix a step), as before the 1 x 4 default (32 x 32: 16); the same sums"),
+    "kxor": (["KFORGE_FMHA_BWD_KLOOP_XOR=1"],
+             "rolled S^T / dP^T k-loops ((64,64): 2 x 2 steps) with each step's swizzled offsets "
+             "toggled by the group (one LOP3), not recomputed: 44 -> 39 instructions a group; the "
+             "same addresses (times (64,64))"),
     "prev": (["KFORGE_FMHA_BWD_192_KUNROLL=1", "KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
              "wide-ku1 + fullload0: the kernel before the address-math changes (but for the step "
              "counters, which replace a division with the same values); time with --head-dims "

@@ -26,12 +26,16 @@ struct BwdTile {
                         // then reuses each Q / dO / P^T / dS^T fragment for two m-tiles)
   int do_buffers = 2;   // dO tiles in shared memory: 2, or 1 (SPLIT 2 only: the next step's dO
                         // loads once dV is done, under dK and dQ; saves BLOCK_M x d_v x 2 B)
+  int dq_warps_m = 0;   // dQ = dS K: warps along the query rows (16-row tiles), the rest along
+                        // the columns; 0, as many as the block's row tiles (at most warps). Fewer
+                        // means more row tiles a warp: each K fragment feeds that many mma
 };
 
-// The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles, do_buffers), overridable
-// one by one for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL,MT,DOBUF} with
-// PAIR 64 or 128, and KFORGE_FMHA_BWD_192_KUNROLL for the wide pairs (pass the
-// same -D to the CUDA and the C++ compiler: the API sizes the workspace from this table).
+// The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles, do_buffers, dq_warps_m),
+// overridable one by one for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL,MT,
+// DOBUF} with PAIR 64 or 128, KFORGE_FMHA_BWD_128_DQWM, and KFORGE_FMHA_BWD_192_KUNROLL for the
+// wide pairs (pass the same -D to the CUDA and the C++ compiler: the API sizes the workspace from
+// this table).
 #ifndef KFORGE_FMHA_BWD_64_WARPS
 #define KFORGE_FMHA_BWD_64_WARPS 8
 #endif
@@ -73,6 +77,18 @@ struct BwdTile {
 #define KFORGE_FMHA_BWD_128_DOBUF 2
 #endif
 
+// dQ's warp split at (128, 128): 1, the 4 warps side by side along the columns (32 queries x 32
+// columns a warp: each K fragment feeds both 16-row tiles, 16 ldmatrix for 32 mma a step); 2,
+// 2 x 2 (16 queries x 64 columns: 20 ldmatrix), as before; 0, as many as the row tiles (the
+// default of the other tiles a sweep sets). Same sums in the same order.
+#ifndef KFORGE_FMHA_BWD_128_DQWM
+#if KFORGE_FMHA_BWD_128_WARPS == 4 && KFORGE_FMHA_BWD_128_BM == 32
+#define KFORGE_FMHA_BWD_128_DQWM 1
+#else
+#define KFORGE_FMHA_BWD_128_DQWM 0
+#endif
+#endif
+
 #ifndef KFORGE_FMHA_BWD_128_KUNROLL
 #define KFORGE_FMHA_BWD_128_KUNROLL 64  // H200: 0.73-0.80x SDPA flash against 0.64-0.68x at 1
 #endif
@@ -92,6 +108,14 @@ struct BwdTile {
 #define KFORGE_FMHA_BWD_FULL_TILE_LOADS 1
 #endif
 
+// The rolled S^T / dP^T k-loops (k_unroll below the k-steps: (64, 64) by default) as a rolled
+// loop over groups of k_unroll steps, each step's swizzled column offsets its unrolled offset with
+// bits toggled by the group (kstep_off): 1; 0, SwzCols::at_dyn of the step (default). The same
+// addresses, loads and mma in the same order.
+#ifndef KFORGE_FMHA_BWD_KLOOP_XOR
+#define KFORGE_FMHA_BWD_KLOOP_XOR 0
+#endif
+
 // dQ's adds on sm_90 and newer: 0, red.global.add.v2.f32 (two columns a lane, as the mma
 // accumulators hold them); 1, red.global.add.v4.f32 after one lane swap (half the reductions,
 // two shuffles per 4 values). builds for sm_80 / sm_86 / sm_89 use two atomicAdd either way.
@@ -105,7 +129,7 @@ inline constexpr BwdTile kBwdTiles[] = {
      KFORGE_FMHA_BWD_64_DOBUF},
     {128, 128, KFORGE_FMHA_BWD_128_WARPS, KFORGE_FMHA_BWD_128_SPLIT, KFORGE_FMHA_BWD_128_BM,
      KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL, KFORGE_FMHA_BWD_128_MT,
-     KFORGE_FMHA_BWD_128_DOBUF},
+     KFORGE_FMHA_BWD_128_DOBUF, KFORGE_FMHA_BWD_128_DQWM},
     {192, 128, 8, 2, 32, 16, KFORGE_FMHA_BWD_192_KUNROLL},
     {128, 192, 8, 2, 32, 16, KFORGE_FMHA_BWD_192_KUNROLL},
 };

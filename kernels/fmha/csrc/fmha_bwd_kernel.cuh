@@ -76,15 +76,19 @@ struct BwdShape {
   static_assert(HDIM_QK % (16 * kSplit) == 0 && HDIM_V % (16 * kSplit) == 0, "column split");
   static_assert((kDsStride * 2 / 16) % 2 == 1, "dS^T rows must be an odd number of 16-byte chunks");
   // dQ = dS K: the BLOCK_M x HDIM_QK product is split over the warps, kWarpsM along the rows
-  // (16-row tiles) and kWarpsD along the columns; each warp does kDqCols columns in chunks of
-  // kDqChunk (an accumulator of kDqChunk / 2 floats).
+  // (16-row tiles) and kWarpsD along the columns; each warp does kMTilesPerWarp row tiles (every
+  // kWarpsM-th) and kDqCols columns in chunks of kDqChunk (an accumulator of kMTilesPerWarp *
+  // kDqChunk / 2 floats; each K fragment feeds the kMTilesPerWarp row tiles).
   static constexpr int kMTilesQ = kBlockM / 16;
-  static constexpr int kWarpsM = kWarps < kMTilesQ ? kWarps : kMTilesQ;
+  static constexpr int kWarpsM =
+      kTile.dq_warps_m > 0 ? kTile.dq_warps_m : (kWarps < kMTilesQ ? kWarps : kMTilesQ);
   static constexpr int kWarpsD = kWarps / kWarpsM;
   static constexpr int kMTilesPerWarp = kMTilesQ / kWarpsM;
   static constexpr int kDqCols = HDIM_QK / kWarpsD;
   static constexpr int kDqChunk = kDqCols % 64 == 0 ? 64 : (kDqCols % 48 == 0 ? 48 : 32);
-  static_assert(kWarps % kWarpsM == 0 && kMTilesQ % kWarpsM == 0, "dQ warp split");
+  static_assert(kWarpsM >= 1 && kWarpsM <= kWarps && kWarps % kWarpsM == 0 &&
+                    kMTilesQ % kWarpsM == 0,
+                "dQ warp split");
   static_assert(HDIM_QK % kWarpsD == 0 && kDqCols % kDqChunk == 0 && kDqChunk % 16 == 0,
                 "dQ column split");
 };
@@ -170,6 +174,26 @@ __device__ __forceinline__ void load_query_tile(T* smem, const T* gmem, int64_t 
   }
 #endif
   load_tile<ROWS, HDIM, kThreads>(smem, gmem, row_stride, valid_rows, tid);
+}
+
+// The S^T / dP^T k-loops as i (rolled) x u (unrolled), k-step kk = U i + u, with U =
+// kstep_unroll<K>(unroll): the unroll, or K when that covers every step.
+template <int K>
+__host__ __device__ constexpr int kstep_unroll(int unroll) {
+  return unroll >= K ? K : unroll;
+}
+// SwzCols::at_dyn(U i + u) for u < U known after unrolling. For U = 1, 2 or 4, U i and u are
+// disjoint bits of kk % 4, so the offset is at(u) with bits toggled by i (one LOP3 a step and
+// operand, the same value): ((2 (kk % 4)) ^ x) << 4 = at(u) ^ ((U i % 4) << 5), plus
+// (kk / 4) * 128 = (U i / 4) * 128. Any other U: at_dyn.
+template <int U>
+__device__ __forceinline__ uint32_t kstep_off(const SwzCols& c, int i, int u) {
+  if constexpr (U == 1 || U == 2 || U == 4) {
+    return (c.at(u) ^ (static_cast<uint32_t>((U * i) & 3) << 5)) +
+           static_cast<uint32_t>((U * i) >> 2) * 128;
+  } else {
+    return c.at_dyn(U * i + u);
+  }
 }
 
 template <typename T>
@@ -513,15 +537,28 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           for (int e = 0; e < 4; ++e) st[mt][j][e] = 0.f;
         }
       }
+#if KFORGE_FMHA_BWD_KLOOP_XOR
+      static_assert(KQ % kstep_unroll<KQ>(kKUnroll) == 0 && KV % kstep_unroll<KV>(kKUnroll) == 0,
+                    "KFORGE_FMHA_BWD_KLOOP_XOR: the unroll divides the k-steps");
+#pragma unroll 1
+      for (int i = 0; i < KQ / kstep_unroll<KQ>(kKUnroll); ++i)
+#pragma unroll
+        for (int u = 0; u < kstep_unroll<KQ>(kKUnroll); ++u) {
+#define KFORGE_BWD_A_OFF kstep_off<kstep_unroll<KQ>(kKUnroll)>(a_cols, i, u)
+#define KFORGE_BWD_B_OFF kstep_off<kstep_unroll<KQ>(kKUnroll)>(b_cols, i, u)
+#else
 #pragma unroll(kKUnroll)
       for (int kk = 0; kk < KQ; ++kk) {
+#define KFORGE_BWD_A_OFF a_cols.at_dyn(kk)
+#define KFORGE_BWD_B_OFF b_cols.at_dyn(kk)
+#endif
         if constexpr (MT == 1) {  // (as written before slabs of two m-tiles: the same code)
           uint32_t a[4];
-          ldsm_x4(a, k_a + a_cols.at_dyn(kk));
+          ldsm_x4(a, k_a + KFORGE_BWD_A_OFF);
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
             uint32_t bq[4];
-            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + b_cols.at_dyn(kk));
+            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + KFORGE_BWD_B_OFF);
             Mma<T>::run(st[0][2 * np], a, bq[0], bq[1]);
             Mma<T>::run(st[0][2 * np + 1], a, bq[2], bq[3]);
           }
@@ -529,12 +566,12 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           uint32_t a[MT][4];
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            ldsm_x4(a[mt], k_a + mt * 16 * HDIM_QK * ES + a_cols.at_dyn(kk));
+            ldsm_x4(a[mt], k_a + mt * 16 * HDIM_QK * ES + KFORGE_BWD_A_OFF);
           }
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
             uint32_t bq[4];
-            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + b_cols.at_dyn(kk));
+            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + KFORGE_BWD_B_OFF);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
               Mma<T>::run(st[mt][2 * np], a[mt], bq[0], bq[1]);
@@ -543,6 +580,9 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           }
         }
       }
+
+#undef KFORGE_BWD_A_OFF
+#undef KFORGE_BWD_B_OFF
 
       // P^T, masked where the block holds the end of the keys or crosses the causal diagonal.
 #pragma unroll
@@ -618,15 +658,26 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           for (int e = 0; e < 4; ++e) dp[mt][j][e] = 0.f;
         }
       }
+#if KFORGE_FMHA_BWD_KLOOP_XOR
+#pragma unroll 1
+      for (int i = 0; i < KV / kstep_unroll<KV>(kKUnroll); ++i)
+#pragma unroll
+        for (int u = 0; u < kstep_unroll<KV>(kKUnroll); ++u) {
+#define KFORGE_BWD_A_OFF kstep_off<kstep_unroll<KV>(kKUnroll)>(a_cols, i, u)
+#define KFORGE_BWD_B_OFF kstep_off<kstep_unroll<KV>(kKUnroll)>(b_cols, i, u)
+#else
 #pragma unroll(kKUnroll)
       for (int kk = 0; kk < KV; ++kk) {
+#define KFORGE_BWD_A_OFF a_cols.at_dyn(kk)
+#define KFORGE_BWD_B_OFF b_cols.at_dyn(kk)
+#endif
         if constexpr (MT == 1) {  // (as written before slabs of two m-tiles: the same code)
           uint32_t a[4];
-          ldsm_x4(a, v_a + a_cols.at_dyn(kk));
+          ldsm_x4(a, v_a + KFORGE_BWD_A_OFF);
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
             uint32_t bd[4];
-            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
+            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + KFORGE_BWD_B_OFF);
             Mma<T>::run(dp[0][2 * np], a, bd[0], bd[1]);
             Mma<T>::run(dp[0][2 * np + 1], a, bd[2], bd[3]);
           }
@@ -634,12 +685,12 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           uint32_t a[MT][4];
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            ldsm_x4(a[mt], v_a + mt * 16 * HDIM_V * ES + a_cols.at_dyn(kk));
+            ldsm_x4(a[mt], v_a + mt * 16 * HDIM_V * ES + KFORGE_BWD_A_OFF);
           }
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
             uint32_t bd[4];
-            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + b_cols.at_dyn(kk));
+            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + KFORGE_BWD_B_OFF);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
               Mma<T>::run(dp[mt][2 * np], a[mt], bd[0], bd[1]);
@@ -648,6 +699,9 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           }
         }
       }
+
+#undef KFORGE_BWD_A_OFF
+#undef KFORGE_BWD_B_OFF
 
       // dS^T = P^T (dP^T - D), as A fragments for dK and in shared memory for dQ.
       uint32_t da[NTS / 2][4];  // SPLIT 1 (one m-tile): dK's A fragments
@@ -752,65 +806,89 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       }
       __syncthreads();
     }
-    float* dq_acc = p.dq_accum + (h * p.rows + s.ws_row) * HDIM_QK;
+    // This lane's first dQ row (row lane / 4 of its first row tile) and first column in the
+    // fp32 accumulator: every add below is at a constant offset from dq_l.
+    const int row_l = r0 + warp_m * 16 + lane / 4;
+    float* dq_l = p.dq_accum + (h * p.rows + s.ws_row + row_l) * HDIM_QK +
+                  warp_d * S::kDqCols + 2 * (lane % 4);
+    constexpr int MQ = S::kMTilesPerWarp;  // row tiles of this warp: warp_m + kWarpsM * mq
 #pragma unroll
-    for (int mt = 0; mt < S::kMTilesPerWarp; ++mt) {
-      const int mrow = (warp_m + mt * S::kWarpsM) * 16;  // first query row of the tile
+    for (int ch = 0; ch < S::kDqCols / S::kDqChunk; ++ch) {
+      const int d0 = warp_d * S::kDqCols + ch * S::kDqChunk;
+      float acc[MQ][S::kDqChunk / 8][4];
 #pragma unroll
-      for (int ch = 0; ch < S::kDqCols / S::kDqChunk; ++ch) {
-        const int d0 = warp_d * S::kDqCols + ch * S::kDqChunk;
-        float acc[S::kDqChunk / 8][4];
+      for (int mq = 0; mq < MQ; ++mq) {
 #pragma unroll
         for (int j = 0; j < S::kDqChunk / 8; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+          for (int e = 0; e < 4; ++e) acc[mq][j][e] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ++ks) {
+        uint32_t a[MQ][4];
+#pragma unroll
+        for (int mq = 0; mq < MQ; ++mq) {
+          ldsm_x4_t(a[mq], ds_a + (ks * 16 * S::kDsStride + (warp_m + mq * S::kWarpsM) * 16) * ES);
         }
 #pragma unroll
-        for (int ks = 0; ks < BN / 16; ++ks) {
-          uint32_t a[4];
-          ldsm_x4_t(a, ds_a + (ks * 16 * S::kDsStride + mrow) * ES);
+        for (int jp = 0; jp < S::kDqChunk / 16; ++jp) {
+          uint32_t bk[4];
+          ldsm_x4_t(bk, k_t + ks * 16 * HDIM_QK * ES + t_cols.at_dyn(d0 / 16 + jp));
 #pragma unroll
-          for (int jp = 0; jp < S::kDqChunk / 16; ++jp) {
-            uint32_t bk[4];
-            ldsm_x4_t(bk, k_t + ks * 16 * HDIM_QK * ES + t_cols.at_dyn(d0 / 16 + jp));
-            Mma<T>::run(acc[2 * jp], a, bk[0], bk[1]);
-            Mma<T>::run(acc[2 * jp + 1], a, bk[2], bk[3]);
+          for (int mq = 0; mq < MQ; ++mq) {
+            Mma<T>::run(acc[mq][2 * jp], a[mq], bk[0], bk[1]);
+            Mma<T>::run(acc[mq][2 * jp + 1], a[mq], bk[2], bk[3]);
           }
         }
+      }
+#pragma unroll
+      for (int mq = 0; mq < MQ; ++mq) {
+        constexpr int kRowStep = S::kWarpsM * 16;  // rows between this warp's row tiles
 #if KFORGE_FMHA_BWD_DQ_V4 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         // Four adjacent columns of one row a lane: lanes 2i and 2i + 1 swap a pair (the even
         // lane keeps row lane / 4 and takes its partner's columns of it, the odd lane row
         // lane / 4 + 8), then one red.global.add.v4.f32 per n-tile: half the reductions.
         {
           const int odd = lane & 1;
-          const int row = r0 + mrow + lane / 4 + 8 * odd;
-          float* dst = dq_acc + static_cast<int64_t>(row) * HDIM_QK + d0 + 2 * (lane % 4) - 2 * odd;
+          const int row = row_l + mq * kRowStep + 8 * odd;
+          float* dst = dq_l + (mq * kRowStep + 8 * odd) * HDIM_QK + ch * S::kDqChunk - 2 * odd;
 #pragma unroll
           for (int j = 0; j < S::kDqChunk / 8; ++j) {
-            const float s0 = odd ? acc[j][0] : acc[j][2];
-            const float s1 = odd ? acc[j][1] : acc[j][3];
+            const float s0 = odd ? acc[mq][j][0] : acc[mq][j][2];
+            const float s1 = odd ? acc[mq][j][1] : acc[mq][j][3];
             const float g0 = __shfl_xor_sync(0xffffffffu, s0, 1);
             const float g1 = __shfl_xor_sync(0xffffffffu, s1, 1);
             if (row < sq) {
               if (odd) {
-                atomic_add4(dst + j * 8, g0, g1, acc[j][2], acc[j][3]);
+                atomic_add4(dst + j * 8, g0, g1, acc[mq][j][2], acc[mq][j][3]);
               } else {
-                atomic_add4(dst + j * 8, acc[j][0], acc[j][1], g0, g1);
+                atomic_add4(dst + j * 8, acc[mq][j][0], acc[mq][j][1], g0, g1);
               }
             }
           }
         }
 #else
+        // A query block inside the sequence (all but its last) adds without the row bounds, so
+        // that every add is dq_l + an immediate (with the bounds the compiler recomputes the
+        // 64-bit row address inside each bound's branch).
+        auto add_rows = [&](bool all_rows) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = r0 + mrow + lane / 4 + 8 * r;
-          if (row < sq) {
-            float* dst = dq_acc + static_cast<int64_t>(row) * HDIM_QK + d0 + 2 * (lane % 4);
+          for (int r = 0; r < 2; ++r) {
+            const int row = row_l + mq * kRowStep + 8 * r;
+            if (all_rows || row < sq) {
+              float* dst = dq_l + (mq * kRowStep + 8 * r) * HDIM_QK + ch * S::kDqChunk;
 #pragma unroll
-            for (int j = 0; j < S::kDqChunk / 8; ++j) {
-              atomic_add2(dst + j * 8, acc[j][2 * r], acc[j][2 * r + 1]);
+              for (int j = 0; j < S::kDqChunk / 8; ++j) {
+                atomic_add2(dst + j * 8, acc[mq][j][2 * r], acc[mq][j][2 * r + 1]);
+              }
             }
           }
+        };
+        if (r0 + BM <= sq) {
+          add_rows(true);
+        } else {
+          add_rows(false);
         }
 #endif
       }
