@@ -28,11 +28,11 @@ import sys
 
 # (name, env, applies to h_q): every variant runs with FLASH_MLA_FORCE_PORT=1 on top of its env.
 VARIANTS = [
-    ("bm32", {"FLASH_MLA_PORT_BLOCK_M": "32"}, lambda h_q: h_q == 32),  # one 32-row CTA per KV head
-    ("noksplit", {"FLASH_MLA_PORT_KSPLIT": "0"}, lambda h_q: h_q > 32),  # 16x8 warp tiles of S
-    ("noqreg", {"FLASH_MLA_PORT_QREG": "0"}, lambda h_q: h_q > 32),  # every Q fragment from smem per tile
-    ("thr0", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "0"}, lambda h_q: True),  # move the max whenever it grows
-    ("legacygrid", {"FLASH_MLA_PORT_LEGACY_GRID": "1"}, lambda h_q: h_q >= 64),  # total CTAs capped at 160
+    # h_q 32: one 32-row CTA per KV head; h_q >= 64: the 4-warp 32-row KSPLIT kernel (Q partly in registers)
+    ("bm32", {"FLASH_MLA_PORT_BLOCK_M": "32"}, lambda h_q: h_q >= 32),
+    # the previous round's default at h_q >= 64: 32 rows, KSPLIT, every Q fragment from smem in each tile
+    ("bm32noqreg", {"FLASH_MLA_PORT_BLOCK_M": "32", "FLASH_MLA_PORT_QREG": "0"}, lambda h_q: h_q >= 64),
+    ("thr0", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "0"}, lambda h_q: h_q >= 64),  # move the max whenever it grows
 ]
 PORT_ENV = (
     "FLASH_MLA_FORCE_PORT",
