@@ -30,6 +30,8 @@ import sys
 VARIANTS = [
     # h_q 32: one 32-row CTA per KV head; h_q >= 64: the 4-warp 32-row KSPLIT kernel (Q partly in registers)
     ("bm32", {"FLASH_MLA_PORT_BLOCK_M": "32"}, lambda h_q: h_q >= 32),
+    # h_q 32: 32 rows on the 8-warp kernel (Q in registers; 1 CTA per SM)
+    ("bm32w8", {"FLASH_MLA_PORT_BLOCK_M": "32w8"}, lambda h_q: h_q == 32),
     # the previous round's default at h_q >= 64: 32 rows, KSPLIT, every Q fragment from smem in each tile
     ("bm32noqreg", {"FLASH_MLA_PORT_BLOCK_M": "32", "FLASH_MLA_PORT_QREG": "0"}, lambda h_q: h_q >= 64),
     ("thr0", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "0"}, lambda h_q: h_q >= 64),  # move the max whenever it grows
