@@ -12,7 +12,7 @@ Time: triton.testing.do_bench median. Bytes and FLOPs as upstream's test counts 
 The two outputs are also compared (max abs difference) so a fast wrong kernel shows.
 
 Besides the port's default, A/B variants of it run through the env switches its dispatch reads
-(FLASH_MLA_PORT_BLOCK_M, _KSPLIT, _RESCALE_THRESHOLD, _LEGACY_GRID: see docs/flashmla-sm120-port.md);
+(FLASH_MLA_PORT_BLOCK_M, _KSPLIT, _QREG, _RESCALE_THRESHOLD, _LEGACY_GRID: see docs/flashmla-sm120-port.md);
 --no-variants times only the default. _LEGACY_GRID only changes anything once the dispatch sizes
 num_sm_parts with sm120::mma_num_sm_parts (the row says "same grid" otherwise).
 """
@@ -28,15 +28,19 @@ import sys
 
 # (name, env, applies to h_q): every variant runs with FLASH_MLA_FORCE_PORT=1 on top of its env.
 VARIANTS = [
-    ("bm16", {"FLASH_MLA_PORT_BLOCK_M": "16"}, lambda h_q: h_q == 32),  # two 16-row CTAs per KV head
-    ("noksplit", {"FLASH_MLA_PORT_KSPLIT": "0"}, lambda h_q: h_q > 16),  # 16x8 warp tiles of S
-    ("thr0", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "0"}, lambda h_q: True),  # move the max whenever it grows
-    ("legacygrid", {"FLASH_MLA_PORT_LEGACY_GRID": "1"}, lambda h_q: h_q >= 64),  # total CTAs capped at 160
+    # h_q 32: one 32-row CTA per KV head; h_q >= 64: the 4-warp 32-row KSPLIT kernel (Q partly in registers)
+    ("bm32", {"FLASH_MLA_PORT_BLOCK_M": "32"}, lambda h_q: h_q >= 32),
+    # h_q 32: 32 rows on the 8-warp kernel (Q in registers; 1 CTA per SM)
+    ("bm32w8", {"FLASH_MLA_PORT_BLOCK_M": "32w8"}, lambda h_q: h_q == 32),
+    # the previous round's default at h_q >= 64: 32 rows, KSPLIT, every Q fragment from smem in each tile
+    ("bm32noqreg", {"FLASH_MLA_PORT_BLOCK_M": "32", "FLASH_MLA_PORT_QREG": "0"}, lambda h_q: h_q >= 64),
+    ("thr0", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "0"}, lambda h_q: h_q >= 64),  # move the max whenever it grows
 ]
 PORT_ENV = (
     "FLASH_MLA_FORCE_PORT",
     "FLASH_MLA_PORT_BLOCK_M",
     "FLASH_MLA_PORT_KSPLIT",
+    "FLASH_MLA_PORT_QREG",
     "FLASH_MLA_PORT_RESCALE_THRESHOLD",
     "FLASH_MLA_PORT_LEGACY_GRID",
 )

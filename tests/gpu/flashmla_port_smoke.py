@@ -43,8 +43,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"])
     parser.add_argument("--impl", default="port", choices=["port", "sm90"],
                         help="port: FLASH_MLA_FORCE_PORT=1; sm90: upstream's wgmma kernel (control run)")
-    parser.add_argument("--block-m", choices=["16", "32"],
-                        help="force the port's q rows per CTA (FLASH_MLA_PORT_BLOCK_M); default: its own choice")
+    parser.add_argument("--block-m", choices=["16", "32", "32w8", "64"],
+                        help="force the port's q rows per CTA (FLASH_MLA_PORT_BLOCK_M; 32w8: 32 rows on the 8-warp "
+                             "kernel); default: its own choice")
     args = parser.parse_args(argv)
     if args.block_m:
         os.environ["FLASH_MLA_PORT_BLOCK_M"] = args.block_m
