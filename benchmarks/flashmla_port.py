@@ -28,12 +28,12 @@ import sys
 
 # (name, env, applies to h_q): every variant runs with FLASH_MLA_FORCE_PORT=1 on top of its env.
 VARIANTS = [
-    # h_q 32: one 32-row CTA per KV head; h_q >= 64: the 4-warp 32-row KSPLIT kernel (Q partly in registers)
-    ("bm32", {"FLASH_MLA_PORT_BLOCK_M": "32"}, lambda h_q: h_q >= 32),
-    # h_q 32: 32 rows on the 8-warp kernel (Q in registers; 1 CTA per SM)
-    ("bm32w8", {"FLASH_MLA_PORT_BLOCK_M": "32w8"}, lambda h_q: h_q == 32),
-    # the previous round's default at h_q >= 64: 32 rows, KSPLIT, every Q fragment from smem in each tile
-    ("bm32noqreg", {"FLASH_MLA_PORT_BLOCK_M": "32", "FLASH_MLA_PORT_QREG": "0"}, lambda h_q: h_q >= 64),
+    # The default (no variant) is 16-row CTAs up to 16 rows, the 8-warp 32-row kernel for 17-32, the 4-warp 32-row
+    # KSPLIT kernel (Q partly in registers) from 33 (sm120::mma_block_m / mma_w8_32).
+    ("bm16", {"FLASH_MLA_PORT_BLOCK_M": "16"}, lambda h_q: h_q == 32),  # two 16-row CTAs per KV head
+    ("bm32", {"FLASH_MLA_PORT_BLOCK_M": "32"}, lambda h_q: h_q == 32),  # the 4-warp 32-row KSPLIT kernel
+    ("bm32w8", {"FLASH_MLA_PORT_BLOCK_M": "32w8"}, lambda h_q: h_q >= 64),  # the 8-warp kernel, 32 rows a CTA
+    ("bm64", {"FLASH_MLA_PORT_BLOCK_M": "64"}, lambda h_q: h_q >= 64),  # the 8-warp kernel, 64 rows a CTA
     ("thr0", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "0"}, lambda h_q: h_q >= 64),  # move the max whenever it grows
 ]
 PORT_ENV = (
