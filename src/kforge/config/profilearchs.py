@@ -18,7 +18,6 @@ def profile_conflict(project: Project, profile: str | None, archs: Sequence[Arch
     if profile is None or profile not in project.profiles:
         return None
     env = project.profiles[profile].env
-    wanted = {a.number for a in archs}
     clashes = []
     for knob in project.arch_knobs:
         if knob.format != "disable-flags":
@@ -27,7 +26,7 @@ def profile_conflict(project: Project, profile: str | None, archs: Sequence[Arch
             variable = f"{knob.prefix or ''}{family}"
             value = str(env.get(variable, "")).strip()
             hit = sorted(a.sm for a in archs if a.number in members)
-            if value and value != "0" and wanted & set(members):
+            if hit and value not in ("", "0"):
                 clashes.append(f"{variable}={value} switches off the {family} kernels, which {' '.join(hit)} needs")
     if not clashes:
         return None
