@@ -69,6 +69,8 @@ FMHA = ROOT / "kernels" / "fmha"
 BIG = "KFORGE_FMHA_BWD_SMEM_LIMIT=232448"  # sweep-only: tiles over sm_120's 101,376 B
 MT2_128 = ["KFORGE_FMHA_BWD_128_SPLIT=2", "KFORGE_FMHA_BWD_128_MT=2"]  # 4 warps: 64 keys
 MT2_64 = ["KFORGE_FMHA_BWD_64_SPLIT=2", "KFORGE_FMHA_BWD_64_MT=2"]  # 8 warps: 128 keys
+PAIRS_128 = ["KFORGE_FMHA_BWD_128_WARP_PAIRS=1", "KFORGE_FMHA_BWD_128_SPLIT=2"]  # + _MT
+PAIRS_64 = ["KFORGE_FMHA_BWD_64_WARP_PAIRS=1", "KFORGE_FMHA_BWD_64_SPLIT=2"]
 
 # name -> (definitions, what it tests). The first variant is the baseline of the diff column.
 VARIANTS: dict[str, tuple[list[str], str]] = {
@@ -132,6 +134,17 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
              "rolled S^T / dP^T k-loops ((64,64): 2 x 2 steps) with each step's swizzled offsets "
              "toggled by the group (one LOP3), not recomputed: 44 -> 39 instructions a group; the "
              "same addresses (times (64,64))"),
+    "pairs": ([*PAIRS_128, "KFORGE_FMHA_BWD_128_MT=2"],
+              "(128,128): warp pairs, 4 warps, 64 keys x 32 queries (two 32-key slabs; one warp "
+              "S^T, P^T, dV, the other dP^T, dS^T, dK; P^T handed over in fp32): 0.40 ldmatrix a "
+              "mma against 0.60; 79,360 B"),
+    "h64-pairs": ([*PAIRS_64, "KFORGE_FMHA_BWD_64_WARPS=4", "KFORGE_FMHA_BWD_64_MT=2",
+                   "KFORGE_FMHA_BWD_64_BM=64", "KFORGE_FMHA_BWD_64_QS=64"],
+                  "(64,64): warp pairs, 4 warps, 64 keys x 64 queries; 75,776 B"),
+    "h64-pairs-mt4": ([*PAIRS_64, "KFORGE_FMHA_BWD_64_WARPS=4", "KFORGE_FMHA_BWD_64_MT=4",
+                       "KFORGE_FMHA_BWD_64_BM=32", "KFORGE_FMHA_BWD_64_QS=32"],
+                      "(64,64): warp pairs of 64-key slabs, 4 warps, 128 keys x 32 queries; "
+                      "76,288 B"),
     "prev": (["KFORGE_FMHA_BWD_192_KUNROLL=1", "KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
              "wide-ku1 + fullload0: the kernel before the address-math changes (but for the step "
              "counters, which replace a division with the same values); time with --head-dims "

@@ -29,6 +29,12 @@ struct BwdTile {
   int dq_warps_m = 0;   // dQ = dS K: warps along the query rows (16-row tiles), the rest along
                         // the columns; 0, as many as the block's row tiles (at most warps). Fewer
                         // means more row tiles a warp: each K fragment feeds that many mma
+  int warp_pairs = 0;   // 1: warp pairs (split 2, d_qk == d_v): the two warps of a slab share its
+                        // 16 slab_mtiles keys and all of the step's query columns; one computes
+                        // S^T, P^T and holds dV, the other dP^T, dS^T and holds dK, P^T handed
+                        // over through shared memory in fp32 (4 BLOCK_N x BLOCK_M bytes). Every
+                        // fragment a warp loads feeds slab_mtiles m-tiles, whole rows of dK / dV
+                        // stay in one warp's registers, and no P^T tile is read with ldmatrix
 };
 
 // The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles, do_buffers, dq_warps_m),
@@ -69,6 +75,13 @@ struct BwdTile {
 #endif
 #ifndef KFORGE_FMHA_BWD_128_MT
 #define KFORGE_FMHA_BWD_128_MT 1
+#endif
+// Warp pairs (BwdTile::warp_pairs): 0 or 1. With 1, set _SPLIT 2 and _MT (2 or 4) too.
+#ifndef KFORGE_FMHA_BWD_64_WARP_PAIRS
+#define KFORGE_FMHA_BWD_64_WARP_PAIRS 0
+#endif
+#ifndef KFORGE_FMHA_BWD_128_WARP_PAIRS
+#define KFORGE_FMHA_BWD_128_WARP_PAIRS 0
 #endif
 #ifndef KFORGE_FMHA_BWD_64_DOBUF
 #define KFORGE_FMHA_BWD_64_DOBUF 2
@@ -126,10 +139,10 @@ struct BwdTile {
 inline constexpr BwdTile kBwdTiles[] = {
     {64, 64, KFORGE_FMHA_BWD_64_WARPS, KFORGE_FMHA_BWD_64_SPLIT, KFORGE_FMHA_BWD_64_BM,
      KFORGE_FMHA_BWD_64_QS, KFORGE_FMHA_BWD_64_KUNROLL, KFORGE_FMHA_BWD_64_MT,
-     KFORGE_FMHA_BWD_64_DOBUF},
+     KFORGE_FMHA_BWD_64_DOBUF, 0, KFORGE_FMHA_BWD_64_WARP_PAIRS},
     {128, 128, KFORGE_FMHA_BWD_128_WARPS, KFORGE_FMHA_BWD_128_SPLIT, KFORGE_FMHA_BWD_128_BM,
      KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL, KFORGE_FMHA_BWD_128_MT,
-     KFORGE_FMHA_BWD_128_DOBUF, KFORGE_FMHA_BWD_128_DQWM},
+     KFORGE_FMHA_BWD_128_DOBUF, KFORGE_FMHA_BWD_128_DQWM, KFORGE_FMHA_BWD_128_WARP_PAIRS},
     {192, 128, 8, 2, 32, 16, KFORGE_FMHA_BWD_192_KUNROLL},
     {128, 192, 8, 2, 32, 16, KFORGE_FMHA_BWD_192_KUNROLL},
 };
@@ -151,8 +164,9 @@ constexpr int bwd_smem_bytes(const BwdTile& t) {
   const int bn = 16 * t.slab_mtiles * t.warps / t.split;
   return 2 * (bn * (t.head_dim_qk + t.head_dim_v)               // K, V
               + t.block_m * (2 * t.head_dim_qk + t.do_buffers * t.head_dim_v)  // Q (two), dO
-              + t.split * bn * (t.block_m + 8))                 // dS^T (and P^T)
-         + 4 * 2 * 2 * t.block_m;                               // LSE, D (two buffers)
+              + (t.warp_pairs ? 1 : t.split) * bn * (t.block_m + 8))  // dS^T (and P^T)
+         + 4 * 2 * 2 * t.block_m                                // LSE, D (two buffers)
+         + (t.warp_pairs ? 4 * bn * t.block_m : 0);                   // P^T handed over (fp32)
 }
 
 // The shared memory a tile may take. sm_120's 99 KiB per block is the rule for every tile that

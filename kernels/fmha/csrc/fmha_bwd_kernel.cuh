@@ -63,16 +63,23 @@ struct BwdShape {
   static constexpr int kOffDo = kOffQ + 2 * kBlockM * HDIM_QK * 2;
   static constexpr int kDoBufs = kTile.do_buffers;
   static constexpr int kOffDs = kOffDo + kDoBufs * kBlockM * HDIM_V * 2;
+  static constexpr bool kPairs = kTile.warp_pairs != 0;  // warp pairs: roles, not column halves
   static constexpr int kOffPt = kOffDs + kBlockN * kDsStride * 2;  // P^T (SPLIT 2 only)
-  static constexpr int kOffLse = kOffPt + (kSplit - 1) * kBlockN * kDsStride * 2;
+  static constexpr int kOffLse = kOffPt + (kPairs ? 0 : kSplit - 1) * kBlockN * kDsStride * 2;
   static constexpr int kOffD = kOffLse + 2 * kBlockM * 4;
-  static constexpr int kSmemBytes = kOffD + 2 * kBlockM * 4;
+  static constexpr int kOffPx = kOffD + 2 * kBlockM * 4;  // warp pairs: P^T handed over, fp32
+  static constexpr int kSmemBytes = kOffPx + (kPairs ? 4 * kBlockN * kBlockM : 0);
   static_assert(kSmemBytes == bwd_smem_bytes(kTile), "fmha_bwd_config.h's size is this carve-up");
+  static_assert(kOffPx % 16 == 0, "the hand-over tile takes 16-byte stores");
   static_assert(kBlockM % 16 == 0 && kBlockM <= kThreads, "query block");
   static_assert(kSplit == 1 || kSplit == 2, "one or two warps per 16-key slab");
-  static_assert(kMt == 1 || (kMt == 2 && kSplit == 2), "32-key slabs: two warps a slab");
+  static_assert(kMt == 1 || (kMt == 2 && kSplit == 2) || (kPairs && kMt == 4),
+                "32-key slabs: two warps a slab (64 with warp pairs)");
+  static_assert(!kPairs || (kSplit == 2 && HDIM_QK == HDIM_V && kTile.do_buffers == 2),
+                "warp pairs: two warps a slab, d_qk == d_v, two dO buffers");
   static_assert(kDoBufs == 2 || (kDoBufs == 1 && kSplit == 2), "one dO buffer: SPLIT 2 only");
-  static_assert(kQuerySlice % 16 == 0 && (kBlockM / kSplit) % kQuerySlice == 0, "query slice");
+  static_assert(kQuerySlice % 16 == 0 && (kBlockM / (kPairs ? 1 : kSplit)) % kQuerySlice == 0,
+                "query slice");
   static_assert(HDIM_QK % (16 * kSplit) == 0 && HDIM_V % (16 * kSplit) == 0, "column split");
   static_assert((kDsStride * 2 / 16) % 2 == 1, "dS^T rows must be an odd number of 16-byte chunks");
   // dQ = dS K: the BLOCK_M x HDIM_QK product is split over the warps, kWarpsM along the rows
@@ -101,6 +108,14 @@ namespace detail {
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 4 : 0;  // 0 bytes read: zero-filled
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+// Warp pairs: the P^T hand-over between the two warps of a slab (named barrier id, 64 threads).
+__device__ __forceinline__ void pair_arrive(int id) {
+  asm volatile("bar.arrive %0, 64;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void pair_sync(int id) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
 }
 
 __device__ __forceinline__ int ld_acquire(const int* p) {
@@ -355,9 +370,11 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   constexpr int NTS = QS / 8;         // n-tiles of an S^T / dP^T slice
   constexpr int SPLIT = S::kSplit;
   constexpr int MT = S::kMt;  // 16-key m-tiles of this warp's slab
-  constexpr int DTQ = HDIM_QK / 8 / SPLIT;  // n-tiles of this warp's dK columns
-  constexpr int DTV = HDIM_V / 8 / SPLIT;   // n-tiles of this warp's dV columns
-  constexpr int kCols = BM / SPLIT;         // query columns of S^T this warp computes
+  constexpr bool kPairs = S::kPairs;  // warp pairs: one accumulator a warp, dV or dK (whole rows)
+  constexpr int DTQ = kPairs ? 1 : HDIM_QK / 8 / SPLIT;  // n-tiles of this warp's dK columns
+  constexpr int DTV = kPairs ? 1 : HDIM_V / 8 / SPLIT;   // n-tiles of this warp's dV columns
+  constexpr int DTP = HDIM_V / 8;                        // warp pairs: n-tiles of a whole row
+  constexpr int kCols = kPairs ? BM : BM / SPLIT;  // query columns of S^T this warp computes
   constexpr int ES = static_cast<int>(sizeof(T));
   constexpr uint32_t kQBuf = BM * HDIM_QK * ES;  // bytes of one Q buffer
   constexpr uint32_t kDoBuf = BM * HDIM_V * ES;
@@ -451,9 +468,18 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   }
   cp_async_commit();
 
-  float dk[MT][DTQ][4], dv[MT][DTV][4];
+  float dk[kPairs ? 1 : MT][DTQ][4], dv[kPairs ? 1 : MT][DTV][4];
+  float acc[kPairs ? MT : 1][kPairs ? DTP : 1][4];  // warp pairs: this warp's dV or dK rows
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
+  for (int mt = 0; mt < (kPairs ? MT : 1); ++mt) {
+#pragma unroll
+    for (int j = 0; j < (kPairs ? DTP : 1); ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < (kPairs ? 1 : MT); ++mt) {
 #pragma unroll
     for (int j = 0; j < DTQ; ++j) {
 #pragma unroll
@@ -471,7 +497,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   // for half of the query columns (cw ..) and holds half of the dK / dV columns (tile half).
   const int wrow = (warp % S::kSlabs) * S::kSlabKeys;
   const int half = warp / S::kSlabs;
-  const int cw = half * kCols;
+  const int cw = kPairs ? 0 : half * kCols;
   // A operands K_w, V_w ([key][d], row-major): row wrow + lane % 16, chunk 2 kk + lane / 16.
   const uint32_t k_a = smem_addr(sK + (wrow + lane % 16) * HDIM_QK);
   const uint32_t v_a = smem_addr(sV + (wrow + lane % 16) * HDIM_V);
@@ -526,217 +552,342 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #endif
     for (int sl = 0; sl < kCols / QS; ++sl) {
       const int c0 = cw + sl * QS;  // first query column of the slice
-
-      // S^T = K_w Q^T.
-      float st[MT][NTS][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int j = 0; j < NTS; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) st[mt][j][e] = 0.f;
-        }
-      }
-#if KFORGE_FMHA_BWD_KLOOP_XOR
-      static_assert(KQ % kstep_unroll<KQ>(kKUnroll) == 0 && KV % kstep_unroll<KV>(kKUnroll) == 0,
-                    "KFORGE_FMHA_BWD_KLOOP_XOR: the unroll divides the k-steps");
-#pragma unroll 1
-      for (int i = 0; i < KQ / kstep_unroll<KQ>(kKUnroll); ++i)
-#pragma unroll
-        for (int u = 0; u < kstep_unroll<KQ>(kKUnroll); ++u) {
-#define KFORGE_BWD_A_OFF kstep_off<kstep_unroll<KQ>(kKUnroll)>(a_cols, i, u)
-#define KFORGE_BWD_B_OFF kstep_off<kstep_unroll<KQ>(kKUnroll)>(b_cols, i, u)
-#else
-#pragma unroll(kKUnroll)
-      for (int kk = 0; kk < KQ; ++kk) {
-#define KFORGE_BWD_A_OFF a_cols.at_dyn(kk)
-#define KFORGE_BWD_B_OFF b_cols.at_dyn(kk)
-#endif
-        if constexpr (MT == 1) {  // (as written before slabs of two m-tiles: the same code)
-          uint32_t a[4];
-          ldsm_x4(a, k_a + KFORGE_BWD_A_OFF);
-#pragma unroll
-          for (int np = 0; np < NTS / 2; ++np) {
-            uint32_t bq[4];
-            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + KFORGE_BWD_B_OFF);
-            Mma<T>::run(st[0][2 * np], a, bq[0], bq[1]);
-            Mma<T>::run(st[0][2 * np + 1], a, bq[2], bq[3]);
-          }
-        } else {
-          uint32_t a[MT][4];
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            ldsm_x4(a[mt], k_a + mt * 16 * HDIM_QK * ES + KFORGE_BWD_A_OFF);
-          }
-#pragma unroll
-          for (int np = 0; np < NTS / 2; ++np) {
-            uint32_t bq[4];
-            ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + KFORGE_BWD_B_OFF);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              Mma<T>::run(st[mt][2 * np], a[mt], bq[0], bq[1]);
-              Mma<T>::run(st[mt][2 * np + 1], a[mt], bq[2], bq[3]);
-            }
-          }
-        }
-      }
-
-#undef KFORGE_BWD_A_OFF
-#undef KFORGE_BWD_B_OFF
-
-      // P^T, masked where the block holds the end of the keys or crosses the causal diagonal.
-#pragma unroll
-      for (int j = 0; j < NTS; ++j) {
-        const int col = c0 + j * 8 + 2 * (lane % 4);
-        const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int key = n0 + wrow + mt * 16 + lane / 4 + 8 * r;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float x = fast_exp2(fmaf(st[mt][j][2 * r + e], scale_log2, -(e ? l.y : l.x)));
-              if (masked) {
-                const int row = r0 + col + e;
-                if (key >= sk || (CAUSAL && key > row + sk - sq)) x = 0.f;
-              }
-              st[mt][j][2 * r + e] = x;
-            }
-          }
-        }
-      }
-
-      if constexpr (SPLIT == 1) {
-        // P^T as A fragments in the input dtype (the m16n8 accumulators of two adjacent n-tiles
-        // are the m16k16 A operand, as the forward's P); dV += P^T dO.
-        uint32_t pa[NTS / 2][4];
-#pragma unroll
-        for (int kk = 0; kk < NTS / 2; ++kk) {
-#pragma unroll
-          for (int hi = 0; hi < 2; ++hi) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              pa[kk][2 * hi + r] =
-                  Mma<T>::pack(st[0][2 * kk + hi][2 * r], st[0][2 * kk + hi][2 * r + 1]);
-            }
-          }
-        }
-#pragma unroll
-        for (int kk = 0; kk < NTS / 2; ++kk) {
-#pragma unroll
-          for (int dd = 0; dd < DTV / 2; ++dd) {
-            uint32_t bv[4];
-            ldsm_x4_t(bv, do_t + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + kk * 16) * HDIM_V * ES + t_cols.at(dd));
-            Mma<T>::run(dv[0][2 * dd], pa[kk], bv[0], bv[1]);
-            Mma<T>::run(dv[0][2 * dd + 1], pa[kk], bv[2], bv[3]);
-          }
-        }
-      } else {
-        // P^T to shared memory, for the dV product of both warps of the slab.
+      if constexpr (kPairs) {
+        // Warp pairs. Role 0 (warp < kSlabs): X = S^T = K_w Q^T, P^T, handed over, dV += P^T dO.
+        // Role 1: X = dP^T = V_w dO^T, P^T taken over, dS^T, dK += dS^T Q. Both products of a
+        // role have the same shape (d_qk == d_v), so the code is shared and the operands are
+        // picked by the role: every fragment feeds the MT m-tiles of the slab.
+        const int role = half;
+        const int slab = warp % S::kSlabs;
+        const uint32_t a1 = role ? v_a : k_a;
+        const uint32_t b1 = role ? do_b + buf * kDoBuf : q_b + buf * kQBuf;
+        float xs[MT][NTS][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
           for (int j = 0; j < NTS; ++j) {
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              *reinterpret_cast<uint32_t*>(sPt + (wrow + mt * 16 + lane / 4 + 8 * r) * S::kDsStride +
-                                           c0 + j * 8 + 2 * (lane % 4)) =
-                  Mma<T>::pack(st[mt][j][2 * r], st[mt][j][2 * r + 1]);
-            }
+            for (int e = 0; e < 4; ++e) xs[mt][j][e] = 0.f;
           }
         }
-      }
-
-      // dP^T = V_w dO^T.
-      float dp[MT][NTS][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int j = 0; j < NTS; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dp[mt][j][e] = 0.f;
-        }
-      }
-#if KFORGE_FMHA_BWD_KLOOP_XOR
-#pragma unroll 1
-      for (int i = 0; i < KV / kstep_unroll<KV>(kKUnroll); ++i)
-#pragma unroll
-        for (int u = 0; u < kstep_unroll<KV>(kKUnroll); ++u) {
-#define KFORGE_BWD_A_OFF kstep_off<kstep_unroll<KV>(kKUnroll)>(a_cols, i, u)
-#define KFORGE_BWD_B_OFF kstep_off<kstep_unroll<KV>(kKUnroll)>(b_cols, i, u)
-#else
 #pragma unroll(kKUnroll)
-      for (int kk = 0; kk < KV; ++kk) {
-#define KFORGE_BWD_A_OFF a_cols.at_dyn(kk)
-#define KFORGE_BWD_B_OFF b_cols.at_dyn(kk)
-#endif
-        if constexpr (MT == 1) {  // (as written before slabs of two m-tiles: the same code)
-          uint32_t a[4];
-          ldsm_x4(a, v_a + KFORGE_BWD_A_OFF);
-#pragma unroll
-          for (int np = 0; np < NTS / 2; ++np) {
-            uint32_t bd[4];
-            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + KFORGE_BWD_B_OFF);
-            Mma<T>::run(dp[0][2 * np], a, bd[0], bd[1]);
-            Mma<T>::run(dp[0][2 * np + 1], a, bd[2], bd[3]);
-          }
-        } else {
+        for (int kk = 0; kk < KQ; ++kk) {
           uint32_t a[MT][4];
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            ldsm_x4(a[mt], v_a + mt * 16 * HDIM_V * ES + KFORGE_BWD_A_OFF);
+            ldsm_x4(a[mt], a1 + mt * 16 * HDIM_QK * ES + a_cols.at_dyn(kk));
           }
 #pragma unroll
           for (int np = 0; np < NTS / 2; ++np) {
-            uint32_t bd[4];
-            ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + KFORGE_BWD_B_OFF);
+            uint32_t bq[4];
+            ldsm_x4(bq, b1 + (c0 + np * 16) * HDIM_QK * ES + b_cols.at_dyn(kk));
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-              Mma<T>::run(dp[mt][2 * np], a[mt], bd[0], bd[1]);
-              Mma<T>::run(dp[mt][2 * np + 1], a[mt], bd[2], bd[3]);
+              Mma<T>::run(xs[mt][2 * np], a[mt], bq[0], bq[1]);
+              Mma<T>::run(xs[mt][2 * np + 1], a[mt], bq[2], bq[3]);
             }
           }
         }
-      }
+        // The hand-over tile of this slab and slice: float4 (mt, j) of lane l at (mt NTS + j)
+        // 32 + l (consecutive lanes, consecutive 16 bytes: no bank conflicts).
+        float4* px = reinterpret_cast<float4*>(smem_raw + S::kOffPx) +
+                     (slab * (kCols / QS) + sl) * (MT * NTS * 32) + lane;
+        uint32_t fa[MT][NTS / 2][4];  // P^T (role 0) or dS^T (role 1) as A fragments
+        if (role == 0) {
+          // P^T, masked where the block holds the end of the keys or crosses the causal diagonal.
+#pragma unroll
+          for (int j = 0; j < NTS; ++j) {
+            const int col = c0 + j * 8 + 2 * (lane % 4);
+            const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const int key = n0 + wrow + mt * 16 + lane / 4 + 8 * r;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  float x = fast_exp2(fmaf(xs[mt][j][2 * r + e], scale_log2, -(e ? l.y : l.x)));
+                  if (masked) {
+                    const int row = r0 + col + e;
+                    if (key >= sk || (CAUSAL && key > row + sk - sq)) x = 0.f;
+                  }
+                  xs[mt][j][2 * r + e] = x;
+                }
+              }
+              px[(mt * NTS + j) * 32] =
+                  make_float4(xs[mt][j][0], xs[mt][j][1], xs[mt][j][2], xs[mt][j][3]);
+            }
+          }
+          pair_arrive(1 + slab);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int kk = 0; kk < NTS / 2; ++kk) {
+#pragma unroll
+              for (int hi = 0; hi < 2; ++hi) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                  fa[mt][kk][2 * hi + r] =
+                      Mma<T>::pack(xs[mt][2 * kk + hi][2 * r], xs[mt][2 * kk + hi][2 * r + 1]);
+                }
+              }
+            }
+          }
+        } else {
+          // dS^T = P^T (dP^T - D), as A fragments for dK and in shared memory for dQ.
+          pair_sync(1 + slab);
+#pragma unroll
+          for (int kk = 0; kk < NTS / 2; ++kk) {
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+              const int j = 2 * kk + hi;
+              const int col = c0 + j * 8 + 2 * (lane % 4);
+              const float2 d = *reinterpret_cast<const float2*>(d_s + col);
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                const float4 pt = px[(mt * NTS + j) * 32];
+                const float pv[4] = {pt.x, pt.y, pt.z, pt.w};
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                  const float ds0 = pv[2 * r] * (xs[mt][j][2 * r] - d.x);
+                  const float ds1 = pv[2 * r + 1] * (xs[mt][j][2 * r + 1] - d.y);
+                  const uint32_t packed = Mma<T>::pack(ds0, ds1);
+                  fa[mt][kk][2 * hi + r] = packed;
+                  *reinterpret_cast<uint32_t*>(
+                      sDs + (wrow + mt * 16 + lane / 4 + 8 * r) * S::kDsStride + col) = packed;
+                }
+              }
+            }
+          }
+        }
+        // dV += P^T dO (role 0) or dK += dS^T Q (role 1): [query][d] tiles, transposed.
+        const uint32_t b2 = role ? q_t + buf * kQBuf : do_t + buf * kDoBuf;
+#pragma unroll
+        for (int kk = 0; kk < NTS / 2; ++kk) {
+#pragma unroll
+          for (int dd = 0; dd < DTP / 2; ++dd) {
+            uint32_t bv[4];
+            ldsm_x4_t(bv, b2 + (c0 + kk * 16) * HDIM_V * ES + t_cols.at(dd));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              Mma<T>::run(acc[mt][2 * dd], fa[mt][kk], bv[0], bv[1]);
+              Mma<T>::run(acc[mt][2 * dd + 1], fa[mt][kk], bv[2], bv[3]);
+            }
+          }
+        }
+      } else {
+
+        // S^T = K_w Q^T.
+        float st[MT][NTS][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int j = 0; j < NTS; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[mt][j][e] = 0.f;
+          }
+        }
+#if KFORGE_FMHA_BWD_KLOOP_XOR
+        static_assert(KQ % kstep_unroll<KQ>(kKUnroll) == 0 && KV % kstep_unroll<KV>(kKUnroll) == 0,
+                      "KFORGE_FMHA_BWD_KLOOP_XOR: the unroll divides the k-steps");
+#pragma unroll 1
+        for (int i = 0; i < KQ / kstep_unroll<KQ>(kKUnroll); ++i)
+#pragma unroll
+          for (int u = 0; u < kstep_unroll<KQ>(kKUnroll); ++u) {
+#define KFORGE_BWD_A_OFF kstep_off<kstep_unroll<KQ>(kKUnroll)>(a_cols, i, u)
+#define KFORGE_BWD_B_OFF kstep_off<kstep_unroll<KQ>(kKUnroll)>(b_cols, i, u)
+#else
+#pragma unroll(kKUnroll)
+        for (int kk = 0; kk < KQ; ++kk) {
+#define KFORGE_BWD_A_OFF a_cols.at_dyn(kk)
+#define KFORGE_BWD_B_OFF b_cols.at_dyn(kk)
+#endif
+          if constexpr (MT == 1) {  // (as written before slabs of two m-tiles: the same code)
+            uint32_t a[4];
+            ldsm_x4(a, k_a + KFORGE_BWD_A_OFF);
+#pragma unroll
+            for (int np = 0; np < NTS / 2; ++np) {
+              uint32_t bq[4];
+              ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + KFORGE_BWD_B_OFF);
+              Mma<T>::run(st[0][2 * np], a, bq[0], bq[1]);
+              Mma<T>::run(st[0][2 * np + 1], a, bq[2], bq[3]);
+            }
+          } else {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              ldsm_x4(a[mt], k_a + mt * 16 * HDIM_QK * ES + KFORGE_BWD_A_OFF);
+            }
+#pragma unroll
+            for (int np = 0; np < NTS / 2; ++np) {
+              uint32_t bq[4];
+              ldsm_x4(bq, q_b + buf * kQBuf + (c0 + np * 16) * HDIM_QK * ES + KFORGE_BWD_B_OFF);
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                Mma<T>::run(st[mt][2 * np], a[mt], bq[0], bq[1]);
+                Mma<T>::run(st[mt][2 * np + 1], a[mt], bq[2], bq[3]);
+              }
+            }
+          }
+        }
 
 #undef KFORGE_BWD_A_OFF
 #undef KFORGE_BWD_B_OFF
 
-      // dS^T = P^T (dP^T - D), as A fragments for dK and in shared memory for dQ.
-      uint32_t da[NTS / 2][4];  // SPLIT 1 (one m-tile): dK's A fragments
+        // P^T, masked where the block holds the end of the keys or crosses the causal diagonal.
 #pragma unroll
-      for (int kk = 0; kk < NTS / 2; ++kk) {
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-          const int j = 2 * kk + hi;
+        for (int j = 0; j < NTS; ++j) {
           const int col = c0 + j * 8 + 2 * (lane % 4);
-          const float2 d = *reinterpret_cast<const float2*>(d_s + col);
+          const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-              const float ds0 = st[mt][j][2 * r] * (dp[mt][j][2 * r] - d.x);
-              const float ds1 = st[mt][j][2 * r + 1] * (dp[mt][j][2 * r + 1] - d.y);
-              const uint32_t packed = Mma<T>::pack(ds0, ds1);
-              if (mt == 0) da[kk][2 * hi + r] = packed;
-              *reinterpret_cast<uint32_t*>(sDs + (wrow + mt * 16 + lane / 4 + 8 * r) * S::kDsStride +
-                                           col) = packed;
+              const int key = n0 + wrow + mt * 16 + lane / 4 + 8 * r;
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float x = fast_exp2(fmaf(st[mt][j][2 * r + e], scale_log2, -(e ? l.y : l.x)));
+                if (masked) {
+                  const int row = r0 + col + e;
+                  if (key >= sk || (CAUSAL && key > row + sk - sq)) x = 0.f;
+                }
+                st[mt][j][2 * r + e] = x;
+              }
             }
           }
         }
-      }
 
-      if constexpr (SPLIT == 1) {
-        // dK += dS^T Q.
+        if constexpr (SPLIT == 1) {
+          // P^T as A fragments in the input dtype (the m16n8 accumulators of two adjacent n-tiles
+          // are the m16k16 A operand, as the forward's P); dV += P^T dO.
+          uint32_t pa[NTS / 2][4];
+#pragma unroll
+          for (int kk = 0; kk < NTS / 2; ++kk) {
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                pa[kk][2 * hi + r] =
+                    Mma<T>::pack(st[0][2 * kk + hi][2 * r], st[0][2 * kk + hi][2 * r + 1]);
+              }
+            }
+          }
+#pragma unroll
+          for (int kk = 0; kk < NTS / 2; ++kk) {
+#pragma unroll
+            for (int dd = 0; dd < DTV / 2; ++dd) {
+              uint32_t bv[4];
+              ldsm_x4_t(bv, do_t + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + kk * 16) * HDIM_V * ES + t_cols.at(dd));
+              Mma<T>::run(dv[0][2 * dd], pa[kk], bv[0], bv[1]);
+              Mma<T>::run(dv[0][2 * dd + 1], pa[kk], bv[2], bv[3]);
+            }
+          }
+        } else {
+          // P^T to shared memory, for the dV product of both warps of the slab.
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int j = 0; j < NTS; ++j) {
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                *reinterpret_cast<uint32_t*>(sPt + (wrow + mt * 16 + lane / 4 + 8 * r) * S::kDsStride +
+                                             c0 + j * 8 + 2 * (lane % 4)) =
+                    Mma<T>::pack(st[mt][j][2 * r], st[mt][j][2 * r + 1]);
+              }
+            }
+          }
+        }
+
+        // dP^T = V_w dO^T.
+        float dp[MT][NTS][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int j = 0; j < NTS; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[mt][j][e] = 0.f;
+          }
+        }
+#if KFORGE_FMHA_BWD_KLOOP_XOR
+#pragma unroll 1
+        for (int i = 0; i < KV / kstep_unroll<KV>(kKUnroll); ++i)
+#pragma unroll
+          for (int u = 0; u < kstep_unroll<KV>(kKUnroll); ++u) {
+#define KFORGE_BWD_A_OFF kstep_off<kstep_unroll<KV>(kKUnroll)>(a_cols, i, u)
+#define KFORGE_BWD_B_OFF kstep_off<kstep_unroll<KV>(kKUnroll)>(b_cols, i, u)
+#else
+#pragma unroll(kKUnroll)
+        for (int kk = 0; kk < KV; ++kk) {
+#define KFORGE_BWD_A_OFF a_cols.at_dyn(kk)
+#define KFORGE_BWD_B_OFF b_cols.at_dyn(kk)
+#endif
+          if constexpr (MT == 1) {  // (as written before slabs of two m-tiles: the same code)
+            uint32_t a[4];
+            ldsm_x4(a, v_a + KFORGE_BWD_A_OFF);
+#pragma unroll
+            for (int np = 0; np < NTS / 2; ++np) {
+              uint32_t bd[4];
+              ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + KFORGE_BWD_B_OFF);
+              Mma<T>::run(dp[0][2 * np], a, bd[0], bd[1]);
+              Mma<T>::run(dp[0][2 * np + 1], a, bd[2], bd[3]);
+            }
+          } else {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              ldsm_x4(a[mt], v_a + mt * 16 * HDIM_V * ES + KFORGE_BWD_A_OFF);
+            }
+#pragma unroll
+            for (int np = 0; np < NTS / 2; ++np) {
+              uint32_t bd[4];
+              ldsm_x4(bd, do_b + (kDoSingle ? 0 : buf) * kDoBuf + (c0 + np * 16) * HDIM_V * ES + KFORGE_BWD_B_OFF);
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                Mma<T>::run(dp[mt][2 * np], a[mt], bd[0], bd[1]);
+                Mma<T>::run(dp[mt][2 * np + 1], a[mt], bd[2], bd[3]);
+              }
+            }
+          }
+        }
+
+#undef KFORGE_BWD_A_OFF
+#undef KFORGE_BWD_B_OFF
+
+        // dS^T = P^T (dP^T - D), as A fragments for dK and in shared memory for dQ.
+        uint32_t da[NTS / 2][4];  // SPLIT 1 (one m-tile): dK's A fragments
 #pragma unroll
         for (int kk = 0; kk < NTS / 2; ++kk) {
 #pragma unroll
-          for (int dd = 0; dd < DTQ / 2; ++dd) {
-            uint32_t bq[4];
-            ldsm_x4_t(bq, q_t + buf * kQBuf + (c0 + kk * 16) * HDIM_QK * ES + t_cols.at(dd));
-            Mma<T>::run(dk[0][2 * dd], da[kk], bq[0], bq[1]);
-            Mma<T>::run(dk[0][2 * dd + 1], da[kk], bq[2], bq[3]);
+          for (int hi = 0; hi < 2; ++hi) {
+            const int j = 2 * kk + hi;
+            const int col = c0 + j * 8 + 2 * (lane % 4);
+            const float2 d = *reinterpret_cast<const float2*>(d_s + col);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const float ds0 = st[mt][j][2 * r] * (dp[mt][j][2 * r] - d.x);
+                const float ds1 = st[mt][j][2 * r + 1] * (dp[mt][j][2 * r + 1] - d.y);
+                const uint32_t packed = Mma<T>::pack(ds0, ds1);
+                if (mt == 0) da[kk][2 * hi + r] = packed;
+                *reinterpret_cast<uint32_t*>(sDs + (wrow + mt * 16 + lane / 4 + 8 * r) * S::kDsStride +
+                                             col) = packed;
+              }
+            }
+          }
+        }
+
+        if constexpr (SPLIT == 1) {
+          // dK += dS^T Q.
+#pragma unroll
+          for (int kk = 0; kk < NTS / 2; ++kk) {
+#pragma unroll
+            for (int dd = 0; dd < DTQ / 2; ++dd) {
+              uint32_t bq[4];
+              ldsm_x4_t(bq, q_t + buf * kQBuf + (c0 + kk * 16) * HDIM_QK * ES + t_cols.at(dd));
+              Mma<T>::run(dk[0][2 * dd], da[kk], bq[0], bq[1]);
+              Mma<T>::run(dk[0][2 * dd + 1], da[kk], bq[2], bq[3]);
+            }
           }
         }
       }
@@ -744,7 +895,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 
     __syncthreads();  // dS^T (and P^T) of every warp is in shared memory
 
-    if constexpr (SPLIT == 2) {
+    if constexpr (SPLIT == 2 && !kPairs) {
       // dV += P^T dO and dK += dS^T Q over the whole query block, for this warp's half of the
       // columns (the B tiles' chunks start at half * columns / 8: a run-time swizzle offset).
 #pragma unroll
@@ -908,25 +1059,47 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   const float scale = p.softmax_scale;
   T* gdK = static_cast<T*>(p.dk) + s.dk + kv_head * p.dk_head_stride;
   T* gdV = static_cast<T*>(p.dv) + s.dv + kv_head * p.dv_head_stride;
+  if constexpr (kPairs) {
+    // Role 0 holds dV, role 1 dK (whole rows of the slab's keys).
+    T* out = half ? gdK : gdV;
+    const int64_t stride = half ? p.dk_row_stride : p.dv_row_stride;
+    const float sc = half ? scale : 1.f;
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = n0 + wrow + mt * 16 + lane / 4 + 8 * r;
-      if (key < sk) {
-        T* rk = gdK + static_cast<int64_t>(key) * p.dk_row_stride + half * (HDIM_QK / SPLIT) +
-                2 * (lane % 4);
-        T* rv = gdV + static_cast<int64_t>(key) * p.dv_row_stride + half * (HDIM_V / SPLIT) +
-                2 * (lane % 4);
+      for (int r = 0; r < 2; ++r) {
+        const int key = n0 + wrow + mt * 16 + lane / 4 + 8 * r;
+        if (key < sk) {
+          T* row = out + static_cast<int64_t>(key) * stride + 2 * (lane % 4);
 #pragma unroll
-        for (int j = 0; j < DTQ; ++j) {
-          *reinterpret_cast<uint32_t*>(rk + j * 8) =
-              Mma<T>::pack(dk[mt][j][2 * r] * scale, dk[mt][j][2 * r + 1] * scale);
+          for (int j = 0; j < DTP; ++j) {
+            *reinterpret_cast<uint32_t*>(row + j * 8) =
+                Mma<T>::pack(acc[mt][j][2 * r] * sc, acc[mt][j][2 * r + 1] * sc);
+          }
         }
+      }
+    }
+  } else {
 #pragma unroll
-        for (int j = 0; j < DTV; ++j) {
-          *reinterpret_cast<uint32_t*>(rv + j * 8) =
-              Mma<T>::pack(dv[mt][j][2 * r], dv[mt][j][2 * r + 1]);
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = n0 + wrow + mt * 16 + lane / 4 + 8 * r;
+        if (key < sk) {
+          T* rk = gdK + static_cast<int64_t>(key) * p.dk_row_stride + half * (HDIM_QK / SPLIT) +
+                  2 * (lane % 4);
+          T* rv = gdV + static_cast<int64_t>(key) * p.dv_row_stride + half * (HDIM_V / SPLIT) +
+                  2 * (lane % 4);
+#pragma unroll
+          for (int j = 0; j < DTQ; ++j) {
+            *reinterpret_cast<uint32_t*>(rk + j * 8) =
+                Mma<T>::pack(dk[mt][j][2 * r] * scale, dk[mt][j][2 * r + 1] * scale);
+          }
+#pragma unroll
+          for (int j = 0; j < DTV; ++j) {
+            *reinterpret_cast<uint32_t*>(rv + j * 8) =
+                Mma<T>::pack(dv[mt][j][2 * r], dv[mt][j][2 * r + 1]);
+          }
         }
       }
     }
