@@ -136,6 +136,14 @@ struct BwdTile {
 #define KFORGE_FMHA_BWD_DQ_V4 0
 #endif
 
+// Diagnostics for tuning sweeps only: the gradients are WRONG with any bit set. A bit removes
+// one part of every step of the portable main kernel, so that a sweep times what the rest costs:
+// 1, the dQ adds (the dQ product stays); 2, the whole dQ product and its adds; 4 (warp pairs),
+// the P^T hand-over and its barrier (role 1 takes P^T = 1); 8 (warp pairs), the dV / dK product.
+#ifndef KFORGE_FMHA_BWD_DIAG
+#define KFORGE_FMHA_BWD_DIAG 0
+#endif
+
 inline constexpr BwdTile kBwdTiles[] = {
     {64, 64, KFORGE_FMHA_BWD_64_WARPS, KFORGE_FMHA_BWD_64_SPLIT, KFORGE_FMHA_BWD_64_BM,
      KFORGE_FMHA_BWD_64_QS, KFORGE_FMHA_BWD_64_KUNROLL, KFORGE_FMHA_BWD_64_MT,

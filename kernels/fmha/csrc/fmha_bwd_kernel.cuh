@@ -469,13 +469,13 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   cp_async_commit();
 
   float dk[kPairs ? 1 : MT][DTQ][4], dv[kPairs ? 1 : MT][DTV][4];
-  float acc[kPairs ? MT : 1][kPairs ? DTP : 1][4];  // warp pairs: this warp's dV or dK rows
+  float dkv[kPairs ? MT : 1][kPairs ? DTP : 1][4];  // warp pairs: this warp's dV or dK rows
 #pragma unroll
   for (int mt = 0; mt < (kPairs ? MT : 1); ++mt) {
 #pragma unroll
     for (int j = 0; j < (kPairs ? DTP : 1); ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+      for (int e = 0; e < 4; ++e) dkv[mt][j][e] = 0.f;
     }
   }
 #pragma unroll
@@ -614,11 +614,13 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
                   xs[mt][j][2 * r + e] = x;
                 }
               }
-              px[(mt * NTS + j) * 32] =
-                  make_float4(xs[mt][j][0], xs[mt][j][1], xs[mt][j][2], xs[mt][j][3]);
+              if constexpr (!(KFORGE_FMHA_BWD_DIAG & 4)) {
+                px[(mt * NTS + j) * 32] =
+                    make_float4(xs[mt][j][0], xs[mt][j][1], xs[mt][j][2], xs[mt][j][3]);
+              }
             }
           }
-          pair_arrive(1 + slab);
+          if constexpr (!(KFORGE_FMHA_BWD_DIAG & 4)) pair_arrive(1 + slab);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -635,7 +637,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           }
         } else {
           // dS^T = P^T (dP^T - D), as A fragments for dK and in shared memory for dQ.
-          pair_sync(1 + slab);
+          if constexpr (!(KFORGE_FMHA_BWD_DIAG & 4)) pair_sync(1 + slab);
 #pragma unroll
           for (int kk = 0; kk < NTS / 2; ++kk) {
 #pragma unroll
@@ -645,7 +647,8 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
               const float2 d = *reinterpret_cast<const float2*>(d_s + col);
 #pragma unroll
               for (int mt = 0; mt < MT; ++mt) {
-                const float4 pt = px[(mt * NTS + j) * 32];
+                const float4 pt = (KFORGE_FMHA_BWD_DIAG & 4) ? make_float4(1.f, 1.f, 1.f, 1.f)
+                                                             : px[(mt * NTS + j) * 32];
                 const float pv[4] = {pt.x, pt.y, pt.z, pt.w};
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
@@ -663,15 +666,15 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
         // dV += P^T dO (role 0) or dK += dS^T Q (role 1): [query][d] tiles, transposed.
         const uint32_t b2 = role ? q_t + buf * kQBuf : do_t + buf * kDoBuf;
 #pragma unroll
-        for (int kk = 0; kk < NTS / 2; ++kk) {
+        for (int kk = 0; kk < ((KFORGE_FMHA_BWD_DIAG & 8) ? 0 : NTS / 2); ++kk) {
 #pragma unroll
           for (int dd = 0; dd < DTP / 2; ++dd) {
             uint32_t bv[4];
             ldsm_x4_t(bv, b2 + (c0 + kk * 16) * HDIM_V * ES + t_cols.at(dd));
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-              Mma<T>::run(acc[mt][2 * dd], fa[mt][kk], bv[0], bv[1]);
-              Mma<T>::run(acc[mt][2 * dd + 1], fa[mt][kk], bv[2], bv[3]);
+              Mma<T>::run(dkv[mt][2 * dd], fa[mt][kk], bv[0], bv[1]);
+              Mma<T>::run(dkv[mt][2 * dd + 1], fa[mt][kk], bv[2], bv[3]);
             }
           }
         }
@@ -964,7 +967,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
                   warp_d * S::kDqCols + 2 * (lane % 4);
     constexpr int MQ = S::kMTilesPerWarp;  // row tiles of this warp: warp_m + kWarpsM * mq
 #pragma unroll
-    for (int ch = 0; ch < S::kDqCols / S::kDqChunk; ++ch) {
+    for (int ch = 0; ch < ((KFORGE_FMHA_BWD_DIAG & 2) ? 0 : S::kDqCols / S::kDqChunk); ++ch) {
       const int d0 = warp_d * S::kDqCols + ch * S::kDqChunk;
       float acc[MQ][S::kDqChunk / 8][4];
 #pragma unroll
@@ -1027,7 +1030,8 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int row = row_l + mq * kRowStep + 8 * r;
-            if (all_rows || row < sq) {
+            if ((all_rows || row < sq) &&
+                (!(KFORGE_FMHA_BWD_DIAG & 1) || acc[mq][0][2 * r] == 1e30f)) {
               float* dst = dq_l + (mq * kRowStep + 8 * r) * HDIM_QK + ch * S::kDqChunk;
 #pragma unroll
               for (int j = 0; j < S::kDqChunk / 8; ++j) {
@@ -1074,7 +1078,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #pragma unroll
           for (int j = 0; j < DTP; ++j) {
             *reinterpret_cast<uint32_t*>(row + j * 8) =
-                Mma<T>::pack(acc[mt][j][2 * r] * sc, acc[mt][j][2 * r + 1] * sc);
+                Mma<T>::pack(dkv[mt][j][2 * r] * sc, dkv[mt][j][2 * r + 1] * sc);
           }
         }
       }
