@@ -167,14 +167,39 @@ constexpr const BwdTile* bwd_tile(int head_dim_qk, int head_dim_v) {
   return nullptr;
 }
 
-// Shared memory of the main kernel, for 2-byte elements.
-constexpr int bwd_smem_bytes(const BwdTile& t) {
+// dQ's adds on sm_90 and newer: 0, red.global.add per lane (KFORGE_FMHA_BWD_DQ_V4 picks v2 or
+// v4); 1, each warp stages its dQ tile in shared memory (fp32, rows padded by 8 floats) and its
+// lanes add one row each with a bulk reduction (cp.reduce.async.bulk .add.f32): one instruction
+// a row instead of one a lane and 2 or 4 columns, issued by the TMA unit, not the warp's memory
+// pipe. The deterministic mode and sm_80 / sm_86 / sm_89 builds add with atomics either way.
+#ifndef KFORGE_FMHA_BWD_DQ_BULK
+#define KFORGE_FMHA_BWD_DQ_BULK 0
+#endif
+
+// dQ = dS K: warps along the query rows (16-row tiles); the rest go along the columns.
+constexpr int bwd_dq_warps_m(const BwdTile& t) {
+  return t.dq_warps_m > 0 ? t.dq_warps_m : (t.warps < t.block_m / 16 ? t.warps : t.block_m / 16);
+}
+// Shared memory of the main kernel but DQ_BULK's staging, for 2-byte elements.
+constexpr int bwd_smem_bytes_base(const BwdTile& t) {
   const int bn = 16 * t.slab_mtiles * t.warps / t.split;
   return 2 * (bn * (t.head_dim_qk + t.head_dim_v)               // K, V
               + t.block_m * (2 * t.head_dim_qk + t.do_buffers * t.head_dim_v)  // Q (two), dO
               + (t.warp_pairs ? 1 : t.split) * bn * (t.block_m + 8))  // dS^T (and P^T)
          + 4 * 2 * 2 * t.block_m                                // LSE, D (two buffers)
          + (t.warp_pairs ? 4 * bn * t.block_m : 0);                   // P^T handed over (fp32)
+}
+
+// DQ_BULK's staging tiles (every warp's rows x (its columns + 8) floats), in bytes: 0 without
+// DQ_BULK, and for a tile it would take over sm_120's 101,376 bytes (that tile adds with atomics).
+constexpr int bwd_dq_stage_bytes(const BwdTile& t) {
+  const int bytes = 4 * t.block_m * (t.head_dim_qk + 8 * (t.warps / bwd_dq_warps_m(t)));
+  return KFORGE_FMHA_BWD_DQ_BULK && bwd_smem_bytes_base(t) + bytes <= 101376 ? bytes : 0;
+}
+
+// Shared memory of the main kernel, for 2-byte elements.
+constexpr int bwd_smem_bytes(const BwdTile& t) {
+  return bwd_smem_bytes_base(t) + bwd_dq_stage_bytes(t);
 }
 
 // The shared memory a tile may take. sm_120's 99 KiB per block is the rule for every tile that

@@ -41,6 +41,13 @@
 #include "fmha_fwd_kernel.cuh"  // detail:: cp.async, ldmatrix, mma.sync, swizzle, tile loads
 #include "fmha_manifest.h"
 
+// DQ_BULK in this compile pass: sm_90 and newer (fmha_bwd_config.h).
+#if KFORGE_FMHA_BWD_DQ_BULK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KFORGE_FMHA_BWD_BULK_HERE 1
+#else
+#define KFORGE_FMHA_BWD_BULK_HERE 0
+#endif
+
 namespace kforge_fmha {
 
 template <int HDIM_QK, int HDIM_V>
@@ -68,7 +75,8 @@ struct BwdShape {
   static constexpr int kOffLse = kOffPt + (kPairs ? 0 : kSplit - 1) * kBlockN * kDsStride * 2;
   static constexpr int kOffD = kOffLse + 2 * kBlockM * 4;
   static constexpr int kOffPx = kOffD + 2 * kBlockM * 4;  // warp pairs: P^T handed over, fp32
-  static constexpr int kSmemBytes = kOffPx + (kPairs ? 4 * kBlockN * kBlockM : 0);
+  static constexpr int kOffDqStage = kOffPx + (kPairs ? 4 * kBlockN * kBlockM : 0);
+  static constexpr int kSmemBytes = kOffDqStage + bwd_dq_stage_bytes(kTile);
   static_assert(kSmemBytes == bwd_smem_bytes(kTile), "fmha_bwd_config.h's size is this carve-up");
   static_assert(kOffPx % 16 == 0, "the hand-over tile takes 16-byte stores");
   static_assert(kBlockM % 16 == 0 && kBlockM <= kThreads, "query block");
@@ -87,8 +95,7 @@ struct BwdShape {
   // kWarpsM-th) and kDqCols columns in chunks of kDqChunk (an accumulator of kMTilesPerWarp *
   // kDqChunk / 2 floats; each K fragment feeds the kMTilesPerWarp row tiles).
   static constexpr int kMTilesQ = kBlockM / 16;
-  static constexpr int kWarpsM =
-      kTile.dq_warps_m > 0 ? kTile.dq_warps_m : (kWarps < kMTilesQ ? kWarps : kMTilesQ);
+  static constexpr int kWarpsM = bwd_dq_warps_m(kTile);
   static constexpr int kWarpsD = kWarps / kWarpsM;
   static constexpr int kMTilesPerWarp = kMTilesQ / kWarpsM;
   static constexpr int kDqCols = HDIM_QK / kWarpsD;
@@ -96,6 +103,14 @@ struct BwdShape {
   static_assert(kWarpsM >= 1 && kWarpsM <= kWarps && kWarps % kWarpsM == 0 &&
                     kMTilesQ % kWarpsM == 0,
                 "dQ warp split");
+  // DQ_BULK: a warp's staging tile, rows of kDqCols + 8 floats (conflict-free float2 stores:
+  // rows 0-3 of a half-warp start 8 banks apart); lane l adds row l of it.
+  static constexpr int kDqStageRow = (kDqCols + 8) * 4;  // bytes
+  static constexpr int kDqStageWarp = kMTilesPerWarp * 16 * kDqStageRow;
+  static constexpr bool kDqBulk = bwd_dq_stage_bytes(kTile) > 0;  // DQ_BULK on this tile
+  static_assert(bwd_dq_stage_bytes(kTile) == 0 || bwd_dq_stage_bytes(kTile) == kWarps * kDqStageWarp,
+                "fmha_bwd_config.h's staging size");
+  static_assert(kMTilesPerWarp * 16 <= 32, "DQ_BULK: a lane a row");
   static_assert(HDIM_QK % kWarpsD == 0 && kDqCols % kDqChunk == 0 && kDqChunk % 16 == 0,
                 "dQ column split");
 };
@@ -109,6 +124,35 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool va
   const int n = valid ? 4 : 0;  // 0 bytes read: zero-filled
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Bulk reductions (sm_90 and newer): [gdst .. + bytes) += [ssrc .. + bytes) (fp32),
+// asynchronously, in this thread's bulk group; both 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gdst, uint32_t ssrc, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   gdst),
+               "r"(ssrc), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// This thread's bulk reductions have read their shared memory (it may be overwritten).
+__device__ __forceinline__ void bulk_wait_read_all() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// This thread's bulk reductions are complete.
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// This thread's generic-proxy shared-memory stores, visible to the bulk (async) proxy.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+#endif
 
 // Warp pairs: the P^T hand-over between the two warps of a slab (named barrier id, 64 threads).
 __device__ __forceinline__ void pair_arrive(int id) {
@@ -966,6 +1010,15 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     float* dq_l = p.dq_accum + (h * p.rows + s.ws_row + row_l) * HDIM_QK +
                   warp_d * S::kDqCols + 2 * (lane % 4);
     constexpr int MQ = S::kMTilesPerWarp;  // row tiles of this warp: warp_m + kWarpsM * mq
+#if KFORGE_FMHA_BWD_BULK_HERE
+    // DQ_BULK (not in the deterministic mode): this warp's staging tile, free once the bulk
+    // reductions of the last step have read it.
+    const uint32_t sdq = smem_addr(smem_raw + S::kOffDqStage + warp * S::kDqStageWarp);
+    if (S::kDqBulk && !det) {
+      if (lane < MQ * 16) bulk_wait_read_all();
+      __syncwarp();
+    }
+#endif
 #pragma unroll
     for (int ch = 0; ch < ((KFORGE_FMHA_BWD_DIAG & 2) ? 0 : S::kDqCols / S::kDqChunk); ++ch) {
       const int d0 = warp_d * S::kDqCols + ch * S::kDqChunk;
@@ -996,6 +1049,23 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           }
         }
       }
+#if KFORGE_FMHA_BWD_BULK_HERE
+      if (S::kDqBulk && !det) {
+#pragma unroll
+        for (int mq = 0; mq < MQ; ++mq) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+#pragma unroll
+            for (int j = 0; j < S::kDqChunk / 8; ++j) {
+              st_shared_f32x2(sdq + (mq * 16 + lane / 4 + 8 * r) * S::kDqStageRow +
+                                  (ch * S::kDqChunk + j * 8 + 2 * (lane % 4)) * 4,
+                              acc[mq][j][2 * r], acc[mq][j][2 * r + 1]);
+            }
+          }
+        }
+        continue;
+      }
+#endif
 #pragma unroll
       for (int mq = 0; mq < MQ; ++mq) {
         constexpr int kRowStep = S::kWarpsM * 16;  // rows between this warp's row tiles
@@ -1048,6 +1118,20 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #endif
       }
     }
+#if KFORGE_FMHA_BWD_BULK_HERE
+    if (S::kDqBulk && !det) {
+      // Row l of the staging tile is query row r0 + (warp_m + kWarpsM (l / 16)) 16 + l % 16.
+      fence_proxy_async_smem();
+      __syncwarp();
+      const int row = r0 + (warp_m + S::kWarpsM * (lane / 16)) * 16 + lane % 16;
+      if (lane < MQ * 16 && row < sq && !(KFORGE_FMHA_BWD_DIAG & 2)) {
+        bulk_reduce_add_f32(p.dq_accum + (h * p.rows + s.ws_row + row) * HDIM_QK +
+                                warp_d * S::kDqCols,
+                            sdq + lane * S::kDqStageRow, S::kDqCols * 4);
+        bulk_commit_group();
+      }
+    }
+#endif
     if (det) {
       __syncthreads();  // every thread's adds are issued before the release
       if (tid == 0) {
@@ -1058,6 +1142,9 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     h = h_next;
     m_block = m_next;
   }
+#if KFORGE_FMHA_BWD_BULK_HERE
+  if (S::kDqBulk && !det) bulk_wait_all();  // the staging tiles stay valid until the reductions are done
+#endif
 
   // dK (scaled) and dV of this warp's 16 MT keys, in the input dtype.
   const float scale = p.softmax_scale;

@@ -137,28 +137,7 @@ KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_nt_bf16, "bf16", "0, 1")
 KFORGE_FMHA_WGMMA_SS_TT(wgmma_ss64_nt_f16, "f16", "0, 1")
 #undef KFORGE_FMHA_WGMMA_SS_TT
 
-// DQ_SMEM: [gdst .. + bytes) += [ssrc .. + bytes) (fp32), asynchronously, in this thread's bulk
-// group; both 16-byte aligned, bytes a multiple of 16.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* gdst, uint32_t ssrc, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-                   gdst),
-               "r"(ssrc), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
-}
-__device__ __forceinline__ void bulk_commit_group() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// This thread's bulk reductions have read their shared memory (it may be overwritten).
-__device__ __forceinline__ void bulk_wait_read_all() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-// This thread's bulk reductions are complete.
-__device__ __forceinline__ void bulk_wait_all() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
+// DQ_SMEM's bulk reductions: detail::bulk_reduce_add_f32 and its group waits (fmha_bwd_kernel.cuh).
 
 // p[0..3] += {a, b, c, d} in global memory, one vector reduction (sm_90); p is 16-byte aligned.
 __device__ __forceinline__ void atomic_add4(float* p, float a, float b, float c, float d) {
