@@ -67,21 +67,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FMHA = ROOT / "kernels" / "fmha"
 BIG = "KFORGE_FMHA_BWD_SMEM_LIMIT=232448"  # sweep-only: tiles over sm_120's 101,376 B
-MT2_128 = ["KFORGE_FMHA_BWD_128_SPLIT=2", "KFORGE_FMHA_BWD_128_MT=2"]  # 4 warps: 64 keys
-MT2_64 = ["KFORGE_FMHA_BWD_64_SPLIT=2", "KFORGE_FMHA_BWD_64_MT=2"]  # 8 warps: 128 keys
+# The 16-key slabs' tiles (the defaults before warp pairs): the older variants below start from them.
+SLABS_128 = ["KFORGE_FMHA_BWD_128_WARP_PAIRS=0"]
+SLABS_64 = ["KFORGE_FMHA_BWD_64_WARP_PAIRS=0"]
+MT2_128 = [*SLABS_128, "KFORGE_FMHA_BWD_128_SPLIT=2", "KFORGE_FMHA_BWD_128_MT=2"]  # 4 warps: 64 keys
+MT2_64 = [*SLABS_64, "KFORGE_FMHA_BWD_64_SPLIT=2", "KFORGE_FMHA_BWD_64_MT=2"]  # 8 warps: 128 keys
 PAIRS_128 = ["KFORGE_FMHA_BWD_128_WARP_PAIRS=1", "KFORGE_FMHA_BWD_128_SPLIT=2"]  # + _MT
 PAIRS_64 = ["KFORGE_FMHA_BWD_64_WARP_PAIRS=1", "KFORGE_FMHA_BWD_64_SPLIT=2"]
 
 # name -> (definitions, what it tests). The first variant is the baseline of the diff column.
 VARIANTS: dict[str, tuple[list[str], str]] = {
-    "base": ([], "the defaults: (128,128) 4 warps, 64 keys x 32 queries, 16-key slabs; (64,64) 8 "
-                 "warps, 128 x 64"),
+    "base": ([], "the defaults: warp pairs; (128,128) 4 warps, 64 keys x 32 queries, 32-key "
+                 "slabs; (64,64) 4 warps, 128 x 32, 64-key slabs"),
+    "slabs": ([*SLABS_128, *SLABS_64], "the 16-key slabs (the defaults before warp pairs): "
+              "(128,128) 4 warps, 64 keys x 32 queries; (64,64) 8 warps, 128 x 64"),
     "dqv4": (["KFORGE_FMHA_BWD_DQ_V4=1"], "dQ adds as red.global.add.v4.f32 (half the reductions); "
              "ptxas: 16 spill bytes in the non-causal (128,128) kernel"),
-    "n128-v4": (["KFORGE_FMHA_BWD_128_WARPS=8", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+    "n128-v4": ([*SLABS_128, "KFORGE_FMHA_BWD_128_WARPS=8", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
                 "(128,128): 8 warps, 128 keys a CTA (half the dQ atomics and Q/dO loads a FLOP), "
                 "v4 dQ; 109,056 B"),
-    "m64-v4": (["KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+    "m64-v4": ([*SLABS_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
                "(128,128): 64 queries a step (half the barriers a FLOP), v4 dQ; 108,544 B"),
     "mt2-m64-qs16": ([*MT2_128, "KFORGE_FMHA_BWD_128_BM=64", "KFORGE_FMHA_BWD_128_QS=16", BIG],
                      "(128,128): 32-key slabs of 2 warps (each operand fragment feeds 2 m-tiles), "
@@ -99,12 +104,12 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
     "h64-mt2-m128-v4": ([*MT2_64, "KFORGE_FMHA_BWD_64_BM=128", "KFORGE_FMHA_BWD_64_QS=32",
                          "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
                         "(64,64): 32-key slabs, 128 keys x 128 queries, v4 dQ; 169,984 B"),
-    "h64-m128-v4": (["KFORGE_FMHA_BWD_64_BM=128", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
+    "h64-m128-v4": ([*SLABS_64, "KFORGE_FMHA_BWD_64_BM=128", "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
                     "(64,64): 128 queries a step (FA2's hdim-64 tile), v4 dQ; 135,168 B"),
     # more, not in the default list (--variants NAME):
-    "n128": (["KFORGE_FMHA_BWD_128_WARPS=8", BIG], "n128-v4 without v4; 109,056 B"),
-    "m64": (["KFORGE_FMHA_BWD_128_BM=64", BIG], "m64-v4 without v4; 108,544 B"),
-    "n128-m64-v4": (["KFORGE_FMHA_BWD_128_WARPS=8", "KFORGE_FMHA_BWD_128_BM=64",
+    "n128": ([*SLABS_128, "KFORGE_FMHA_BWD_128_WARPS=8", BIG], "n128-v4 without v4; 109,056 B"),
+    "m64": ([*SLABS_128, "KFORGE_FMHA_BWD_128_BM=64", BIG], "m64-v4 without v4; 108,544 B"),
+    "n128-m64-v4": ([*SLABS_128, "KFORGE_FMHA_BWD_128_WARPS=8", "KFORGE_FMHA_BWD_128_BM=64",
                      "KFORGE_FMHA_BWD_DQ_V4=1", BIG],
                     "(128,128): 128 keys x 64 queries with 16-key slabs, v4 dQ; 150,528 B"),
     "mt2-qs16": ([*MT2_128, "KFORGE_FMHA_BWD_128_QS=16"],
@@ -119,39 +124,41 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
                           "KFORGE_FMHA_BWD_128_DOBUF=1"],
                          "mt2-m64-qs16 with one dO buffer: exactly sm_120's 101,376 B; ptxas: "
                          "12-28 spill bytes on sm_90a / sm_80, none on sm_120a"),
-    "h64-m128": (["KFORGE_FMHA_BWD_64_BM=128", BIG], "h64-m128-v4 without v4"),
-    "ku2": (["KFORGE_FMHA_BWD_128_KUNROLL=2"], "(128,128): k-loops unrolled by 2"),
+    "h64-m128": ([*SLABS_64, "KFORGE_FMHA_BWD_64_BM=128", BIG], "h64-m128-v4 without v4"),
+    "ku2": ([*SLABS_128, "KFORGE_FMHA_BWD_128_KUNROLL=2"], "(128,128): k-loops unrolled by 2"),
     "wide-ku1": (["KFORGE_FMHA_BWD_192_KUNROLL=1"],
                  "(192,128) / (128,192): the S^T / dP^T k-loops rolled, as before they were fully "
                  "unrolled (the old default; times (192,128))"),
     "fullload0": (["KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
                   "Q / dO tiles always with load_tile's per-chunk bounds (the old loads; the default "
                   "skips them where the whole query block is in the sequence)"),
-    "dqwm2": (["KFORGE_FMHA_BWD_128_DQWM=2"],
+    "dqwm2": ([*SLABS_128, "KFORGE_FMHA_BWD_128_DQWM=2"],
               "(128,128): dQ = dS K split 2 x 2 over the warps (16 queries x 64 columns a warp, 20 "
               "ldmatrix a step), as before the 1 x 4 default (32 x 32: 16); the same sums"),
     "kxor": (["KFORGE_FMHA_BWD_KLOOP_XOR=1"],
              "rolled S^T / dP^T k-loops ((64,64): 2 x 2 steps) with each step's swizzled offsets "
              "toggled by the group (one LOP3), not recomputed: 44 -> 39 instructions a group; the "
              "same addresses (times (64,64))"),
+    "bulk": (["KFORGE_FMHA_BWD_DQ_BULK=1"],
+             "dQ staged in shared memory and added by bulk reductions a row at a time (sm_90+; "
+             "where the tile has room under 99 KiB: (128,128) 99,840 B, (64,64) 86,528 B)"),
     "pairs": ([*PAIRS_128, "KFORGE_FMHA_BWD_128_MT=2"],
               "(128,128): warp pairs, 4 warps, 64 keys x 32 queries (two 32-key slabs; one warp "
               "S^T, P^T, dV, the other dP^T, dS^T, dK; P^T handed over in fp32): 0.40 ldmatrix a "
-              "mma against 0.60; 79,360 B"),
+              "mma against 0.60; 79,360 B (the default)"),
     "h64-pairs": ([*PAIRS_64, "KFORGE_FMHA_BWD_64_WARPS=4", "KFORGE_FMHA_BWD_64_MT=2",
                    "KFORGE_FMHA_BWD_64_BM=64", "KFORGE_FMHA_BWD_64_QS=64"],
                   "(64,64): warp pairs, 4 warps, 64 keys x 64 queries; 75,776 B"),
     "h64-pairs-mt4": ([*PAIRS_64, "KFORGE_FMHA_BWD_64_WARPS=4", "KFORGE_FMHA_BWD_64_MT=4",
                        "KFORGE_FMHA_BWD_64_BM=32", "KFORGE_FMHA_BWD_64_QS=32"],
                       "(64,64): warp pairs of 64-key slabs, 4 warps, 128 keys x 32 queries; "
-                      "76,288 B"),
+                      "76,288 B (the default)"),
     "prev": (["KFORGE_FMHA_BWD_192_KUNROLL=1", "KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
              "wide-ku1 + fullload0: the kernel before the address-math changes (but for the step "
              "counters, which replace a division with the same values); time with --head-dims "
              "192,128,64"),
 }
-DEFAULT_VARIANTS = ["base", "dqv4", "n128-v4", "m64-v4", "mt2-m64-qs16", "mt2-m64-ku4", "h64-mt2",
-                    "h64-mt2-do1", "h64-mt2-m128-v4", "h64-m128-v4"]
+DEFAULT_VARIANTS = ["base", "slabs", "dqv4", "bulk", "h64-pairs", "n128-v4", "m64-v4"]
 
 # The sm_90a backward's knobs (csrc/fmha_bwd_sm90.cuh; --path sm90). Same format as VARIANTS.
 SM90_DK_SS = "KFORGE_FMHA_BWD_SM90_DK_SS=1"

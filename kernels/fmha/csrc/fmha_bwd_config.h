@@ -7,10 +7,13 @@
 // SPLIT warps (BLOCK_N = 16 * WARPS / SPLIT), which hold its dK and dV accumulators in registers:
 // SPLIT 1, one warp with whole rows ((head_dim_qk + head_dim_v) / 2 floats a thread); SPLIT 2, two
 // warps with half the columns each (half that), for the wide head dims, where whole rows leave
-// too few registers (255 a thread) for the rest. Shared memory per CTA (2-byte elements): K and V
+// too few registers (255 a thread) for the rest. Warp pairs (the default at (64, 64) and
+// (128, 128)) split a slab of 32 or 64 keys by role instead: one warp holds whole dV rows, the
+// other whole dK rows (BwdTile::warp_pairs). Shared memory per CTA (2-byte elements): K and V
 // of the key block, Q and dO of two query blocks (double buffered), dS^T (and with SPLIT 2 also
-// P^T) of one block with rows padded by 8 elements, and LSE / D of two query blocks. Every pair
-// fits sm_120's 99 KiB (101,376 bytes) per block; README.md has the ptxas table.
+// P^T; with warp pairs an fp32 P^T hand-over tile instead) of one block with rows padded by 8
+// elements, and LSE / D of two query blocks. Every pair fits sm_120's 99 KiB (101,376 bytes) per
+// block; README.md has the ptxas table.
 #pragma once
 
 namespace kforge_fmha {
@@ -37,31 +40,44 @@ struct BwdTile {
                         // stay in one warp's registers, and no P^T tile is read with ldmatrix
 };
 
-// The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles, do_buffers, dq_warps_m),
-// overridable one by one for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,QS,KUNROLL,MT,
-// DOBUF} with PAIR 64 or 128, KFORGE_FMHA_BWD_128_DQWM, and KFORGE_FMHA_BWD_192_KUNROLL for the
-// wide pairs (pass the same -D to the CUDA and the C++ compiler: the API sizes the workspace from
+// The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles, do_buffers, dq_warps_m,
+// warp_pairs), overridable one by one for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,
+// QS,KUNROLL,MT,DOBUF,WARP_PAIRS} with PAIR 64 or 128, KFORGE_FMHA_BWD_128_DQWM, and
+// KFORGE_FMHA_BWD_192_KUNROLL for the wide pairs (pass the same -D to the CUDA and the C++ compiler: the API sizes the workspace from
 // this table).
+// Warp pairs (BwdTile::warp_pairs), the default at (64, 64) and (128, 128) (H200, 2026-11-27:
+// 1.03-1.05x the 16-key slabs' TFLOP/s at (128, 128) non-causal, 1.00 causal; 1.02-1.05x at
+// (64, 64)). 0 restores the slabs' defaults below (the tiles before warp pairs existed).
+#ifndef KFORGE_FMHA_BWD_64_WARP_PAIRS
+#define KFORGE_FMHA_BWD_64_WARP_PAIRS 1
+#endif
+#ifndef KFORGE_FMHA_BWD_128_WARP_PAIRS
+#define KFORGE_FMHA_BWD_128_WARP_PAIRS 1
+#endif
+// (64, 64): pairs of 64-key slabs, 4 warps, 128 keys x 32 queries (76,288 B); without pairs,
+// 16-key slabs, 8 warps, 128 keys x 64 queries (84,992 B).
 #ifndef KFORGE_FMHA_BWD_64_WARPS
-#define KFORGE_FMHA_BWD_64_WARPS 8
+#define KFORGE_FMHA_BWD_64_WARPS (KFORGE_FMHA_BWD_64_WARP_PAIRS ? 4 : 8)
 #endif
 #ifndef KFORGE_FMHA_BWD_64_SPLIT
-#define KFORGE_FMHA_BWD_64_SPLIT 1
+#define KFORGE_FMHA_BWD_64_SPLIT (KFORGE_FMHA_BWD_64_WARP_PAIRS ? 2 : 1)
 #endif
 #ifndef KFORGE_FMHA_BWD_64_BM
-#define KFORGE_FMHA_BWD_64_BM 64
+#define KFORGE_FMHA_BWD_64_BM (KFORGE_FMHA_BWD_64_WARP_PAIRS ? 32 : 64)
 #endif
 #ifndef KFORGE_FMHA_BWD_64_QS
-#define KFORGE_FMHA_BWD_64_QS 64
+#define KFORGE_FMHA_BWD_64_QS (KFORGE_FMHA_BWD_64_WARP_PAIRS ? 32 : 64)
 #endif
 #ifndef KFORGE_FMHA_BWD_64_KUNROLL
 #define KFORGE_FMHA_BWD_64_KUNROLL 2  // all: spills (255 registers)
 #endif
+// (128, 128): pairs of 32-key slabs, 4 warps, 64 keys x 32 queries (79,360 B); without pairs,
+// 16-key slabs, the same block (71,168 B).
 #ifndef KFORGE_FMHA_BWD_128_WARPS
 #define KFORGE_FMHA_BWD_128_WARPS 4
 #endif
 #ifndef KFORGE_FMHA_BWD_128_SPLIT
-#define KFORGE_FMHA_BWD_128_SPLIT 1
+#define KFORGE_FMHA_BWD_128_SPLIT (KFORGE_FMHA_BWD_128_WARP_PAIRS ? 2 : 1)
 #endif
 #ifndef KFORGE_FMHA_BWD_128_BM
 #define KFORGE_FMHA_BWD_128_BM 32
@@ -71,17 +87,10 @@ struct BwdTile {
 #endif
 
 #ifndef KFORGE_FMHA_BWD_64_MT
-#define KFORGE_FMHA_BWD_64_MT 1
+#define KFORGE_FMHA_BWD_64_MT (KFORGE_FMHA_BWD_64_WARP_PAIRS ? 4 : 1)
 #endif
 #ifndef KFORGE_FMHA_BWD_128_MT
-#define KFORGE_FMHA_BWD_128_MT 1
-#endif
-// Warp pairs (BwdTile::warp_pairs): 0 or 1. With 1, set _SPLIT 2 and _MT (2 or 4) too.
-#ifndef KFORGE_FMHA_BWD_64_WARP_PAIRS
-#define KFORGE_FMHA_BWD_64_WARP_PAIRS 0
-#endif
-#ifndef KFORGE_FMHA_BWD_128_WARP_PAIRS
-#define KFORGE_FMHA_BWD_128_WARP_PAIRS 0
+#define KFORGE_FMHA_BWD_128_MT (KFORGE_FMHA_BWD_128_WARP_PAIRS ? 2 : 1)
 #endif
 #ifndef KFORGE_FMHA_BWD_64_DOBUF
 #define KFORGE_FMHA_BWD_64_DOBUF 2
