@@ -180,7 +180,9 @@ constexpr const BwdTile* bwd_tile(int head_dim_qk, int head_dim_v) {
 // v4); 1, each warp stages its dQ tile in shared memory (fp32, rows padded by 8 floats) and its
 // lanes add one row each with a bulk reduction (cp.reduce.async.bulk .add.f32): one instruction
 // a row instead of one a lane and 2 or 4 columns, issued by the TMA unit, not the warp's memory
-// pipe. The deterministic mode and sm_80 / sm_86 / sm_89 builds add with atomics either way.
+// pipe; 2, the same staging, then each lane reads a row-contiguous float4 back and adds it with
+// red.global.add.v4.f32 (whole 128-byte rows an instruction, no bulk unit). The deterministic
+// mode and sm_80 / sm_86 / sm_89 builds add from the fragments either way.
 #ifndef KFORGE_FMHA_BWD_DQ_BULK
 #define KFORGE_FMHA_BWD_DQ_BULK 0
 #endif

@@ -137,6 +137,14 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gdst, uint32_t ssrc, 
 __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
+__device__ __forceinline__ float4 ld_shared_f32x4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
 __device__ __forceinline__ void bulk_commit_group() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -1014,7 +1022,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     // DQ_BULK (not in the deterministic mode): this warp's staging tile, free once the bulk
     // reductions of the last step have read it.
     const uint32_t sdq = smem_addr(smem_raw + S::kOffDqStage + warp * S::kDqStageWarp);
-    if (S::kDqBulk && !det) {
+    if (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 1 && !det) {
       if (lane < MQ * 16) bulk_wait_read_all();
       __syncwarp();
     }
@@ -1119,7 +1127,27 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       }
     }
 #if KFORGE_FMHA_BWD_BULK_HERE
-    if (S::kDqBulk && !det) {
+    if (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 2 && !det) {
+      // Staged red.v4: the lanes read the tile back a row-contiguous float4 each (kDqCols / 4
+      // lanes a row, conflict-free) and add it with red.global.add.v4.f32: every instruction
+      // covers whole 128-byte rows, half the instructions of .v2 from the fragments.
+      constexpr int kC4 = S::kDqCols / 4;
+      static_assert(32 % kC4 == 0 && (MQ * 16 * kC4) % 32 == 0, "staged v4: whole rows a pass");
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < MQ * 16 * kC4 / 32; ++i) {
+        const int lr = (i * 32 + lane) / kC4;
+        const int c4 = lane % kC4;
+        const float4 v = ld_shared_f32x4(sdq + lr * S::kDqStageRow + c4 * 16);
+        const int row = r0 + (warp_m + S::kWarpsM * (lr / 16)) * 16 + lr % 16;
+        if (row < sq && !(KFORGE_FMHA_BWD_DIAG & 2)) {
+          atomic_add4(p.dq_accum + (h * p.rows + s.ws_row + row) * HDIM_QK + warp_d * S::kDqCols +
+                          c4 * 4,
+                      v.x, v.y, v.z, v.w);
+        }
+      }
+    }
+    if (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 1 && !det) {
       // Row l of the staging tile is query row r0 + (warp_m + kWarpsM (l / 16)) 16 + l % 16.
       fence_proxy_async_smem();
       __syncwarp();
@@ -1143,7 +1171,9 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     m_block = m_next;
   }
 #if KFORGE_FMHA_BWD_BULK_HERE
-  if (S::kDqBulk && !det) bulk_wait_all();  // the staging tiles stay valid until the reductions are done
+  if (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 1 && !det) {
+    bulk_wait_all();  // the staging tiles stay valid until the reductions are done
+  }
 #endif
 
   // dK (scaled) and dV of this warp's 16 MT keys, in the input dtype.
