@@ -1127,7 +1127,8 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       }
     }
 #if KFORGE_FMHA_BWD_BULK_HERE
-    if (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 2 && !det) {
+    if constexpr (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 2) {
+      if (!det) {
       // Staged red.v4: the lanes read the tile back a row-contiguous float4 each (kDqCols / 4
       // lanes a row, conflict-free) and add it with red.global.add.v4.f32: every instruction
       // covers whole 128-byte rows, half the instructions of .v2 from the fragments.
@@ -1145,6 +1146,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
                           c4 * 4,
                       v.x, v.y, v.z, v.w);
         }
+      }
       }
     }
     if (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 1 && !det) {
