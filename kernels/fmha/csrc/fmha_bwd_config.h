@@ -38,6 +38,7 @@ struct BwdTile {
                         // over through shared memory in fp32 (4 BLOCK_N x BLOCK_M bytes). Every
                         // fragment a warp loads feeds slab_mtiles m-tiles, whole rows of dK / dV
                         // stay in one warp's registers, and no P^T tile is read with ldmatrix
+  int dq_bulk = -1;     // dQ's adds (KFORGE_FMHA_BWD_DQ_BULK's modes); -1: that macro's value
 };
 
 // The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles, do_buffers, dq_warps_m,
@@ -145,6 +146,27 @@ struct BwdTile {
 #define KFORGE_FMHA_BWD_DQ_V4 0
 #endif
 
+// dQ's adds on sm_90 and newer: 0, red.global.add per lane (KFORGE_FMHA_BWD_DQ_V4 picks v2 or
+// v4); 1, each warp stages its dQ tile in shared memory (fp32, rows padded by 8 floats) and its
+// lanes add one row each with a bulk reduction (cp.reduce.async.bulk .add.f32): one instruction
+// a row instead of one a lane and 2 or 4 columns, issued by the TMA unit, not the warp's memory
+// pipe; 2, the same staging, then each lane reads a row-contiguous float4 back and adds it with
+// red.global.add.v4.f32 (whole 128-byte rows an instruction, no bulk unit). The deterministic
+// mode and sm_80 / sm_86 / sm_89 builds add from the fragments either way. A mode that stages
+// takes effect only on a tile with room for the staging under sm_120's 99 KiB. This macro is
+// every tile's mode but (128, 128)'s, which has its own, KFORGE_FMHA_BWD_128_DQ_BULK: 2 with
+// warp pairs (H200, 2026-11-27, same run: 1.03-1.04x the fragments' adds at (128, 128); at
+// (64, 64) mode 2 was 0.93-0.96x, so it stays 0 there).
+#ifndef KFORGE_FMHA_BWD_DQ_BULK
+#define KFORGE_FMHA_BWD_DQ_BULK 0
+#endif
+#ifndef KFORGE_FMHA_BWD_128_DQ_BULK
+#define KFORGE_FMHA_BWD_128_DQ_BULK (KFORGE_FMHA_BWD_128_WARP_PAIRS ? 2 : KFORGE_FMHA_BWD_DQ_BULK)
+#endif
+static_assert(KFORGE_FMHA_BWD_DQ_BULK >= 0 && KFORGE_FMHA_BWD_DQ_BULK <= 2 &&
+                  KFORGE_FMHA_BWD_128_DQ_BULK >= 0 && KFORGE_FMHA_BWD_128_DQ_BULK <= 2,
+              "KFORGE_FMHA_BWD_DQ_BULK: 0, 1 or 2");
+
 // Diagnostics for tuning sweeps only: the gradients are WRONG with any bit set. A bit removes
 // one part of every step of the portable main kernel, so that a sweep times what the rest costs:
 // 1, the dQ adds (the dQ product stays); 2, the whole dQ product and its adds; 4 (warp pairs),
@@ -159,7 +181,8 @@ inline constexpr BwdTile kBwdTiles[] = {
      KFORGE_FMHA_BWD_64_DOBUF, 0, KFORGE_FMHA_BWD_64_WARP_PAIRS},
     {128, 128, KFORGE_FMHA_BWD_128_WARPS, KFORGE_FMHA_BWD_128_SPLIT, KFORGE_FMHA_BWD_128_BM,
      KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL, KFORGE_FMHA_BWD_128_MT,
-     KFORGE_FMHA_BWD_128_DOBUF, KFORGE_FMHA_BWD_128_DQWM, KFORGE_FMHA_BWD_128_WARP_PAIRS},
+     KFORGE_FMHA_BWD_128_DOBUF, KFORGE_FMHA_BWD_128_DQWM, KFORGE_FMHA_BWD_128_WARP_PAIRS,
+     KFORGE_FMHA_BWD_128_DQ_BULK},
     {192, 128, 8, 2, 32, 16, KFORGE_FMHA_BWD_192_KUNROLL},
     {128, 192, 8, 2, 32, 16, KFORGE_FMHA_BWD_192_KUNROLL},
 };
@@ -176,16 +199,6 @@ constexpr const BwdTile* bwd_tile(int head_dim_qk, int head_dim_v) {
   return nullptr;
 }
 
-// dQ's adds on sm_90 and newer: 0, red.global.add per lane (KFORGE_FMHA_BWD_DQ_V4 picks v2 or
-// v4); 1, each warp stages its dQ tile in shared memory (fp32, rows padded by 8 floats) and its
-// lanes add one row each with a bulk reduction (cp.reduce.async.bulk .add.f32): one instruction
-// a row instead of one a lane and 2 or 4 columns, issued by the TMA unit, not the warp's memory
-// pipe; 2, the same staging, then each lane reads a row-contiguous float4 back and adds it with
-// red.global.add.v4.f32 (whole 128-byte rows an instruction, no bulk unit). The deterministic
-// mode and sm_80 / sm_86 / sm_89 builds add from the fragments either way.
-#ifndef KFORGE_FMHA_BWD_DQ_BULK
-#define KFORGE_FMHA_BWD_DQ_BULK 0
-#endif
 
 // dQ = dS K: warps along the query rows (16-row tiles); the rest go along the columns.
 constexpr int bwd_dq_warps_m(const BwdTile& t) {
@@ -203,9 +216,12 @@ constexpr int bwd_smem_bytes_base(const BwdTile& t) {
 
 // DQ_BULK's staging tiles (every warp's rows x (its columns + 8) floats), in bytes: 0 without
 // DQ_BULK, and for a tile it would take over sm_120's 101,376 bytes (that tile adds with atomics).
+constexpr int bwd_dq_bulk(const BwdTile& t) {
+  return t.dq_bulk >= 0 ? t.dq_bulk : KFORGE_FMHA_BWD_DQ_BULK;
+}
 constexpr int bwd_dq_stage_bytes(const BwdTile& t) {
   const int bytes = 4 * t.block_m * (t.head_dim_qk + 8 * (t.warps / bwd_dq_warps_m(t)));
-  return KFORGE_FMHA_BWD_DQ_BULK && bwd_smem_bytes_base(t) + bytes <= 101376 ? bytes : 0;
+  return bwd_dq_bulk(t) != 0 && bwd_smem_bytes_base(t) + bytes <= 101376 ? bytes : 0;
 }
 
 // Shared memory of the main kernel, for 2-byte elements.

@@ -41,8 +41,9 @@
 #include "fmha_fwd_kernel.cuh"  // detail:: cp.async, ldmatrix, mma.sync, swizzle, tile loads
 #include "fmha_manifest.h"
 
-// DQ_BULK in this compile pass: sm_90 and newer (fmha_bwd_config.h).
-#if KFORGE_FMHA_BWD_DQ_BULK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// dQ's staged adds (fmha_bwd_config.h, KFORGE_FMHA_BWD_DQ_BULK) in this compile pass: sm_90
+// and newer.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KFORGE_FMHA_BWD_BULK_HERE 1
 #else
 #define KFORGE_FMHA_BWD_BULK_HERE 0
@@ -107,7 +108,8 @@ struct BwdShape {
   // rows 0-3 of a half-warp start 8 banks apart); lane l adds row l of it.
   static constexpr int kDqStageRow = (kDqCols + 8) * 4;  // bytes
   static constexpr int kDqStageWarp = kMTilesPerWarp * 16 * kDqStageRow;
-  static constexpr bool kDqBulk = bwd_dq_stage_bytes(kTile) > 0;  // DQ_BULK on this tile
+  static constexpr bool kDqBulk = bwd_dq_stage_bytes(kTile) > 0;  // dQ staged on this tile
+  static constexpr int kDqBulkMode = kDqBulk ? bwd_dq_bulk(kTile) : 0;  // 1 bulk, 2 staged v4
   static_assert(bwd_dq_stage_bytes(kTile) == 0 || bwd_dq_stage_bytes(kTile) == kWarps * kDqStageWarp,
                 "fmha_bwd_config.h's staging size");
   static_assert(kMTilesPerWarp * 16 <= 32, "DQ_BULK: a lane a row");
@@ -1022,7 +1024,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     // DQ_BULK (not in the deterministic mode): this warp's staging tile, free once the bulk
     // reductions of the last step have read it.
     const uint32_t sdq = smem_addr(smem_raw + S::kOffDqStage + warp * S::kDqStageWarp);
-    if (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 1 && !det) {
+    if (S::kDqBulkMode == 1 && !det) {
       if (lane < MQ * 16) bulk_wait_read_all();
       __syncwarp();
     }
@@ -1127,7 +1129,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       }
     }
 #if KFORGE_FMHA_BWD_BULK_HERE
-    if constexpr (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 2) {
+    if constexpr (S::kDqBulkMode == 2) {
       if (!det) {
       // Staged red.v4: the lanes read the tile back a row-contiguous float4 each (kDqCols / 4
       // lanes a row, conflict-free) and add it with red.global.add.v4.f32: every instruction
@@ -1149,7 +1151,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       }
       }
     }
-    if (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 1 && !det) {
+    if (S::kDqBulkMode == 1 && !det) {
       // Row l of the staging tile is query row r0 + (warp_m + kWarpsM (l / 16)) 16 + l % 16.
       fence_proxy_async_smem();
       __syncwarp();
@@ -1173,7 +1175,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
     m_block = m_next;
   }
 #if KFORGE_FMHA_BWD_BULK_HERE
-  if (S::kDqBulk && KFORGE_FMHA_BWD_DQ_BULK == 1 && !det) {
+  if (S::kDqBulkMode == 1 && !det) {
     bulk_wait_all();  // the staging tiles stay valid until the reductions are done
   }
 #endif
