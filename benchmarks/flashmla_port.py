@@ -35,6 +35,9 @@ VARIANTS = [
     ("bm32w8", {"FLASH_MLA_PORT_BLOCK_M": "32w8"}, lambda h_q: h_q >= 64),  # the 8-warp kernel, 32 rows a CTA
     ("bm64", {"FLASH_MLA_PORT_BLOCK_M": "64"}, lambda h_q: h_q >= 64),  # the 8-warp kernel, 64 rows a CTA
     ("thr0", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "0"}, lambda h_q: h_q >= 64),  # move the max whenever it grows
+    # a later move of the max (fewer O rescales; the fp32 accumulators take 2^12 and 2^15 with room to spare)
+    ("thr12", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "12"}, lambda h_q: h_q >= 64),
+    ("thr15", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "15"}, lambda h_q: h_q >= 64),
 ]
 PORT_ENV = (
     "FLASH_MLA_FORCE_PORT",
