@@ -72,7 +72,8 @@ struct BwdTile {
 #ifndef KFORGE_FMHA_BWD_64_KUNROLL
 #define KFORGE_FMHA_BWD_64_KUNROLL 2  // all: spills (255 registers)
 #endif
-// (128, 128): pairs of 32-key slabs, 4 warps, 64 keys x 32 queries (79,360 B); without pairs,
+// (128, 128): pairs of 32-key slabs, 4 warps, 64 keys x 32 queries (79,360 B, 99,840 B with
+// KFORGE_FMHA_BWD_128_DQ_BULK's staging); without pairs,
 // 16-key slabs, the same block (71,168 B).
 #ifndef KFORGE_FMHA_BWD_128_WARPS
 #define KFORGE_FMHA_BWD_128_WARPS 4
