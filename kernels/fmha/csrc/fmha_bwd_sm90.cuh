@@ -65,9 +65,11 @@ constexpr bool kDqV4 = KFORGE_FMHA_BWD_SM90_DQ_V4 != 0 && HDIM == 64;
 #endif
 // DQ_SMEM: each warp writes its 16 x 64 fp32 dQ tile to shared memory (rows padded to 288 bytes)
 // and its lanes 0..15 add one row each to the dQ accumulator with a bulk reduction
-// (cp.reduce.async.bulk .add.f32, 256 bytes), instead of 16 red.global.add per thread.
+// (cp.reduce.async.bulk .add.f32, 256 bytes), instead of 16 red.global.add per thread. The default
+// since 2026-11-27 14:3x (H200 sweep of 08:24: +3-5% at head dim 128, +1-3% at 64; the test suite
+// on it in the run that made it the default); 0 gives the red.global adds back.
 #ifndef KFORGE_FMHA_BWD_SM90_DQ_SMEM
-#define KFORGE_FMHA_BWD_SM90_DQ_SMEM 0
+#define KFORGE_FMHA_BWD_SM90_DQ_SMEM 1
 #endif
 // DEFER_DK (with DK_SS): dK is issued after dQ, and the step waits for dV and dQ, adds dQ, and
 // only then waits for dK: the dQ adds overlap dK. 1: at head dim 64 only; 2: at both (ptxas 13.0
