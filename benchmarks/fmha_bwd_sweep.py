@@ -162,14 +162,18 @@ DEFAULT_VARIANTS = ["base", "slabs", "dqv4", "bulk", "h64-pairs", "n128-v4", "m6
 
 # The sm_90a backward's knobs (csrc/fmha_bwd_sm90.cuh; --path sm90). Same format as VARIANTS.
 SM90_DK_SS = "KFORGE_FMHA_BWD_SM90_DK_SS=1"
-SM90_DQ_SMEM = "KFORGE_FMHA_BWD_SM90_DQ_SMEM=1"
+SM90_DQ_SMEM = "KFORGE_FMHA_BWD_SM90_DQ_SMEM=1"  # the default since 2026-11-27 14:31
+SM90_RED = "KFORGE_FMHA_BWD_SM90_DQ_SMEM=0"
 SM90_DEFER = "KFORGE_FMHA_BWD_SM90_DEFER_DK=2"
 SM90_DEFER64 = "KFORGE_FMHA_BWD_SM90_DEFER_DK=1"
 SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
     "base": ([], "the defaults: S^T, dP^T, dV, dK, dQ each waited for in turn, dK from dS "
-                 "registers, dQ by red.global.add from registers (.v4 at hdim 64)"),
+                 "registers, dQ by bulk reductions from shared memory (DQ_SMEM)"),
+    "red": ([SM90_RED], "dQ by red.global.add from registers (.v4 at hdim 64): the default "
+                        "before 2026-11-27 14:31"),
     "dkss": ([SM90_DK_SS], "dS^T to shared memory first, dK += dS^T Q from there (SS wgmma, no dS "
-                           "registers), dV overlapped with the dS math, one wait for dV/dK/dQ"),
+                           "registers), dV overlapped with the dS math, one wait for dV/dK/dQ (with "
+                           "the default DQ_SMEM since 14:31, the old dkss-dqsmem: spills at hdim 128)"),
     "dqsmem": ([SM90_DQ_SMEM], "dQ tile to shared memory, one 256-byte bulk reduction "
                                "(cp.reduce.async.bulk add.f32) per row and warp lane, +36 KiB"),
     "dkss-dqsmem": ([SM90_DK_SS, SM90_DQ_SMEM], "dkss + dqsmem; ptxas (nvcc 13.0): 8 spill bytes "
@@ -184,7 +188,7 @@ SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
     "dkss-defer64": ([SM90_DK_SS, SM90_DEFER64], "dkss, defer at hdim 64 only: no spills anywhere"),
     "dqv2": (["KFORGE_FMHA_BWD_SM90_DQ_V4=0"], "dQ adds as .v2 at hdim 64 too (the v4 shuffles off)"),
 }
-SM90_DEFAULT_VARIANTS = ["base", "dkss", "dqsmem", "dkss-dqsmem", "dkss-defer", "dkss-dqsmem-defer"]
+SM90_DEFAULT_VARIANTS = ["base", "red", "dkss", "dkss-defer"]
 # What each path compiles per variant (CMakeLists.txt's KFORGE_FMHA_SWEEP_UNITS), its main
 # kernel's units (a dry run compiles only these) and its default reference columns.
 PATHS = {
