@@ -42,10 +42,10 @@ struct BwdTile {
 };
 
 // The rows' (warps, split, block_m, query_slice, k_unroll, slab_mtiles, do_buffers, dq_warps_m,
-// warp_pairs), overridable one by one for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,SPLIT,BM,
-// QS,KUNROLL,MT,DOBUF,WARP_PAIRS} with PAIR 64 or 128, KFORGE_FMHA_BWD_128_DQWM, and
-// KFORGE_FMHA_BWD_192_KUNROLL for the wide pairs (pass the same -D to the CUDA and the C++ compiler: the API sizes the workspace from
-// this table).
+// warp_pairs, dq_bulk), overridable one by one for tuning sweeps: KFORGE_FMHA_BWD_<PAIR>_{WARPS,
+// SPLIT,BM,QS,KUNROLL,MT,DOBUF,WARP_PAIRS} with PAIR 64 or 128, KFORGE_FMHA_BWD_128_{DQWM,DQ_BULK},
+// and KFORGE_FMHA_BWD_192_KUNROLL for the wide pairs (pass the same -D to the CUDA and the C++
+// compiler: the API sizes the workspace from this table).
 // Warp pairs (BwdTile::warp_pairs), the default at (64, 64) and (128, 128) (H200, 2026-11-27:
 // 1.03-1.05x the 16-key slabs' TFLOP/s at (128, 128) non-causal, 1.00 causal; 1.02-1.05x at
 // (64, 64)). 0 restores the slabs' defaults below (the tiles before warp pairs existed).
@@ -72,9 +72,8 @@ struct BwdTile {
 #ifndef KFORGE_FMHA_BWD_64_KUNROLL
 #define KFORGE_FMHA_BWD_64_KUNROLL 2  // all: spills (255 registers)
 #endif
-// (128, 128): pairs of 32-key slabs, 4 warps, 64 keys x 32 queries (79,360 B, 99,840 B with
-// KFORGE_FMHA_BWD_128_DQ_BULK's staging); without pairs,
-// 16-key slabs, the same block (71,168 B).
+// (128, 128): pairs of 32-key slabs, 4 warps, 64 keys x 32 queries (79,360 B; 99,840 B with
+// KFORGE_FMHA_BWD_128_DQ_BULK's staging); without pairs, 16-key slabs, the same block (71,168 B).
 #ifndef KFORGE_FMHA_BWD_128_WARPS
 #define KFORGE_FMHA_BWD_128_WARPS 4
 #endif

@@ -112,7 +112,7 @@ struct BwdShape {
   static constexpr int kDqBulkMode = kDqBulk ? bwd_dq_bulk(kTile) : 0;  // 1 bulk, 2 staged v4
   static_assert(bwd_dq_stage_bytes(kTile) == 0 || bwd_dq_stage_bytes(kTile) == kWarps * kDqStageWarp,
                 "fmha_bwd_config.h's staging size");
-  static_assert(kMTilesPerWarp * 16 <= 32, "DQ_BULK: a lane a row");
+  static_assert(!kDqBulk || kMTilesPerWarp * 16 <= 32, "staged dQ: a lane a row");
   static_assert(HDIM_QK % kWarpsD == 0 && kDqCols % kDqChunk == 0 && kDqChunk % 16 == 0,
                 "dQ column split");
 };
