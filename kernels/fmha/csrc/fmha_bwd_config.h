@@ -47,7 +47,7 @@ struct BwdTile {
 // and KFORGE_FMHA_BWD_192_KUNROLL for the wide pairs (pass the same -D to the CUDA and the C++
 // compiler: the API sizes the workspace from this table).
 // Warp pairs (BwdTile::warp_pairs), the default at (64, 64) and (128, 128) (H200, 2026-11-27:
-// 1.03-1.05x the 16-key slabs' TFLOP/s at (128, 128) non-causal, 1.00 causal; 1.02-1.05x at
+// 1.04-1.05x the 16-key slabs' TFLOP/s at (128, 128) non-causal, 0.99-1.00 causal; 1.00-1.05x at
 // (64, 64)). 0 restores the slabs' defaults below (the tiles before warp pairs existed).
 #ifndef KFORGE_FMHA_BWD_64_WARP_PAIRS
 #define KFORGE_FMHA_BWD_64_WARP_PAIRS 1
@@ -156,7 +156,7 @@ struct BwdTile {
 // takes effect only on a tile with room for the staging under sm_120's 99 KiB. This macro is
 // every tile's mode but (128, 128)'s, which has its own, KFORGE_FMHA_BWD_128_DQ_BULK: 2 with
 // warp pairs (H200, 2026-11-27, same run: 1.03-1.04x the fragments' adds at (128, 128); at
-// (64, 64) mode 2 was 0.93-0.96x, so it stays 0 there).
+// (64, 64) mode 2 was 0.92-0.96x, so it stays 0 there).
 #ifndef KFORGE_FMHA_BWD_DQ_BULK
 #define KFORGE_FMHA_BWD_DQ_BULK 0
 #endif

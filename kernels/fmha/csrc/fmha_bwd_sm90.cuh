@@ -66,7 +66,7 @@ constexpr bool kDqV4 = KFORGE_FMHA_BWD_SM90_DQ_V4 != 0 && HDIM == 64;
 // DQ_SMEM: each warp writes its 16 x 64 fp32 dQ tile to shared memory (rows padded to 288 bytes)
 // and its lanes 0..15 add one row each to the dQ accumulator with a bulk reduction
 // (cp.reduce.async.bulk .add.f32, 256 bytes), instead of 16 red.global.add per thread. The default
-// since 2026-11-27 14:31 (H200 sweep of 08:24: +3-5% at head dim 128, +1-3% at 64; at 14:31 the
+// since 2026-11-27 14:31 (H200 sweep of 08:24: +2-5% at head dim 128, +1-3% at 64; at 14:31 the
 // backward test file's 191 non-portable cases passed on it); 0 gives the red.global adds back.
 #ifndef KFORGE_FMHA_BWD_SM90_DQ_SMEM
 #define KFORGE_FMHA_BWD_SM90_DQ_SMEM 1
