@@ -263,6 +263,16 @@ def test_default_curve_still_fills_the_cores_for_flash_attn_shaped_units() -> No
     assert choice.predicted_seconds is not None and choice.predicted_seconds < eight
 
 
+def test_a_64_core_host_does_not_fill_its_cores_with_flash_attn() -> None:
+    # the seed's 73 units on a 64-core, 540 GB host: more jobs slow every unit (host-wide contention), so the
+    # choice stops where the longest unit bounds the build (the 2026-11-27 run: 42 jobs, 559 s in ninja)
+    choice = jobs.choose_jobs(_host(64, 540), FA)
+    assert 36 <= choice.max_jobs <= 48 and choice.nvcc_threads == 1
+    assert choice.predicted_seconds is not None
+    assert choice.predicted_seconds < jobs.predict(FA, 64, 64, 1)[0]
+    assert choice.predicted_seconds < jobs.predict(FA, 64, 32, 1)[0]
+
+
 def test_threads_pay_only_with_more_than_one_arch() -> None:
     few = {"a.o": 200.0, "b.o": 200.0}
     one_arch = jobs.choose_jobs(_host(16, 125), _measured(few, archs=1))

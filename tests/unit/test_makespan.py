@@ -17,6 +17,17 @@ def test_default_curve_is_the_h200_measurement() -> None:
     assert "default guess" in c.source
 
 
+def test_default_curve_on_a_big_host_follows_the_busy_compiles_host_wide() -> None:
+    # 64-core H200 host, 2026-11-27: 1.90x at 32 busy compiles and 2.23x at 42, where half the cores were idle
+    c = default_curve(64)
+    assert c.factor(16) == pytest.approx(1.73) and c.factor(32) == pytest.approx(1.90)
+    assert c.factor(42) == pytest.approx(2.23)
+    assert c.factor(64) == pytest.approx(2.23 + 22 * makespan.HOST_WIDE_SLOPE)  # extrapolated, still rising
+    assert c.factor(48) > c.factor(42) and "host-wide" in c.source
+    # where both rules agree (up to 16 busy processes) the two hosts get the same factor
+    assert [c.factor(n) for n in (4, 8, 12, 16)] == [default_curve(16).factor(n) for n in (4, 8, 12, 16)]
+
+
 def test_curve_interpolates_between_points() -> None:
     c = Contention(((2.0, 1.0), (4.0, 1.2), (8.0, 2.0)), "t")
     assert [round(c.factor(x), 3) for x in (1, 3, 4, 6, 9)] == [1.0, 1.1, 1.2, 1.6, 2.0]

@@ -6,11 +6,19 @@ time uncontended. It is a property of the host, kept in ``<cache>/jobs/host.json
 the unit times of earlier builds at different loads (:func:`learn`); until two loads were seen,
 :func:`default_curve` is used.
 
-The default curve (a documented guess from two measurements, not a law): no slowdown up to half the
-cores, then linear up to 1.73x at one process per core. flash-attn's sm_90 units on 16-core H200 hosts
-summed to 9,678 s at 8 jobs x 4 threads (upstream's default; one gencode, so 8 busy processes), and to
-13,794 s (1.43x) and 16,702 s (1.73x) in two kforge builds at 16 jobs x 1 thread on hosts of the same
-kind. The default takes the larger, with c(8) taken as 1; a host's own builds replace it (:func:`learn`).
+The default curve (a documented guess from measurements, not a law) is the larger of two:
+
+* **share of the cores**: no slowdown up to half the cores, then linear up to 1.73x at one process per
+  core. flash-attn's sm_90 units on 16-core H200 hosts summed to 9,678 s at 8 jobs x 4 threads (upstream's
+  default; one gencode, so 8 busy processes), and to 13,794 s (1.43x) and 16,702 s (1.73x) in two kforge
+  builds at 16 jobs x 1 thread on hosts of the same kind. It takes the larger, with c(8) taken as 1.
+* **busy compiles host-wide** (:data:`HOST_WIDE_POINTS`): on a 64-core H200 host (2026-11-27, issue 34) the
+  same 73 units summed to 1.90x the seed's uncontended total at 32 busy processes (upstream's 32 x 4) and
+  2.23x at 42 (kforge's 42 x 1), where the share-of-cores rule says 1.0 and 1.23x: the slowdown grows with
+  the number of compiles, not only with the share of cores they take. Beyond 42, the slope from 32 to 42 is
+  extrapolated (:data:`HOST_WIDE_SLOPE`), unmeasured.
+
+A host's own builds replace it (:func:`learn`).
 
 :func:`simulate` is what ninja does once kforge's shim has ordered the edges (:mod:`kforge.build.ninjaorder`):
 ``jobs`` slots, units started longest first, each as soon as a slot frees. Every unit is charged
@@ -27,6 +35,12 @@ from dataclasses import dataclass
 
 #: 16-core H200 hosts: flash-attn sm_90 units at 16 jobs took 1.43x and 1.73x their time at 8 jobs (two builds).
 DEFAULT_FULL_LOAD_FACTOR = 1.73
+#: (busy compile processes, factor over the seed's uncontended unit times), flash-attn sm_90: 8 and 16 on
+#: 16-core H200 hosts (2026-11-23), 32 and 42 on a 64-core H200 host (2026-11-27, docs/benchmarks/build-speed.md).
+HOST_WIDE_POINTS: tuple[tuple[float, float], ...] = ((8.0, 1.0), (16.0, DEFAULT_FULL_LOAD_FACTOR), (32.0, 1.90),
+                                                     (42.0, 2.23))
+#: Factor per busy process beyond the last host-wide point: (2.23 - 1.90) / 10, extrapolated.
+HOST_WIDE_SLOPE = 0.033
 #: Units that must be common to two builds before their times say anything about contention.
 MIN_COMMON_UNITS = 5
 
@@ -51,11 +65,26 @@ class Contention:
 
 
 def default_curve(cpus: int) -> Contention:
-    """The documented guess for a host nothing was measured on (see the module docstring)."""
+    """The documented guess for a host nothing was measured on (see the module docstring).
+
+    Piecewise linear through one point per busy-process count from 1 to ``cpus``, each the larger of the
+    share-of-cores rule and the host-wide points; flat beyond ``cpus`` (no more processes than cores run).
+    """
+    top = max(cpus, 2)
     half = max(1.0, cpus / 2)
-    return Contention(((half, 1.0), (float(max(cpus, 2)), DEFAULT_FULL_LOAD_FACTOR)),
-                      f"default guess: 1.0 up to {half:g} busy processes, {DEFAULT_FULL_LOAD_FACTOR}x at {max(cpus, 2)} "
-                      "(flash-attn sm_90 on an H200 host, 16 vs 8 jobs)")
+    share = Contention(((half, 1.0), (float(top), DEFAULT_FULL_LOAD_FACTOR)), "")
+    last_load, last_factor = HOST_WIDE_POINTS[-1]
+    wide = Contention(HOST_WIDE_POINTS, "")
+
+    def host_wide(load: float) -> float:
+        return wide.factor(load) if load <= last_load else last_factor + HOST_WIDE_SLOPE * (load - last_load)
+
+    points = tuple((float(n), round(max(share.factor(n), host_wide(n)), 4)) for n in range(1, top + 1))
+    return Contention(points,
+                      f"default guess: the larger of 1.0 up to {half:g} busy processes and {DEFAULT_FULL_LOAD_FACTOR}x "
+                      f"at {top} (share of the cores), and 1.0 at 8, 1.73x at 16, 1.90x at 32, 2.23x at 42 busy "
+                      f"processes, +{HOST_WIDE_SLOPE} each beyond (host-wide) (flash-attn sm_90 on 16- and 64-core "
+                      "H200 hosts)")
 
 
 def learn(builds: Sequence[tuple[float, Mapping[str, float]]], cpus: int) -> Contention | None:
