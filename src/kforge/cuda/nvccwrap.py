@@ -471,7 +471,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         env.pop("NVCC_CCBIN", None)
         env.update(extra)
         try:
-            ensure_shim(config.shim_dir, name, python=sys.executable, boot=config.boot)
+            ensure_shim(config.shim_dir, name, python=sys.executable, boot=config.boot, env=extra)
         except OSError as exc:
             sys.stderr.write(f"kforge nvcc wrapper: cannot write the host-compiler shim in {config.shim_dir}: {exc}\n")
             return 1
