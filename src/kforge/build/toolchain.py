@@ -383,11 +383,7 @@ def compiler_cache(
     reals = _write_cc_wrappers(wdir, tool, launcher, _without_ccache_dirs(rest_path), which)
     nvcc_path = nvcc or (Path(p) if (p := which("nvcc", path=rest_path)) else None)
     nvcc_wrapper = None
-    outer = launcher
-    if tool == "sccache" and reals:
-        outer = wdir / "sccache-launcher"
-        cases = "\n".join(f"  {_q(wdir / name)}|{_q(name)}) c={_q(real)} ;;" for name, real in reals.items())
-        write_executable(outer, _UNWRAP_LAUNCHER.format(tool=tool, cases=cases, launcher=_q(launcher)))
+    outer = _outer_launcher(wdir, tool, launcher, reals)
     out_env: dict[str, str] = {
         "PATH": prepend_path(wdir, rest_path),
         "CMAKE_C_COMPILER_LAUNCHER": str(outer),
@@ -420,6 +416,16 @@ def _write_cc_wrappers(wdir: Path, tool: str, launcher: Path, path: str,
             reals[name] = real
             write_executable(wdir / name, _CC_WRAPPER.format(name=name, tool=tool, launcher=_q(launcher), real=_q(real)))
     return reals
+
+
+def _outer_launcher(wdir: Path, tool: str, launcher: Path, reals: Mapping[str, str]) -> Path:
+    """The compiler launcher for CMake and FlashInfer: the cache itself, or for sccache :data:`_UNWRAP_LAUNCHER`."""
+    if tool != "sccache" or not reals:
+        return launcher
+    outer = wdir / "sccache-launcher"
+    cases = "\n".join(f"  {_q(wdir / name)}|{_q(name)}) c={_q(real)} ;;" for name, real in reals.items())
+    write_executable(outer, _UNWRAP_LAUNCHER.format(tool=tool, cases=cases, launcher=_q(launcher)))
+    return outer
 
 
 def _choose_cache(env: Mapping[str, str], which: Callable[..., str | None]) -> tuple[str, Path] | None:
