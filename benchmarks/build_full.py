@@ -27,6 +27,11 @@ The two ways:
     ``python -m kforge build <target>`` from the repository, as ``nox -s build-<target>`` runs it, with
     the target's work dir removed, the job profiles of ``--kforge-cache`` moved aside (unless
     ``--keep-profile``: then the run uses what earlier runs measured) and an empty compiler cache.
+    ``result.json`` also holds the sha256 of the wheel and of every cubin in it (``cuobjdump -xelf all``).
+    With ``--sccache-conf CONF`` every compile goes through sccache with that client config (an
+    sccache-dist cluster: ``benchmarks/dist_cluster.py``) and an empty local cache, and sccache's counts
+    (compiles per server, distribution errors, hits) go in ``result.json``; ``BUILD_FULL_SCCACHE_LOG``
+    sets the client's log level. ``--max-jobs`` overrides the plan's job count, ``--label`` names the runs.
 
 Run it detached on the GPU host (see docs/benchmarks.md for the exact command lines), e.g.::
 
