@@ -127,3 +127,22 @@ def test_replace_section_keeps_every_line_outside_the_markers() -> None:
 def test_a_page_without_one_pair_of_markers_is_refused(page: str) -> None:
     with pytest.raises(ConfigError, match="no single generated matrix section"):
         replace_section(page, f"{BEGIN}\n{END}")
+
+
+def test_a_stopped_run_is_shown_as_stopped_and_leaves_the_row_as_its_other_runs_make_it(tmp_path: Path) -> None:
+    kforge_testkit.write_forge_toml(tmp_path, PROJECTS, windows=True)
+    forge = load_forge(tmp_path)
+    stopped = (
+        '[[run]]\ntarget = "demo-sm90"\nvia = "kforge"\nstatus = "stopped"\nhost = "nvidia-h200-x4"\n'
+        'date = "2026-11-29"\ntests = "stopped after 565 s: the device time ran out"\nsection = "Run log"\n'
+    )
+    alone = build_rows(forge, parse_runs(forge, tomllib.loads(stopped), tmp_path / RECORDS_FILE), HOST)
+    assert alone[0].status == "planned" and alone[0].label == "planned only"  # a stopped run alone is no build
+    rows = build_rows(forge, parse_runs(forge, tomllib.loads(RUNS + stopped), tmp_path / RECORDS_FILE), HOST)
+    (demo,) = [line for line in markdown(rows, HOST).splitlines() if line.startswith("| `demo-sm90` ")]
+    cells = [c.strip() for c in demo.split(" | ")]
+    assert cells[4] == "**GPU-tested on NVIDIA H200**"
+    assert cells[5].endswith(
+        "3 runs (1 gpu-tested, 1 failed, 1 stopped); "
+        "newest stopped: 2026-11-29, nvidia-h200-x4: stopped after 565 s: the device time ran out"
+    )

@@ -40,8 +40,9 @@ RECORDS_FILE = "docs/verified/records.toml"
 #: The platform whose ids the records (and docs/verified.md) use: its targets need no suffix.
 REFERENCE_PLATFORM = "linux-x86_64"
 #: A run's status: GPU tests ran on its device and none failed; built and the doctor passed (no GPU test
-#: passed in this run); something failed (the build, the doctor or at least one GPU test).
-STATUSES = ("gpu-tested", "built-doctor", "failed")
+#: passed in this run); something failed (the build, the doctor or at least one GPU test); stopped before it
+#: finished (the lease or the device time ran out, or it was stopped by hand): it says nothing of the target.
+STATUSES = ("gpu-tested", "built-doctor", "failed", "stopped")
 #: How a run built: through kforge (nox sessions, ``kforge build``/``release``: the target's wheel, doctor included),
 #: CMake straight from the tree, upstream's setup.py, or otherwise (the note says how).
 VIA = ("kforge", "cmake", "setup.py", "other")

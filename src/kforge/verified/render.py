@@ -39,12 +39,12 @@ def evidence(row: Row) -> str:
     best = row.best
     parts = [_describe(best)] if best else []
     if row.runs:
-        by = {s: sum(r.status == s for r in row.runs) for s in ("gpu-tested", "built-doctor", "failed")}
+        by = {s: sum(r.status == s for r in row.runs) for s in ("gpu-tested", "built-doctor", "failed", "stopped")}
         tally = ", ".join(f"{n} {s}" for s, n in by.items() if n)
         parts.append(f"{len(row.runs)} run{'s' if len(row.runs) > 1 else ''} ({tally})")
         newest = row.runs[-1]
-        if newest.status == "failed" and newest is not best:
-            parts.append(f"newest failed: {_describe(newest)}")
+        if newest.status in ("failed", "stopped") and newest is not best:
+            parts.append(f"newest {newest.status}: {_describe(newest)}")
     return "; ".join(parts)
 
 
@@ -57,7 +57,7 @@ def outside(row: Row) -> str:
     if tested:
         head = "GPU-tested on " + ", ".join(dict.fromkeys(d for r in tested for d in r.device))
     else:
-        head = "built + doctor" if doctored else "failed"
+        head = "built + doctor" if doctored else ("failed" if any(r.status == "failed" for r in row.outside) else "stopped")
     vias = ", ".join(dict.fromkeys(r.via for r in row.outside))
     failed = sum(r.status == "failed" for r in row.outside)
     n = len(row.outside)
