@@ -13,7 +13,17 @@ from kforge.config.targets import expand_matrix
 from kforge.errors import ConfigError
 from kforge.verified.matrix import build_rows
 from kforge.verified.records import RECORDS_FILE, load_runs, parse_runs
-from kforge.verified.render import BEGIN, DOC_FILE, END, as_json, markdown, replace_section, summary, text_table
+from kforge.verified.render import (
+    BEGIN,
+    DOC_FILE,
+    END,
+    as_json,
+    markdown,
+    outside,
+    replace_section,
+    summary,
+    text_table,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -146,3 +156,6 @@ def test_a_stopped_run_is_shown_as_stopped_and_leaves_the_row_as_its_other_runs_
         "3 runs (1 gpu-tested, 1 failed, 1 stopped); "
         "newest stopped: 2026-11-29, nvidia-h200-x4: stopped after 565 s: the device time ran out"
     )
+    outside_only = stopped.replace('via = "kforge"', 'via = "cmake"')
+    rows = build_rows(forge, parse_runs(forge, tomllib.loads(outside_only), tmp_path / RECORDS_FILE), HOST)
+    assert outside(rows[0]) == "stopped (1 record, cmake)"
