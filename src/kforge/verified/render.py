@@ -11,7 +11,7 @@ from typing import Any
 
 from kforge.errors import ConfigError
 from kforge.verified.matrix import ROW_STATUSES, Row, counts
-from kforge.verified.records import RECORDS_FILE, Run
+from kforge.verified.records import RECORDS_FILE, STATUSES, Run
 
 __all__ = ["BEGIN", "DOC_FILE", "END", "as_json", "markdown", "replace_section", "summary", "text_table"]
 
@@ -39,7 +39,7 @@ def evidence(row: Row) -> str:
     best = row.best
     parts = [_describe(best)] if best else []
     if row.runs:
-        by = {s: sum(r.status == s for r in row.runs) for s in ("gpu-tested", "built-doctor", "failed", "stopped")}
+        by = {s: sum(r.status == s for r in row.runs) for s in STATUSES}
         tally = ", ".join(f"{n} {s}" for s, n in by.items() if n)
         parts.append(f"{len(row.runs)} run{'s' if len(row.runs) > 1 else ''} ({tally})")
         newest = row.runs[-1]
