@@ -166,29 +166,33 @@ SM90_DQ_SMEM = "KFORGE_FMHA_BWD_SM90_DQ_SMEM=1"  # the default since 2026-11-27 
 SM90_RED = "KFORGE_FMHA_BWD_SM90_DQ_SMEM=0"
 SM90_DEFER = "KFORGE_FMHA_BWD_SM90_DEFER_DK=2"
 SM90_DEFER64 = "KFORGE_FMHA_BWD_SM90_DEFER_DK=1"
+SM90_DQ_ROWS = "KFORGE_FMHA_BWD_SM90_DQ_TMA=0"
 SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
     "base": ([], "the defaults: S^T, dP^T, dV, dK, dQ each waited for in turn, dK from dS "
-                 "registers, dQ by bulk reductions from shared memory (DQ_SMEM)"),
-    "red": ([SM90_RED], "dQ by red.global.add from registers (.v4 at hdim 64): the default "
+                 "registers, dQ by 2-D TMA reductions from shared memory (DQ_TMA, 3 load stages; "
+                 "the library also holds DQ_SMEM's kernel, its fallback)"),
+    "dqrows": ([SM90_DQ_ROWS], "dQ by one bulk reduction a row (DQ_SMEM), 2 load stages: the default "
+                               "from 2026-11-27 14:31 to 22:56"),
+    "red": ([SM90_DQ_ROWS, SM90_RED], "dQ by red.global.add from registers (.v4 at hdim 64): the default "
                         "before 2026-11-27 14:31"),
     "dkss": ([SM90_DK_SS], "dS^T to shared memory first, dK += dS^T Q from there (SS wgmma, no dS "
                            "registers), dV overlapped with the dS math, one wait for dV/dK/dQ (with "
                            "the default DQ_SMEM since 14:31, the old dkss-dqsmem: spills at hdim 128)"),
-    "dqsmem": ([SM90_DQ_SMEM], "dQ tile to shared memory, one 256-byte bulk reduction "
+    "dqsmem": ([SM90_DQ_ROWS, SM90_DQ_SMEM], "dQ tile to shared memory, one 256-byte bulk reduction "
                                "(cp.reduce.async.bulk add.f32) per row and warp lane, +36 KiB"),
-    "dkss-dqsmem": ([SM90_DK_SS, SM90_DQ_SMEM], "dkss + dqsmem; ptxas (nvcc 13.0): 8 spill bytes "
+    "dkss-dqsmem": ([SM90_DK_SS, SM90_DQ_ROWS, SM90_DQ_SMEM], "dkss + dqsmem; ptxas (nvcc 13.0): 8 spill bytes "
                     "in the causal hdim-128 kernels"),
     "dkss-defer": ([SM90_DK_SS, SM90_DEFER], "dkss, dK issued after dQ and waited for after the dQ "
                    "adds (which overlap it); ptxas: 8-16 spill bytes at hdim 128"),
-    "dkss-dqsmem-defer": ([SM90_DK_SS, SM90_DQ_SMEM, SM90_DEFER], "dkss-dqsmem + defer; ptxas: "
+    "dkss-dqsmem-defer": ([SM90_DK_SS, SM90_DQ_ROWS, SM90_DQ_SMEM, SM90_DEFER], "dkss-dqsmem + defer; ptxas: "
                           "16-32 spill bytes at hdim 128"),
     # more, not in the default list (--variants NAME):
-    "dkss-dqsmem-defer64": ([SM90_DK_SS, SM90_DQ_SMEM, SM90_DEFER64],
+    "dkss-dqsmem-defer64": ([SM90_DK_SS, SM90_DQ_ROWS, SM90_DQ_SMEM, SM90_DEFER64],
                             "dkss-dqsmem, defer at hdim 64 only (hdim 128 as dkss-dqsmem)"),
     "dkss-defer64": ([SM90_DK_SS, SM90_DEFER64], "dkss, defer at hdim 64 only: no spills anywhere"),
     "dqv2": (["KFORGE_FMHA_BWD_SM90_DQ_V4=0"], "dQ adds as .v2 at hdim 64 too (the v4 shuffles off)"),
 }
-SM90_DEFAULT_VARIANTS = ["base", "red", "dkss", "dkss-defer"]
+SM90_DEFAULT_VARIANTS = ["base", "dqrows", "red", "dkss"]
 # What each path compiles per variant (CMakeLists.txt's KFORGE_FMHA_SWEEP_UNITS), its main
 # kernel's units (a dry run compiles only these) and its default reference columns.
 PATHS = {
@@ -224,7 +228,8 @@ _ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(\S+)'")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
 _KERNEL = re.compile(r"fmha_bwd_kernelI(13__nv_bfloat16|6__half)Li(\d+)ELi(\d+)ELb([01])E")
-_KERNEL_SM90 = re.compile(r"fmha_bwd_sm90_kernelI(13__nv_bfloat16|6__half)Li(\d+)ELb([01])E")
+# the sm_90a kernel's last template flag, where it has one: DQ_TMA's kernel (1) or DQ_SMEM's (0)
+_KERNEL_SM90 = re.compile(r"fmha_bwd_sm90_kernelI(13__nv_bfloat16|6__half)Li(\d+)ELb([01])E(?:Lb([01])E)?")
 _NINJA_UNIT = re.compile(r"^\[[\d/% ]+\] .*CMakeFiles/kforge_fmha_v_(.+?)\.dir/")
 
 
@@ -245,7 +250,7 @@ def parse_ptxas(text: str) -> list[dict]:
             if k:
                 cur = {"path": "sm90", "dtype": "bf16" if "bfloat16" in k.group(1) else "fp16",
                        "d_qk": int(k.group(2)), "d_v": int(k.group(2)), "causal": k.group(3) == "1",
-                       "arch": m.group(2)}
+                       "arch": m.group(2), "dq_tma": k.group(4) == "1"}
             if cur is not None:
                 out.append(cur)
             continue

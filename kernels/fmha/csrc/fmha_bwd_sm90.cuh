@@ -13,7 +13,8 @@
 // registers (64 keys x head_dim each: 2 x 64 floats a thread at head dim 128). K and V of the key
 // block stay in shared memory; the CTA loops over the query heads of its GQA group and, for each,
 // over the 64-row query blocks that see the key block (the portable kernel's rule), and Q, dO,
-// LSE and D of step i + 1 stream in with cp.async (all threads) while step i is computed.
+// LSE and D of steps i + 1 (and i + 2 in the DQ_TMA kernel) stream in with cp.async (all threads)
+// while step i is computed.
 // Every tile is in the forward's 128-byte-swizzle layout (fmha_fwd_sm90.cuh: a [rows][d] tile as
 // d / 64 column halves of [rows][64], 16-byte chunk c of row r at chunk c ^ (r % 8)).
 // Per warpgroup and query block (M = 64 keys):
@@ -29,18 +30,24 @@
 //                        allowed for 16-bit types) and B = K read MN-major. Head dim 128: both
 //                        warpgroups' dS^T (a 256-thread barrier), warpgroup wg computes columns
 //                        64 wg .. 64 wg + 63 over all 128 keys; head dim 64: each warpgroup its
-//                        own 64 keys (a 128-thread barrier), all 64 columns. fp32 vector
-//                        reductions (red.global.add.v4.f32 at head dim 64, .v2 at 128) into
-//                        the dQ accumulator.
+//                        own 64 keys (a 128-thread barrier), all 64 columns. Each warp adds
+//                        its 16 rows to the fp32 dQ accumulator by two 2-D TMA reductions
+//                        from shared memory (DQ_TMA, the default; the fallback kernel: one bulk
+//                        reduction a row, DQ_SMEM, or red.global.add from registers).
 // At the end dK * scale and dV go to global memory in the input dtype.
-// Tuning knobs, off by default until measured (benchmarks/fmha_bwd_sweep.py --path sm90; layouts
-// in scripts/sm90_bwd_model.py --variant): KFORGE_FMHA_BWD_SM90_DK_SS (dK from the dS^T tile, dV
-// overlapped with the dS math), _DQ_SMEM (dQ by bulk reductions from shared memory), _DEFER_DK
-// (dK waited for after the dQ adds); see their definitions below.
+// Tuning knobs (benchmarks/fmha_bwd_sweep.py --path sm90; layouts in scripts/sm90_bwd_model.py
+// --variant): KFORGE_FMHA_BWD_SM90_DQ_TMA (on: dQ by TMA reductions, 3 load stages), _DQ_SMEM (on:
+// the fallback kernel's dQ by bulk reductions a row), _DK_SS (off: dK from the dS^T tile, dV
+// overlapped with the dS math), _DEFER_DK (off: dK waited for after the dQ adds); see their
+// definitions below.
 #pragma once
 
-#include "fmha_bwd_kernel.cuh"  // BwdParams helpers: bwd_seq, atomic_add2, cp_async4
-#include "fmha_fwd_sm90.cuh"    // wgmma, descriptors, fences, named barriers
+#include <cstdlib>
+#include <cstring>
+
+#include "fmha_bwd_kernel.cuh"      // BwdParams helpers: bwd_seq, atomic_add2, cp_async4
+#include "fmha_fwd_sm90.cuh"        // wgmma, descriptors, fences, named barriers
+#include "fmha_fwd_sm90_tma.cuh"    // tma_host::encode_tiled (the dQ accumulator's tensor map)
 
 namespace kforge_fmha {
 namespace sm90bwd {
@@ -81,19 +88,39 @@ constexpr bool kDqV4 = KFORGE_FMHA_BWD_SM90_DQ_V4 != 0 && HDIM == 64;
 #define KFORGE_FMHA_BWD_SM90_DEFER_DK 0
 #endif
 
+// DQ_TMA: each warp writes its 16 x 64 fp32 dQ tile to shared memory in TMA's 128-byte swizzle
+// (two boxes of 16 rows x 32 columns, 2 KiB each) and lane 0 adds both to the dQ accumulator with
+// 2-D TMA reductions (cp.reduce.async.bulk.tensor .add, a tensor map over [heads x rows][d] fp32),
+// instead of DQ_SMEM's 16 bulk reductions a warp, one a row, which ptxas issues one lane at a time
+// in a loop (ELECT, R2UR, UBLKRED, BRA: about a fifth of the kernel's warp stall samples in the H200
+// profile of 2026-11-27 22:44). A box covers all 16 rows of the warp: rows past the sequence add
+// zeros (their dS is 0, see load_step), and rows past the accumulator's end are clipped by the map.
+// The launcher falls back to DQ_SMEM's kernel when the driver cannot encode the map, and
+// KFORGE_FMHA_BWD_SM90_DQ=rows (read at every call, for A/B runs) asks for it.
+#ifndef KFORGE_FMHA_BWD_SM90_DQ_TMA
+#define KFORGE_FMHA_BWD_SM90_DQ_TMA 1
+#endif
+
 constexpr bool kDkSs = KFORGE_FMHA_BWD_SM90_DK_SS != 0;
+constexpr bool kDqTma = KFORGE_FMHA_BWD_SM90_DQ_TMA != 0;
+constexpr int kDqTmaWarpBytes = 2 * 16 * 128;  // DQ_TMA: a warp's two {32, 16} fp32 boxes
 template <int HDIM>
 constexpr bool kDeferDk = KFORGE_FMHA_BWD_SM90_DEFER_DK >= (HDIM == 64 ? 1 : 2);
 static_assert(KFORGE_FMHA_BWD_SM90_DEFER_DK == 0 || kDkSs,
               "KFORGE_FMHA_BWD_SM90_DEFER_DK needs KFORGE_FMHA_BWD_SM90_DK_SS");
-constexpr int kStages = 2;  // Q / dO / LSE / D buffers (the loop alternates two: buf = it & 1)
+// Q / dO / LSE / D buffers: 2 (the loads of step it + 1 run under step it), or 3 for the DQ_TMA
+// kernel (two steps ahead: in the H200 profile of 2026-11-27 22:52 the DQ_TMA kernel's warps spent
+// a tenth of their samples waiting for the next step's loads at the top of the loop).
+constexpr int stages(bool dqt) { return dqt ? 3 : 2; }
 constexpr bool kDqSmem = KFORGE_FMHA_BWD_SM90_DQ_SMEM != 0;
 constexpr int kDqRowBytes = 64 * 4 + 32;          // one row of a warpgroup's dQ tile, padded
 constexpr int kDqWgBytes = kBlockM * kDqRowBytes;  // a warpgroup's [64 rows][64 columns] tile
 
-template <int HDIM>
+// DQT: the DQ_TMA kernel (its staging tiles: 8 warps x 4 KiB, 1024-byte aligned for the swizzle).
+template <int HDIM, bool DQT = false>
 struct Shape {
   static_assert(HDIM == 64 || HDIM == 128, "head dim 64 or 128");
+  static constexpr int kStages = stages(DQT);
   static constexpr int kHalves = HDIM / 64;               // 64-column halves of a tile
   static constexpr int kKvTile = kBlockN * HDIM * 2;      // bytes of K (or V)
   static constexpr int kQTile = kBlockM * HDIM * 2;       // bytes of one Q (or dO) buffer
@@ -104,12 +131,14 @@ struct Shape {
   static constexpr int kOffQ = kOffV + kKvTile;              // kStages buffers
   static constexpr int kOffDo = kOffQ + kStages * kQTile;    // kStages buffers
   static constexpr int kOffDs = kOffDo + kStages * kQTile;   // dS^T [128 keys][64 queries]
-  static constexpr int kOffLse = kOffDs + kBlockN * kBlockM * 2;  // kStages x 64 floats
+  static constexpr int kOffDq = kOffDs + kBlockN * kBlockM * 2;  // the dQ staging tiles
+  static constexpr int kDqBytes = DQT ? (kThreads / 32) * kDqTmaWarpBytes : (kDqSmem ? 2 * kDqWgBytes : 0);
+  static constexpr int kOffLse = kOffDq + kDqBytes;             // kStages x 64 floats
   static constexpr int kOffD = kOffLse + kStages * kBlockM * 4;
-  static constexpr int kOffDq = kOffD + kStages * kBlockM * 4;          // DQ_SMEM: 2 warpgroups' tiles
-  static constexpr int kSmemBytes = kOffDq + (kDqSmem ? 2 * kDqWgBytes : 0) + 1024;  // + slack
-  static_assert(kOffDq % 16 == 0 && kSmemBytes <= 232448, "bulk sources 16-byte aligned; 227 KiB");
-  static_assert(kOffDs % 1024 == 0, "swizzled tiles start on 1024-byte boundaries");
+  static constexpr int kSmemBytes = kOffD + kStages * kBlockM * 4 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 232448, "227 KiB");
+  static_assert(kOffDs % 1024 == 0 && kOffDq % 1024 == 0,
+                "swizzled tiles (and TMA's 128-byte swizzle) start on 1024-byte boundaries");
 };
 
 #if defined(KFORGE_FMHA_HAS_SM90_BODY)
@@ -146,6 +175,16 @@ __device__ __forceinline__ void atomic_add4(float* p, float a, float b, float c,
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c),
                "f"(d)
                : "memory");
+}
+
+// DQ_TMA: the {32, 16} fp32 box of `map` at {c0 (column), c1 (row)} += the box at `src` (128-byte
+// swizzle), in this thread's bulk group.
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(src)
+      : "memory");
 }
 
 template <typename T>
@@ -188,12 +227,14 @@ __device__ __forceinline__ void load_swz(uint32_t sbase, const T* g, int64_t str
 
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 
-template <typename T, int HDIM, bool CAUSAL>
-__global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdParams p) {
+// DQT: dQ's adds by TMA reductions (DQ_TMA, dq_map used) or as DQ_SMEM says (dq_map unused).
+template <typename T, int HDIM, bool CAUSAL, bool DQT>
+__global__ void __launch_bounds__(kThreads, 1)
+    fmha_bwd_sm90_kernel(const BwdParams p, const __grid_constant__ CUtensorMap dq_map) {
 #if defined(KFORGE_FMHA_HAS_SM90_BODY)
   using namespace detail;
   using namespace sm90;
-  using S = Shape<HDIM>;
+  using S = Shape<HDIM, DQT>;
   constexpr int BN = kBlockN;
   constexpr int BM = kBlockM;
   constexpr int KH = S::kHalves;
@@ -265,8 +306,13 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
       cp_async4(sbase + S::kOffD + (buf * BM + tid) * 4, valid ? p.dpsum + w : p.dpsum, valid);
     }
   };
+  constexpr int NS = S::kStages;
   if (n_iter > 0) load_step(0, 0);
   cp_async_commit();
+  if constexpr (NS == 3) {
+    if (n_iter > 1) load_step(1, 1);
+    cp_async_commit();
+  }
 
   float dk[KH][32], dv[KH][32];
 #pragma unroll
@@ -301,11 +347,12 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
   const int key_l = wg * 64 + warp * 16 + g;  // this thread's first key in the block (+8)
 
   for (int it = 0; it < n_iter; ++it) {
-    const int buf = it & 1;
-    cp_async_wait<0>();
+    const int buf = NS == 2 ? (it & 1) : it % NS;
+    cp_async_wait<NS - 2>();  // every group but the newest (step it + NS - 2's) has landed
     fence_proxy_async();  // this thread's cp.async writes, visible to the wgmma (async) proxy
     __syncthreads();      // step it's tiles are in; every wgmma of step it - 1 has completed
-    if (it + 1 < n_iter) load_step(it + 1, buf ^ 1);
+    // step it + NS - 1 into the buffer of step it - 1
+    if (it + NS - 1 < n_iter) load_step(it + NS - 1, NS == 2 ? (buf ^ 1) : (it + NS - 1) % NS);
     cp_async_commit();
 
     const int h = h_first + it / m_count;
@@ -508,7 +555,31 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
     // Accumulator entry 4 j + 2 r + e of dq: query row 16 warp + g + 8 r, column dcol0 + 8 j +
     // 2 t + e.
     float* dq_acc = p.dq_accum + (h * p.rows + s.ws_row) * HDIM;
-    if constexpr (kDqSmem) {
+    if constexpr (DQT) {
+      // This warp's rows 16 warp .. 16 warp + 15 as two boxes of 32 columns: entry 4 j + 2 r + e
+      // (row g + 8 r of the 16, column 8 j + 2 t + e) in box j / 4, 16-byte chunk 2 (j % 4) + t / 2
+      // of its 128-byte row, swizzled by the row's low 3 bits (g), byte 8 (t % 2) of the chunk.
+      const uint32_t sdq = sbase + S::kOffDq + (wg * 4 + warp) * kDqTmaWarpBytes;
+      if (lane == 0) bulk_wait_read_all();  // last step's reductions have read these boxes
+      __syncwarp();
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          st_shared_f32x2(sdq + (j / 4) * (kDqTmaWarpBytes / 2) + (g + 8 * r) * 128 +
+                              (((2 * (j % 4) + t / 2) ^ g) << 4) + (t % 2) * 8,
+                          dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+        }
+      }
+      fence_proxy_async();  // the generic-proxy stores, visible to the TMA unit
+      __syncwarp();
+      if (lane == 0) {
+        const int row = static_cast<int>(h * p.rows + s.ws_row) + r0 + warp * 16;
+        tma_reduce_add_2d(&dq_map, sdq, dcol0, row);
+        tma_reduce_add_2d(&dq_map, sdq + kDqTmaWarpBytes / 2, dcol0 + 32, row);
+        bulk_commit_group();
+      }
+    } else if constexpr (kDqSmem) {
       // This warp's rows 16 warp .. 16 warp + 15 of its warpgroup's tile; lane l < 16 adds row l
       // (256 bytes: columns dcol0 .. dcol0 + 63) once the whole warp has written it.
       const int wrow0 = warp * 16;
@@ -571,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, 1) fmha_bwd_sm90_kernel(const BwdPar
   }
 
   cp_async_wait<0>();  // n_iter == 0: the K / V loads are still in flight
-  if constexpr (kDqSmem) bulk_wait_all();  // shared memory stays valid until the reductions end
+  if constexpr (DQT || kDqSmem) bulk_wait_all();  // shared memory stays valid until the reductions end
 
   // dK (scaled) and dV of this thread's keys, in the input dtype (zero where no query sees the
   // key block).
@@ -614,26 +685,72 @@ bool bwd_sm90_available() {
   }
   cudaFuncAttributes attr;
   const bool yes =
-      cudaFuncGetAttributes(&attr, sm90bwd::fmha_bwd_sm90_kernel<T, HDIM, false>) == cudaSuccess &&
+      cudaFuncGetAttributes(&attr, sm90bwd::fmha_bwd_sm90_kernel<T, HDIM, false, false>) == cudaSuccess &&
       attr.binaryVersion == 90;
   if (!yes) cudaGetLastError();
   if (dev < 64) __atomic_store_n(&state[dev], yes ? 1 : 2, __ATOMIC_RELEASE);
   return yes;
 }
 
+namespace sm90bwd {
+
+// The larger of the two kernels' dynamic shared memory (DQ_TMA's and its fallback), for the
+// launch manifest: one entry covers both (their mangled names share the manifest's substring).
+template <int HDIM>
+constexpr unsigned int kLaunchSmem = static_cast<unsigned int>(
+    Shape<HDIM, true>::kSmemBytes > Shape<HDIM, false>::kSmemBytes ? Shape<HDIM, true>::kSmemBytes
+                                                                   : Shape<HDIM, false>::kSmemBytes);
+
+// DQ_TMA's tensor map: the dQ accumulator as [rows] x [hdim] fp32 (rows = heads x workspace rows),
+// {32, 16} boxes, 128-byte swizzle. False when the driver has no cuTensorMapEncodeTiled or refuses.
+inline bool encode_dq_map(CUtensorMap* map, float* dq_accum, int64_t rows, int hdim) {
+  const tma_host::EncodeTiledFn fn = tma_host::encode_tiled();
+  if (fn == nullptr || rows < 1 || rows >= (int64_t{1} << 31)) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(hdim), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(hdim) * sizeof(float)};
+  const cuuint32_t box[2] = {32, 16};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dq_accum, dims, strides, box, elem_strides,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// KFORGE_FMHA_BWD_SM90_DQ=rows: DQ_SMEM's kernel instead of DQ_TMA's (A/B runs; read at every call).
+inline bool dq_rows_forced() {
+  const char* v = std::getenv("KFORGE_FMHA_BWD_SM90_DQ");
+  return v != nullptr && std::strcmp(v, "rows") == 0;
+}
+
+template <typename T, int HDIM, bool CAUSAL, bool DQT>
+cudaError_t launch_main(const BwdParams& p, const CUtensorMap& map, int n_ctas, cudaStream_t stream) {
+  constexpr int kSmem = Shape<HDIM, DQT>::kSmemBytes;
+  cudaError_t err = detail::raise_smem_limit_once<fmha_bwd_sm90_kernel<T, HDIM, CAUSAL, DQT>>(kSmem);
+  if (err != cudaSuccess) return err;
+  fmha_bwd_sm90_kernel<T, HDIM, CAUSAL, DQT>
+      <<<dim3(n_ctas, p.num_heads_k, p.batch), kThreads, kSmem, stream>>>(p, map);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90bwd
+
 // Preprocess (portable), the sm_90a main kernel, convert (portable).
 template <typename T, int HDIM, bool CAUSAL>
 cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
-  using S = sm90bwd::Shape<HDIM>;
   cudaError_t err = launch_bwd_preprocess<T, HDIM, HDIM>(p, stream);
   if (err != cudaSuccess) return err;
   const int n_ctas = (p.seqlen_k + sm90bwd::kBlockN - 1) / sm90bwd::kBlockN;
   if (n_ctas > 0 && p.batch > 0 && p.num_heads_k > 0) {
-    auto kernel = sm90bwd::fmha_bwd_sm90_kernel<T, HDIM, CAUSAL>;
-    err = detail::raise_smem_limit_once<sm90bwd::fmha_bwd_sm90_kernel<T, HDIM, CAUSAL>>(S::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    kernel<<<dim3(n_ctas, p.num_heads_k, p.batch), sm90bwd::kThreads, S::kSmemBytes, stream>>>(p);
-    err = cudaGetLastError();
+    CUtensorMap map{};  // unused by the DQ_SMEM kernel
+    if constexpr (sm90bwd::kDqTma) {
+      if (!sm90bwd::dq_rows_forced() &&
+          sm90bwd::encode_dq_map(&map, p.dq_accum, static_cast<int64_t>(p.num_heads) * p.rows, HDIM)) {
+        err = sm90bwd::launch_main<T, HDIM, CAUSAL, true>(p, map, n_ctas, stream);
+      } else {
+        err = sm90bwd::launch_main<T, HDIM, CAUSAL, false>(p, map, n_ctas, stream);
+      }
+    } else {
+      err = sm90bwd::launch_main<T, HDIM, CAUSAL, false>(p, map, n_ctas, stream);
+    }
     if (err != cudaSuccess) return err;
   }
   return launch_bwd_convert<T, HDIM, HDIM>(p, stream);
@@ -645,7 +762,7 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
 // the host pass) declare it; in the other archs' passes the kernel is a stub that is never
 // launched, so they declare 0 (sm_120's 99 KiB per block would otherwise fail `kforge doctor`).
 #if defined(KFORGE_FMHA_HAS_SM90_BODY) || !defined(__CUDA_ARCH__)
-#define KFORGE_FMHA_BWD_SM90_SMEM(HDIM) kforge_fmha::sm90bwd::Shape<HDIM>::kSmemBytes
+#define KFORGE_FMHA_BWD_SM90_SMEM(HDIM) kforge_fmha::sm90bwd::kLaunchSmem<HDIM>
 #else
 #define KFORGE_FMHA_BWD_SM90_SMEM(HDIM) 0
 #endif

@@ -17,9 +17,14 @@ KFORGE_FMHA_BWD_SM90_DK_SS (dK += dS^T Q with dS^T read back from its swizzled t
 K-major A operand, descriptor of the warpgroup's 64 rows advanced 32 bytes a k-step) and
 KFORGE_FMHA_BWD_SM90_DQ_SMEM (each thread's dQ accumulators stored as float2 into its warpgroup's
 [64 rows][72 floats] fp32 tile, then per warp lane l < 16 one 64-float row added to the dQ
-accumulator: the bulk reduction's source and destination).
+accumulator: the bulk reduction's source and destination) and KFORGE_FMHA_BWD_SM90_DQ_TMA, the
+default kernel (each warp's 16 x 64 dQ tile stored as float2 into two [16 rows][32 floats] boxes
+in TMA's 128-byte swizzle, 16-byte chunk c of box row rr at chunk c ^ (rr % 8); each box read back
+through that swizzle and added to the 16 accumulator rows from the warp's first, across sequence
+and head boundaries as the 2-D tensor map over [heads x rows][d] does, clipped at its end: rows
+past the sequence must add zeros).
 
-    python kernels/fmha/scripts/sm90_bwd_model.py [--quick] [--variant dkss,dqsmem]  # "ok" or raises
+    python kernels/fmha/scripts/sm90_bwd_model.py [--quick] [--variant dkss,dqsmem,dqtma]  # "ok" or raises
 """
 
 from __future__ import annotations
@@ -133,7 +138,7 @@ DQ_WG = BM * DQ_ROW
 
 
 def cta(p: dict, hdim: int, causal: bool, n_block: int, kv_head: int, b: int,
-        dk_ss: bool = False, dq_smem: bool = False) -> None:
+        dk_ss: bool = False, dq_smem: bool = False, dq_tma: bool = False) -> None:
     kh = hdim // 64
     kv_tile, q_tile = BN * hdim * 2, BM * hdim * 2
     off_k, off_v = 0, kv_tile
@@ -282,6 +287,28 @@ def cta(p: dict, hdim: int, causal: bool, n_block: int, kv_head: int, b: int,
                     16, 64, True, False)
             fr = to_frag(dq_m)
             acc = p["dq_accum"][h]
+            if dq_tma:
+                flat = p["dq_accum"].view(-1, hdim)  # the tensor map's [heads x rows][d]
+                for warp in range(4):
+                    boxes = torch.full((2, 16 * 32), float("nan"))
+                    for lane in range(32):
+                        g, t = lane // 4, lane % 4
+                        for r in range(2):
+                            for j in range(8):
+                                byte = ((g + 8 * r) * 128 + (((2 * (j % 4) + t // 2) ^ g) << 4)
+                                        + (t % 2) * 8)
+                                boxes[j // 4, byte // 4] = fr[warp * 32 + lane][4 * j + 2 * r]
+                                boxes[j // 4, byte // 4 + 1] = fr[warp * 32 + lane][4 * j + 2 * r + 1]
+                    for bx in range(2):
+                        for rr in range(16):
+                            grow = h * p["dq_accum"].shape[1] + qs + r0 + 16 * warp + rr
+                            if grow >= flat.shape[0]:
+                                continue  # clipped by the map
+                            vals = torch.stack([boxes[bx, (rr * 128 + ((c ^ (rr % 8)) << 4)) // 4 + e]
+                                                for c in range(8) for e in range(4)])
+                            assert not torch.isnan(vals).any(), "a box slot no thread wrote"
+                            flat[grow, dcol0 + 32 * bx:dcol0 + 32 * bx + 32] += vals
+                continue
             if dq_smem:
                 # float2 stores of the accumulators into the warpgroup's padded fp32 tile, then
                 # lane l < 16 of warp w adds tile row 16 w + l (64 floats) to query row r0 + 16 w + l
@@ -341,7 +368,7 @@ def cta(p: dict, hdim: int, causal: bool, n_block: int, kv_head: int, b: int,
 
 
 def check(hdim: int, causal: bool, lens_q: list[int], lens_k: list[int], heads: int, heads_k: int,
-          dk_ss: bool = False, dq_smem: bool = False) -> None:
+          dk_ss: bool = False, dq_smem: bool = False, dq_tma: bool = False) -> None:
     torch.manual_seed(hdim + 7 * causal + sum(lens_q))
     tq, tk = sum(lens_q), sum(lens_k)
     f16 = lambda x: x.to(torch.float16).float()  # noqa: E731
@@ -383,14 +410,15 @@ def check(hdim: int, causal: bool, lens_q: list[int], lens_k: list[int], heads: 
     for b in range(len(lens_q)):
         for kvh in range(heads_k):
             for nb in range((max(lens_k) + BN - 1) // BN):
-                cta(p, hdim, causal, nb, kvh, b, dk_ss, dq_smem)
+                cta(p, hdim, causal, nb, kvh, b, dk_ss, dq_smem, dq_tma)
     got = {"dq": p["dq_accum"] * scale, "dk": p["dk_out"], "dv": p["dv_out"]}
     for name in ("dq", "dk", "dv"):
         err = (got[name].double() - ref[name]).abs().max().item()
         mag = ref[name].abs().max().item()
-        assert err <= 2e-2 * max(1.0, mag), (hdim, causal, lens_q, lens_k, dk_ss, dq_smem, name, err, mag)
+        assert err <= 2e-2 * max(1.0, mag), (hdim, causal, lens_q, lens_k, dk_ss, dq_smem, dq_tma, name,
+                                             err, mag)
         if "-v" in sys.argv:
-            print(hdim, causal, lens_q, lens_k, f"dk_ss={dk_ss} dq_smem={dq_smem}", name,
+            print(hdim, causal, lens_q, lens_k, f"dk_ss={dk_ss} dq_smem={dq_smem} dq_tma={dq_tma}", name,
                   f"max err {err:.2e} (max |ref| {mag:.2f})")
 
 
@@ -398,22 +426,25 @@ def main() -> None:
     # Partial blocks at both ends, GQA 2:1, causal rows that see no key (sq > sk), sk > sq, a
     # second (varlen) sequence at row and key offsets that are not block multiples. --quick: one
     # case per head dim (the CPU test).
-    # --variant dkss,dqsmem: those knobs on (every case); --quick: the default kernel's two cases,
-    # then both knobs on in the head-dim-128 case (dQ over both warpgroups' keys) and in a
-    # head-dim-64 one (each warpgroup's own tile and keys).
+    # --variant dkss,dqsmem,dqtma: those knobs on (every case); --quick: the default kernel's two
+    # cases (DQ_TMA), then the fallback kernel's red.global adds, then DK_SS and DQ_SMEM on in the
+    # head-dim-128 case (dQ over both warpgroups' keys) and in a head-dim-64 one (each warpgroup's
+    # own tile and keys).
     quick = "--quick" in sys.argv
-    names = set()
+    names = {"dqtma"} if quick else set()
+    known = {"dkss", "dqsmem", "dqtma"}
     if "--variant" in sys.argv:
         names = set(sys.argv[sys.argv.index("--variant") + 1].split(","))
-        assert names <= {"dkss", "dqsmem"}, f"unknown variant(s) {names - {'dkss', 'dqsmem'}}"
-    knobs = {"dk_ss": "dkss" in names, "dq_smem": "dqsmem" in names}
+        assert names <= known, f"unknown variant(s) {names - known}"
+    knobs = {"dk_ss": "dkss" in names, "dq_smem": "dqsmem" in names, "dq_tma": "dqtma" in names}
     for hdim in (64, 128):
         for causal in (True,) if quick else (False, True):
             if not quick or hdim == 64:
                 check(hdim, causal, [70, 37], [150, 20], heads=2, heads_k=1, **knobs)
             if not quick or hdim == 128:
                 check(hdim, causal, [130], [60], heads=1, heads_k=1, **knobs)
-    if quick and not names:
+    if quick and "--variant" not in sys.argv:
+        check(128, False, [130], [60], heads=1, heads_k=1)
         check(128, False, [130], [60], heads=1, heads_k=1, dk_ss=True, dq_smem=True)
         check(64, True, [70], [150], heads=1, heads_k=1, dk_ss=True, dq_smem=True)
     print("ok")
