@@ -177,7 +177,7 @@ SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
                         "before 2026-11-27 14:31"),
     "dkss": ([SM90_DK_SS], "dS^T to shared memory first, dK += dS^T Q from there (SS wgmma, no dS "
                            "registers), dV overlapped with the dS math, one wait for dV/dK/dQ (with "
-                           "the default DQ_SMEM since 14:31, the old dkss-dqsmem: spills at hdim 128)"),
+                           "the default DQ_TMA kernel since 2026-11-27 22:56)"),
     "dqsmem": ([SM90_DQ_ROWS, SM90_DQ_SMEM], "dQ tile to shared memory, one 256-byte bulk reduction "
                                "(cp.reduce.async.bulk add.f32) per row and warp lane, +36 KiB"),
     "dkss-dqsmem": ([SM90_DK_SS, SM90_DQ_ROWS, SM90_DQ_SMEM], "dkss + dqsmem; ptxas (nvcc 13.0): 8 spill bytes "

@@ -741,16 +741,15 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   const int n_ctas = (p.seqlen_k + sm90bwd::kBlockN - 1) / sm90bwd::kBlockN;
   if (n_ctas > 0 && p.batch > 0 && p.num_heads_k > 0) {
     CUtensorMap map{};  // unused by the DQ_SMEM kernel
+    bool launched = false;
     if constexpr (sm90bwd::kDqTma) {
       if (!sm90bwd::dq_rows_forced() &&
           sm90bwd::encode_dq_map(&map, p.dq_accum, static_cast<int64_t>(p.num_heads) * p.rows, HDIM)) {
         err = sm90bwd::launch_main<T, HDIM, CAUSAL, true>(p, map, n_ctas, stream);
-      } else {
-        err = sm90bwd::launch_main<T, HDIM, CAUSAL, false>(p, map, n_ctas, stream);
+        launched = true;
       }
-    } else {
-      err = sm90bwd::launch_main<T, HDIM, CAUSAL, false>(p, map, n_ctas, stream);
     }
+    if (!launched) err = sm90bwd::launch_main<T, HDIM, CAUSAL, false>(p, map, n_ctas, stream);
     if (err != cudaSuccess) return err;
   }
   return launch_bwd_convert<T, HDIM, HDIM>(p, stream);
