@@ -1123,11 +1123,17 @@ bool encode(CUtensorMap* map, const void* ptr, int rows, int heads, int batch, i
 }
 
 // The dynamic scheduler's counter pair of one device and stream ({next, done}, cudaMalloc'ed and
-// zeroed on first use; each launch leaves it zero). A launch on another stream gets its own pair,
-// so launches that may run at the same time never share one; cudaStreamPerThread is told apart by
-// thread. Null when none can be had: the stream is being captured into a graph (a graph could be
-// replayed on any stream, beside a launch that uses the same pair), or cudaMalloc failed. The
-// caller then runs a kernel with a static schedule.
+// zeroed on first use by a memset on that stream, so in stream order before its first launch;
+// each launch leaves it zero). A plain cudaMemset runs on the legacy default stream, which a
+// non-blocking stream (every torch.cuda.Stream) does not wait for: queued behind other work there,
+// it landed while the new stream's launches ran and reset the pair under one of them, and the
+// launches after it skipped tiles (H200, 2026-11-28: 4 of 14 test processes with that memset, 0 of
+// 14 with this one; tests/test_gpu.py, test_dynamic_path_zeroes_a_new_streams_counter_in_its_order
+// and the two-stream test). A launch on another stream gets its own pair, so launches that may
+// run at the same time never share one; cudaStreamPerThread is told apart by thread. Null when
+// none can be had: the stream is being captured into a graph (a graph could be replayed on any
+// stream, beside a launch that uses the same pair), or cudaMalloc failed. The caller then runs a
+// kernel with a static schedule.
 inline int* sched_counter(int dev, cudaStream_t stream) {
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess) {
@@ -1161,7 +1167,7 @@ inline int* sched_counter(int dev, cudaStream_t stream) {
     cudaGetLastError();
     return nullptr;
   }
-  if (cudaMemset(c, 0, 2 * sizeof(int)) != cudaSuccess) {
+  if (cudaMemsetAsync(c, 0, 2 * sizeof(int), stream) != cudaSuccess) {
     cudaGetLastError();
     cudaFree(c);
     return nullptr;

@@ -618,8 +618,10 @@ def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
     ins = [tuple(rand(2, 3000, 8, 128, dtype=torch.float16) for _ in range(3)) for _ in range(2)]
     refs = [reference(q, k, v, True, 128 ** -0.5, torch.float16) for q, k, v in ins]
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    torch.cuda.synchronize()
     outs = [[torch.full_like(ins[0][0], float("nan")) for _ in range(4)] for _ in range(2)]
+    # The NaN fills run on the current stream, which the side streams do not wait for (they are
+    # non-blocking): unsynchronized, a fill could land on an output after the kernel wrote it.
+    torch.cuda.synchronize()
     for rep in range(4):
         for s in range(2):
             with torch.cuda.stream(streams[s]):
@@ -631,6 +633,69 @@ def test_dynamic_paths_on_two_streams_at_once(monkeypatch, path) -> None:
         for rep in range(4):
             assert torch.isfinite(outs[s][rep]).all(), f"stream {s} call {rep}: tiles never written"
             assert_close(outs[s][rep], ref, lowp, torch.float16, f"{path} stream {s} call {rep}")
+
+
+class _NewStream:
+    """A non-blocking CUDA stream that no launch has used (torch.cuda.Stream() hands out pooled
+    streams, which earlier tests may have used), from cudaStreamCreateWithFlags through the CUDA
+    runtime torch loaded; destroyed on exit."""
+
+    def __enter__(self) -> torch.cuda.ExternalStream:
+        import ctypes
+
+        try:
+            self._rt = ctypes.CDLL(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
+        except OSError as e:
+            pytest.skip(f"no CUDA runtime to make a new stream with: {e}")
+        self._handle = ctypes.c_void_p()
+        rc = self._rt.cudaStreamCreateWithFlags(ctypes.byref(self._handle), 1)  # cudaStreamNonBlocking
+        assert rc == 0, f"cudaStreamCreateWithFlags: error {rc}"
+        return torch.cuda.ExternalStream(self._handle.value)
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.synchronize()
+        self._rt.cudaStreamDestroy(self._handle)
+
+
+@pytest.mark.parametrize("path", ["tma-dyn-fs", "tma-dyn-n176"])
+def test_dynamic_path_zeroes_a_new_streams_counter_in_its_order(monkeypatch, path) -> None:
+    """A new stream's tile counter is zeroed in that stream's order, before its first launch. With
+    the legacy default stream busy (a spinning kernel of about two launches' time), a memset there
+    would land while the new non-blocking stream's launches run and reset the counter under one of
+    them, and the launches after it would skip tiles, which stay NaN (H200, 2026-11-28: with the
+    old memset this test or the two-stream one failed in 4 of 14 processes)."""
+    if path not in _chosen_paths():
+        pytest.skip(f"path {path} is not in KFORGE_FMHA_TEST_PATHS={os.environ.get('KFORGE_FMHA_TEST_PATHS')}")
+    if not _hopper_90a():
+        pytest.skip(f"{path} needs an sm_90 GPU and a 90a build")
+    if torch.cuda.current_stream().cuda_stream != 0:
+        pytest.skip("torch's current stream is not the legacy default stream")
+    need_built(path, 128, True)
+    monkeypatch.setenv("KFORGE_FMHA_SM90_PATH", path)
+    q, k, v = (rand(2, 8192, 16, 128, dtype=torch.bfloat16) for _ in range(3))
+    base = kforge_fmha.fmha_fwd(q, k, v, causal=True)
+    assert torch.isfinite(base).all()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    kforge_fmha.fmha_fwd(q, k, v, causal=True, out=torch.empty_like(q))
+    end.record()
+    torch.cuda.synchronize()
+    launch_ms = start.elapsed_time(end)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles = int(1_000_000 * 2.5 * launch_ms / start.elapsed_time(end))
+    outs = [torch.full_like(q, float("nan")) for _ in range(6)]
+    torch.cuda.synchronize()  # the fills first: the new stream does not wait for this one
+    with _NewStream() as stream:
+        torch.cuda._sleep(cycles)  # on the legacy default stream
+        with torch.cuda.stream(stream):
+            for out in outs:
+                kforge_fmha.fmha_fwd(q, k, v, causal=True, out=out)
+    for i, out in enumerate(outs):
+        assert torch.isfinite(out).all(), f"launch {i} on the new stream: tiles never written"
+        assert torch.equal(out, base), f"launch {i} on the new stream differs from the first one"
 
 
 @pytest.mark.parametrize("path", ["tma-dyn", "tma-pp-dyn", "tma-dyn-xt", "tma-dyn-n176",
