@@ -26,9 +26,8 @@ import os
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.nn.functional as F  # noqa: E402
-
 import kforge_fmha  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from kforge_fmha import FmhaArgumentError, FmhaUnsupportedError  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -231,7 +230,7 @@ def test_varlen_mixes_short_and_long(dtype, head_dim, causal, sm90_path) -> None
     check_kernel(sm90_path, head_dim, varlen=True, causal=causal, seqlen_k=max(lens_k))  # TMA paths fall back
     assert lse.shape == (h, sum(lens_q))
     scale = head_dim ** -0.5
-    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k, strict=True)):
         qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
         ref, ref_lse, lowp = reference(q[None, qs], k[None, ks], v[None, ks], causal, scale, dtype)
         assert_close(out[None, qs], ref, lowp, dtype, f"sequence {b} (q={sq}, k={sk})")

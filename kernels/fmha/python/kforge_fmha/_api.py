@@ -59,7 +59,7 @@ def _check_layout(t: TensorInfo) -> None:
     if t.shape[-1] > 1 and t.strides[-1] != 1:
         raise _err(f"{t.name}'s last dimension (head_dim) is not contiguous (stride "
                    f"{t.strides[-1]}); call .contiguous() first")
-    for dim, (size, stride) in enumerate(zip(t.shape[:-1], t.strides[:-1])):
+    for dim, (size, stride) in enumerate(zip(t.shape[:-1], t.strides[:-1])):  # noqa: B905 (3.9)
         if size > 1 and (stride < 0 or stride % 8 != 0):
             raise _err(f"{t.name} has stride {stride} in dimension {dim}; every stride but the "
                        "last must be a non-negative multiple of 8 elements (16-byte aligned rows); "
@@ -135,7 +135,7 @@ def launch(p: Problem, q: TensorInfo, k: TensorInfo, v: TensorInfo, out: TensorI
     dtype = _DTYPE_CODES[p.dtype]
 
     def st(t: TensorInfo) -> list[int]:  # size-1 dims may carry any stride
-        return [s if n > 1 else 0 for n, s in zip(t.shape, t.strides)]
+        return [s if n > 1 else 0 for n, s in zip(t.shape, t.strides)]  # noqa: B905 (3.9)
 
     lse_ptr = lse.ptr if lse is not None else None
     if p.varlen:
