@@ -659,7 +659,7 @@ class _NewStream:
 @pytest.mark.parametrize("path", ["tma-dyn-fs", "tma-dyn-n176"])
 def test_dynamic_path_zeroes_a_new_streams_counter_in_its_order(monkeypatch, path) -> None:
     """A new stream's tile counter is zeroed in that stream's order, before its first launch. With
-    the legacy default stream busy (a spinning kernel of about two launches' time), a memset there
+    the legacy default stream busy (a spinning kernel of about 2.5 launches' time), a memset there
     would land while the new non-blocking stream's launches run and reset the counter under one of
     them, and the launches after it would skip tiles, which stay NaN (H200, 2026-11-28: with the
     old memset this test or the two-stream one failed in 4 of 14 processes)."""
