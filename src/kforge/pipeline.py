@@ -244,16 +244,19 @@ def judgement(plan: Plan) -> Judgement:
     host debug info where the plan strips it); the manifest records it, so `kforge doctor` on the published wheel
     judges it the same way."""
     e = plan.enforce
+    split = e.ptxas_threads if e is not None else None
     if e is None or not e.exact:
-        return Judgement(policy=plan.repair_policy, expect=tuple(a.sm for a in plan.archs), stripped=stripped(plan))
+        return Judgement(policy=plan.repair_policy, expect=tuple(a.sm for a in plan.archs), stripped=stripped(plan),
+                         ptxas_threads=split)
     return Judgement(policy=plan.repair_policy, expect=(*e.sass, *(e.ptx if e.exact_ptx else ())), exact=True,
-                     exact_ptx=e.exact_ptx, stripped=stripped(plan))
+                     exact_ptx=e.exact_ptx, stripped=stripped(plan), ptxas_threads=split)
 
 
 def _verify(report: doctor.WheelReport | doctor.BinaryReport, plan: Plan) -> list[doctor.Finding]:
     j = judgement(plan)
     expect: list[object] = list(j.expect) if j.exact else list(plan.archs)
-    return doctor.verify(report, expect, j.policy, exact=j.exact, exact_ptx=j.exact_ptx, stripped=j.stripped)
+    return doctor.verify(report, expect, j.policy, exact=j.exact, exact_ptx=j.exact_ptx, stripped=j.stripped,
+                         ptxas_threads=j.ptxas_threads)
 
 
 def build_step(plan: Plan, run: Run, done: Done) -> BuildResult:

@@ -27,7 +27,7 @@ from kforge.build.profiles import JobProfile, for_arch_count
 from kforge.build.reproducible import Reproducibility, plan_reproducibility, wrapper_reach
 from kforge.build.toolchain import host_include_env
 from kforge.config.binarypolicy import BinaryPolicy, binary_policy
-from kforge.config.forge import normalise_env_value
+from kforge.config.forge import normalise_env_value, ptxas_threads
 from kforge.config.knowledge import require_current_knowledge
 from kforge.config.model import BACKEND_NAMES, ArchKnob, Forge, GpuTests, Platform, Project
 from kforge.config.options import BY_NAME, PlanOptions, parse_value
@@ -220,6 +220,8 @@ class Plan:
             held = "every CUDA binary holds exactly" if self.enforce.exact else "every CUDA binary holds at least"
             lines += [f"  binaries    {held} {self.enforce.contents()} (the doctor checks it)",
                       f"  enforce     {self.enforce.describe()}"]
+            if self.enforce.ptxas_asked > 1:
+                lines.append(f"  ptxas       {self.enforce.ptxas_line()}")
         if self.reproducible is not None:  # kforge.build.reproducible: what makes two builds of this plan byte-identical
             first, *more = self.reproducible.describe()
             lines += [f"  repro       {first}", *(f"              {line}" for line in more)]
@@ -263,7 +265,8 @@ def make_plan(forge: Forge, target: Target, host: HostFacts, options: PlanOption
     selected = Series(series.directory, series.select(ctx), series.header)
     kind, pin = _source(project)
     nvcc_flags = render_gencode(archs, ptx=binary.render_ptx)
-    enforce = _enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads)
+    enforce = _enforcement(forge, project, backend, platform.os, nvcc_flags, jobs.nvcc_threads,
+                           *ptxas_threads(project.ptxas_threads, options.ptxas_threads))
     floor = _platform_tag(project, platform.os, options, _image(backend, platform.os, options), host)
     return Plan(
         target=target, project=project, root=forge.root, work_dir=work_root(forge.root) / target.id,
@@ -321,7 +324,7 @@ def _platform_tag(project: Project, platform_os: str, options: PlanOptions, imag
 
 
 def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str, flags: tuple[str, ...],
-                 threads: int) -> ArchEnforcement:
+                 threads: int, ptxas_threads: int = 1, ptxas_from: str = "") -> ArchEnforcement:
     """Arch enforcement (kforge.cuda.enforce), with the build scripts scanned where the source is on disk (as checked
     out, before the patch series: what the wrapper really rewrote is in the build log)."""
     src = project.source
@@ -333,7 +336,7 @@ def _enforcement(forge: Forge, project: Project, backend: str, platform_os: str,
     else:
         note = "the sdist is not on disk before the build: the build log lists what the wrapper rewrote"
     return plan_enforcement(project.arch_enforce, flags, threads, backend=backend, platform_os=platform_os,
-                            scripts_dir=tree, scan_note=note)
+                            scripts_dir=tree, scan_note=note, ptxas_threads=ptxas_threads, ptxas_from=ptxas_from)
 
 
 def profile_name(project: Project, asked: str | None) -> str | None:

@@ -99,6 +99,31 @@ def test_summary_of_no_rewrites(tmp_path: Path) -> None:
     assert s.steps == 0 and s.lines() == ["arch enforcement (check): every nvcc step already asked for the plan's archs"]
 
 
+def test_summary_counts_ptxas_splits_apart_from_rewrites(tmp_path: Path) -> None:
+    log = tmp_path / "rewrites.jsonl"
+    same = {"mode": "on", "inputs": ["a.cu"], "asked": ["sm_90"], "got": ["sm_90"], "threads": [None, 1]}
+    log.write_text("\n".join(json.dumps({**same, "ptxas_threads": 4, "inputs": [f"{n}.cu"]}) for n in "abc") + "\n"
+                   + json.dumps({**same, "asked": ["sm_75"], "ptxas_threads": 4}) + "\n")
+    s = summarize(log, "on")
+    assert s.steps == 1 and s.ptxas == ((4, 4),)
+    assert s.lines()[-1] == "ptxas threads: 4 device step(s) ran ptxas with --split-compile=4 (the plan's ptxas_threads)"
+    assert s.to_dict()["ptxas_threads"] == [{"threads": 4, "count": 4}]
+    log.write_text(json.dumps({**same, "ptxas_threads": 2}) + "\n")
+    assert summarize(log, "on").lines()[0].endswith("every nvcc step already asked for the plan's archs")
+
+
+def test_ptxas_threads_need_the_wrapper() -> None:
+    flags = ["-gencode=arch=compute_90,code=sm_90"]
+    on = plan_enforcement("on", flags, 1, backend="native", platform_os="linux", scripts_dir=None, ptxas_threads=4,
+                          ptxas_from="forge.toml ptxas_threads")
+    assert on.ptxas_threads == 4 and on.policy.ptxas_threads == 4 and "--split-compile=4" in on.ptxas_line()
+    for backend, platform_os, mode in (("cibuildwheel", "linux", "on"), ("native", "windows", "on"),
+                                       ("native", "linux", "check"), ("native", "linux", "off")):
+        e = plan_enforcement(mode, flags, 1, backend=backend, platform_os=platform_os, scripts_dir=None,
+                             ptxas_threads=4, ptxas_from="forge.toml ptxas_threads")
+        assert e.ptxas_threads is None and e.ptxas_line().startswith("1 thread: forge.toml ptxas_threads asks for 4")
+
+
 @pytest.mark.skipif(os.name != "posix", reason="the wrapper is a POSIX script")
 def test_wrapper_startup_is_small(tmp_path: Path) -> None:
     """The wrapper runs once per compile unit: python -I plus kforge.cuda.nvccwrap (stdlib only)."""

@@ -162,6 +162,9 @@ def test_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
         (MINIMAL + 'upstream_ptx = "upstream"\n', "projects.demo.upstream_ptx", "records what upstream's own build ships"),
         (MINIMAL + 'upstream_ptx = "sass"\n', "projects.demo.upstream_ptx", "must be one of none, highest, all"),
         (MINIMAL + 'strip_debug = "yes"\n', "projects.demo.strip_debug", "must be a boolean"),
+        (MINIMAL + 'ptxas_threads = 0\n', "projects.demo.ptxas_threads", "from 1 (ptxas on one thread"),
+        (MINIMAL + 'ptxas_threads = 65\n', "projects.demo.ptxas_threads", "to 64"),
+        (MINIMAL + 'ptxas_threads = "4"\n', "projects.demo.ptxas_threads", "must be an integer"),
     ],
 )
 def test_malformed_files_name_the_key(tmp_path: Path, text: str, key_path: str, hint: str) -> None:
@@ -179,6 +182,11 @@ def test_ptx_and_strip_debug_default_to_upstreams_and_stripped(tmp_path: Path) -
     text = MINIMAL + 'ptx = "all"\nupstream_ptx = "none"\nstrip_debug = false\n'
     demo = load_forge(write(tmp_path, text)).projects["demo"]
     assert (demo.ptx, demo.upstream_ptx, demo.strip_debug) == ("all", "none", False)
+
+
+def test_ptxas_threads_default_to_one(tmp_path: Path) -> None:
+    assert load_forge(write(tmp_path, MINIMAL)).projects["demo"].ptxas_threads == 1
+    assert load_forge(write(tmp_path, MINIMAL + "ptxas_threads = 4\n")).projects["demo"].ptxas_threads == 4
 
 
 def test_every_real_project_says_what_ptx_it_ships() -> None:

@@ -306,3 +306,26 @@ def test_a_torch_free_wheel_that_bundles_torch_fails_and_a_clean_one_says_torch_
 def test_a_torch_free_windows_dll_needing_c10_fails_too() -> None:
     pe = BinaryReport(path="pkg/k.dll", format="pe", size=1, needed=("C10.dll", "KERNEL32.dll"))
     assert [f.code for f in check(wheel(pe), policy=default_policy("p", torch=False))] == ["needs-torch"]
+
+
+def test_ptxas_threads_are_held_to_what_each_cubin_records() -> None:
+    from kforge.doctor.model import KernelResources
+
+    def kernel(name: str, ptxas: str | None) -> KernelResources:
+        return KernelResources(name=name, arch="sm_90", registers=32, static_smem=0, reserved_smem=1024, dynamic_smem=None,
+                               stack_bytes=0, max_threads=None, code_bytes=64, ptxas=ptxas)
+
+    split = "-arch sm_90 -m 64 -split-compile 4"
+    rep = wheel(binary("sm_90", path="pkg/_ok.so", kernels=(kernel("a", split), kernel("b", None))),  # no note: not judged
+                binary("sm_90", path="pkg/_one.so", kernels=(kernel("a", split), kernel("c", "-arch sm_90 -m 64"))),
+                binary("sm_90", path="pkg.libs/libv.so", kernels=(kernel("v", "-arch sm_90 -m 64"),)))  # vendored
+    found = [f for f in check(rep, expect_archs=["sm_90"], exact=True, ptxas_threads=4) if f.code == "ptxas-threads"]
+    assert [f.binary for f in found] == ["pkg/_one.so"]
+    assert "1 of 2 kernels were compiled by ptxas without -split-compile 4" in found[0].message
+    assert "'-arch sm_90 -m 64'" in found[0].message
+    eight = [f.binary for f in check(rep, expect_archs=["sm_90"], exact=True, ptxas_threads=8) if f.code == "ptxas-threads"]
+    assert eight == ["pkg/_ok.so", "pkg/_one.so"]
+    assert not [f for f in check(rep, expect_archs=["sm_90"], exact=True) if f.code == "ptxas-threads"]
+    with pytest.raises(DoctorError) as info:
+        verify(rep, ["sm_90"], ptxas_threads=4)
+    assert "--split-compile" in (info.value.fix or "")

@@ -12,7 +12,9 @@ from kforge.doctor.resources import (
     _declared,
     _nv_info,
     over_limits,
+    ptxas_options,
     resource_findings,
+    split_compile,
 )
 
 
@@ -107,3 +109,23 @@ def test_small_kernels_everywhere_are_not_stubs() -> None:
 
 def test_archs_without_a_limits_row_are_not_judged() -> None:
     assert resource_findings("binary", "x.so", [kernel(arch="sm_88", dynamic=10**6)]) == []
+
+
+def _tkinfo(options: str, tool: str = "ptxas") -> bytes:
+    """A ``.note.nv.tkinfo`` note laid out as nvcc 13.0's ptxas writes it: five words, then the strings."""
+    desc = struct.pack("<5I", 2, 1, 7, 0x36, 0x60) + b"\0".join(
+        s.encode() for s in (tool, "Cuda compilation tools, release 13.0, V13.0.88",
+                             "Build cuda_13.0.r13.0/compiler.36424714_0", options)) + b"\0"
+    name = b"NVIDIA Corp\0"
+    pad = b"\0" * (-len(desc) % 4)
+    return struct.pack("<III", len(name), len(desc), 2000) + name + desc + pad
+
+
+def test_ptxas_options_come_from_the_tkinfo_note() -> None:
+    assert ptxas_options(_tkinfo("-arch sm_90 -m 64 -split-compile 4 ")) == "-arch sm_90 -m 64 -split-compile 4"
+    assert split_compile(ptxas_options(_tkinfo("-arch sm_90 -m 64 -split-compile 4 "))) == 4
+    assert split_compile("-arch sm_90 -m 64") is None and split_compile(None) is None
+    assert ptxas_options(_tkinfo("-arch sm_90", tool="nvlink")) is None  # another tool's note
+    assert ptxas_options(b"") is None and ptxas_options(b"\x01\x02") is None  # truncated: nothing read
+    two = _tkinfo("-arch sm_90", tool="nvlink") + _tkinfo("-arch sm_90 -m 64 -split-compile 2 ")
+    assert ptxas_options(two) == "-arch sm_90 -m 64 -split-compile 2"

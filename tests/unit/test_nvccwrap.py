@@ -21,6 +21,7 @@ from kforge.cuda.nvccwrap import (
     rewrite,
     short_dependency_flags,
     split_gencode,
+    splits_ptxas,
 )
 
 SM90 = policy_from_flags(["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"], threads=2)
@@ -134,6 +135,32 @@ def test_env_flags_are_folded_and_short_dependency_spelling() -> None:
 def test_config_round_trips_through_json() -> None:
     config = Config(policy=TWO, nvcc="/cuda/bin/nvcc", launcher="/usr/bin/ccache", log="/w/r.jsonl", short_deps=True)
     assert Config.from_json(config.to_json()) == config
+    split = Config(policy=policy_from_flags(PLAN_FLAGS[:2], threads=2, ptxas_threads=4), nvcc="/cuda/bin/nvcc")
+    assert Config.from_json(split.to_json()).policy.ptxas_threads == 4
+
+
+SPLIT4 = policy_from_flags(PLAN_FLAGS[:2], threads=2, ptxas_threads=4)
+
+
+def test_ptxas_threads_reach_every_device_step_once() -> None:
+    r = rewrite(["-c", "k.cu", "-arch=sm_80"], SPLIT4)
+    assert r.argv[-2:] == ("-Xptxas", "--split-compile=4") and r.ptxas_threads == 4
+    assert rewrite(["-shared", "a.o", "-o", "lib.so"], SPLIT4).ptxas_threads == 4  # nvcc-driven link: a device step
+    # host-only steps, one thread, check mode: nothing added
+    assert "-Xptxas" not in rewrite(["-E", "k.cu"], SPLIT4).argv
+    assert "-Xptxas" not in rewrite(["-c", "k.cu"], SM90).argv
+    check = rewrite(["-c", "k.cu"], Policy(mode="check", archs=SM90.archs, ptxas_threads=4))
+    assert check.argv == ("-c", "k.cu")
+    assert rewrite(["-c", "k.cu"], policy_from_flags(PLAN_FLAGS[:2], ptxas_threads=1)).ptxas_threads is None
+
+
+@pytest.mark.parametrize("own", [["--split-compile=2"], ["-split-compile", "0"], ["-Xptxas", "--split-compile=8"],
+                                 ["-Xptxas=-v,--split-compile=8"], ["--ptxas-options=--split-compile,8"]])
+def test_a_step_that_splits_by_its_own_flags_keeps_them(own: list[str]) -> None:
+    assert splits_ptxas(own)
+    r = rewrite(["-c", "k.cu", *own], SPLIT4)
+    assert r.ptxas_threads is None and "--split-compile=4" not in r.argv
+    assert not splits_ptxas(["-Xptxas", "-v", "-c", "split-compile.cu"])
 
 
 def test_main_rewrites_logs_and_execs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

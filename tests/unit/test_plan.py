@@ -469,6 +469,23 @@ def test_ptx_all_reaches_the_flags_and_the_knobs_that_can_say_ptx(forge) -> None
     assert plan_for(forge, "fmha-release", ptx="none").env["CMAKE_CUDA_ARCHITECTURES"].endswith(";120a-real")
 
 
+def test_ptxas_threads_reach_the_wrapper_the_plan_and_the_doctors_judgement(forge) -> None:
+    from kforge.pipeline import judgement
+
+    one = plan_for(forge, "flash-attn-sm90")
+    assert one.enforce is not None and one.enforce.ptxas_threads is None and "\n  ptxas " not in one.render()
+    four = plan_for(forge, "flash-attn-sm90", ptxas_threads=4)
+    assert four.enforce is not None and four.enforce.policy.ptxas_threads == 4
+    assert ("\n  ptxas       --split-compile=4 in every device step (--ptxas-threads / KFORGE_PTXAS_THREADS; "
+            "kforge's nvcc wrapper)") in four.render()
+    assert four.to_dict()["arch_enforce"]["ptxas_threads"] == 4 and judgement(four).ptxas_threads == 4
+    win = plan_for(forge, "flash-attn-sm120-windows", ptxas_threads=4)  # no wrapper on Windows: said, not applied
+    assert win.enforce is not None and win.enforce.ptxas_threads is None and judgement(win).ptxas_threads is None
+    assert "\n  ptxas       1 thread: --ptxas-threads / KFORGE_PTXAS_THREADS asks for 4" in win.render()
+    with pytest.raises(ConfigError, match="more than 64"):
+        plan_for(forge, "flash-attn-sm90", ptxas_threads=65)
+
+
 def test_keep_debug_and_windows_keep_the_debug_info(forge) -> None:
     kept = plan_for(forge, "flash-attn-sm90", strip_debug=False)
     assert kept.binary is not None and not kept.binary.strip_debug and kept.to_dict()["repair"]["strip_debug"] is False

@@ -81,7 +81,7 @@ def handler(args: argparse.Namespace) -> int:
                               fix="pass --expect-arch, e.g. --expect-arch sm_90,compute_90 --exact")
         policy = None if args.policy == "none" else judged.policy
         findings += check(report, expect_archs=list(judged.expect), policy=policy, exact=judged.exact,
-                          exact_ptx=judged.exact_ptx, stripped=judged.stripped)
+                          exact_ptx=judged.exact_ptx, stripped=judged.stripped, ptxas_threads=judged.ptxas_threads)
         if judged.source and not args.json:
             sys.stderr.write(f"kforge doctor: {Path(report.path).name}: judged by its {judged.source} "
                              f"(policy {judged.policy.name}, {'exactly ' if judged.exact else ''}"

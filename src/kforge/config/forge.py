@@ -57,6 +57,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 FORGE_FILE = "forge.toml"
+MAX_PTXAS_THREADS = 64  # a project's ptxas_threads (ptxas --split-compile N) at most
 _MANYLINUX_TAG = re.compile(r"^manylinux_[0-9]+_[0-9]+$")
 def find_root(start: Path | None = None) -> Path:
     """The nearest directory at or above ``start`` (default: cwd) that holds forge.toml."""
@@ -154,6 +155,7 @@ class ProjectTable:
     ptx: str = "upstream"  # upstream | highest | none | all (kforge.config.binarypolicy)
     upstream_ptx: str | None = None  # none | highest | all: what upstream's own build ships
     strip_debug: bool = True  # strip host debug info from the wheel's own ELF binaries
+    ptxas_threads: int = 1  # ptxas --split-compile N in every device step (kforge's nvcc wrapper)
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,9 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
     _ptx(r, key, t)
     if t.compile_units is not None and t.compile_units <= 0:
         raise r.error(f"{key}.compile_units", "must be a positive integer")
+    if not 1 <= t.ptxas_threads <= MAX_PTXAS_THREADS:
+        raise r.error(f"{key}.ptxas_threads", f"must be an integer from 1 (ptxas on one thread, as upstream builds) to "
+                      f"{MAX_PTXAS_THREADS}", fix="ptxas_threads = 4: ptxas compiles a unit's functions on 4 threads")
     if t.ci_runner is not None:
         _one_of(r, f"{key}.ci_runner", t.ci_runner, CI_RUNNER_KINDS)
     git, sdist, local, source = _sources(r, f"{key}.source", t.source)
@@ -326,7 +331,7 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         patches=(root / t.patches).resolve() if t.patches else None, gpu_tests=t.gpu_tests,
         compile_units=t.compile_units, repair_exclude=t.repair_exclude, knobs_valid_for=t.knobs_valid_for,
         arch_enforce=t.arch_enforce, ptx=t.ptx, upstream_ptx=t.upstream_ptx, strip_debug=t.strip_debug,
-        unbuildable=_unbuildable(r, key, t, archs),
+        ptxas_threads=t.ptxas_threads, unbuildable=_unbuildable(r, key, t, archs),
         platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag), build_requires=t.build_requires,
         release=read_release(t.release, f"{key}.release", project_archs=archs, torch_abi=t.torch_abi,
                              error=r.error, arch_sets=arch_sets) if t.release else None,
@@ -436,3 +441,14 @@ def _rule(r: Reader, key: str, t: RuleTable, projects: Mapping[str, Project],
         _one_of(r, f"{key}.platform", p, tuple(platforms), f"'{p}' is not a declared platform")
     archs = tuple(read_arch(r, f"{key}.arch", a) for a in t.arch) if t.arch is not None else None
     return MatrixRule(project=t.project, arch=archs, platform=t.platform)
+
+
+def ptxas_threads(project_value: int, option: int | None) -> tuple[int, str]:
+    """A build's ptxas threads (``--ptxas-threads`` / ``KFORGE_PTXAS_THREADS``, else the project's), and from where."""
+    if option is None:
+        return project_value, "forge.toml ptxas_threads"
+    if option > MAX_PTXAS_THREADS:
+        raise ConfigError(f"--ptxas-threads / KFORGE_PTXAS_THREADS = {option} is more than {MAX_PTXAS_THREADS}",
+                          why="with --split-compile N, one compile unit's ptxas runs up to N threads",
+                          fix=f"give a number from 1 to {MAX_PTXAS_THREADS}; 4 covers a long unit's tail on an idle host")
+    return option, "--ptxas-threads / KFORGE_PTXAS_THREADS"

@@ -149,6 +149,7 @@ class Project:
     ptx: str = "upstream"  # PTX_POLICIES: which archs get PTX besides SASS (kforge.config.binarypolicy)
     upstream_ptx: str | None = None  # UPSTREAM_PTX: what upstream's own build ships, read from its build scripts
     strip_debug: bool = True  # strip host debug info (.debug_*) from the wheel's own ELF binaries before repair
+    ptxas_threads: int = 1  # > 1: ptxas --split-compile N in every device step (kforge.cuda.nvccwrap; same SASS)
 
     @property
     def default_profile(self) -> str | None:

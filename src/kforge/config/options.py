@@ -63,6 +63,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("ptx", "KFORGE_PTX", "--ptx", "str",
            "which archs get PTX besides SASS: upstream (what upstream's own build ships, the project's upstream_ptx), "
            "highest (the highest arch only), none, all (default: the project's ptx)", choices=PTX_POLICIES),
+    Option("ptxas_threads", "KFORGE_PTXAS_THREADS", "--ptxas-threads", "int",
+           "ptxas --split-compile N in every device step, through kforge's nvcc wrapper: the same SASS, a long unit's "
+           "ptxas on up to N cores (default: the project's ptxas_threads, 1 unless forge.toml sets it)"),
     Option("strip_debug", "KFORGE_STRIP_DEBUG", "--keep-debug", "bool",
            "keep the host debug info (.debug_* sections) in the wheel's binaries; KFORGE_STRIP_DEBUG=1 strips it "
            "(default: the project's strip_debug)", flag_value=False),
@@ -89,6 +92,7 @@ class PlanOptions:
     platform_tag: str | None = None  # the oldest manylinux tag the wheel must reach (overrides the project's)
     ptx: str | None = None  # upstream | highest | none | all: overrides the project's ptx
     strip_debug: bool | None = None  # False: keep host debug info (--keep-debug); overrides the project's strip_debug
+    ptxas_threads: int | None = None  # ptxas --split-compile N; overrides the project's ptxas_threads
     allow_unknown_cuda: bool | None = None  # True: a --cuda/KFORGE_CUDA outside kforge.config.inputs.CUDA_RELEASES is fine
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # --env KEY=VALUE, applied last
     cuda_from: str | None = None  # which layer set ``cuda`` ("KFORGE_CUDA" or "--cuda"), for the plan's story

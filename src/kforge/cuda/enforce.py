@@ -55,10 +55,13 @@ class ArchEnforcement:
     hardcoded: tuple[str, ...] = ()  # "setup.py:12: -gencode arch=compute_75,code=sm_75" ...
     scanned: str = ""  # what was scanned, or why nothing was
     wrapper: bool = False  # the build runs behind kforge's nvcc wrapper (a POSIX host, not a container)
+    ptxas_threads: int | None = None  # > 1: the wrapper gives every device step ptxas --split-compile=N
+    ptxas_asked: int = 1  # what the project (or --ptxas-threads) asked for
+    ptxas_from: str = ""  # where that came from
 
     @property
     def policy(self) -> Policy:
-        return policy_from_flags(self.flags, mode=self.mode, threads=self.threads)
+        return policy_from_flags(self.flags, mode=self.mode, threads=self.threads, ptxas_threads=self.ptxas_threads)
 
     @property
     def sass(self) -> tuple[str, ...]:
@@ -105,15 +108,26 @@ class ArchEnforcement:
             head += f"; {self.scanned}"
         return head
 
+    def ptxas_line(self) -> str:
+        """The plan's ``ptxas`` line (printed where more than one thread was asked for)."""
+        if self.ptxas_threads:
+            return (f"--split-compile={self.ptxas_threads} in every device step ({self.ptxas_from}; kforge's nvcc wrapper): "
+                    f"ptxas compiles a unit's functions on up to {self.ptxas_threads} threads, the SASS is the same as with "
+                    "one; each cubin's ptxas note records it (the doctor checks it)")
+        why = self.reason if self.reason and self.mode != "on" else (
+            f"arch enforcement is {self.mode}" if self.mode != "on" else "the wrapper does not reach this build")
+        return f"1 thread: {self.ptxas_from} asks for {self.ptxas_asked}, which needs kforge's nvcc wrapper, and {why}"
+
     def to_dict(self) -> dict[str, object]:
         return {"mode": self.mode, "reason": self.reason, "sass": list(self.sass), "ptx": list(self.ptx),
                 "exact": self.exact, "exact_ptx": self.exact_ptx,
                 "threads": self.threads, "hardcoded": list(self.hardcoded), "scanned": self.scanned,
-                "wrapper": self.wrapper}
+                "wrapper": self.wrapper, "ptxas_threads": self.ptxas_threads}
 
 
 def plan_enforcement(mode: str, flags: Sequence[str], threads: int | None, *, backend: str, platform_os: str,
-                     scripts_dir: Path | None, scan_note: str = "") -> ArchEnforcement:
+                     scripts_dir: Path | None, scan_note: str = "", ptxas_threads: int | None = None,
+                     ptxas_from: str = "") -> ArchEnforcement:
     """The plan's enforcement for a project declared with ``arch_enforce = mode``.
 
     The wrapper is a POSIX script in the build's work dir: the cibuildwheel backend (a container)
@@ -136,8 +150,10 @@ def plan_enforcement(mode: str, flags: Sequence[str], threads: int | None, *, ba
         else:
             scanned = f"{scripts_dir} is not checked out: the build log lists what the wrapper rewrote"
     wrapper = mode != "off" and backend != "cibuildwheel" and platform_os != "windows"
+    split = ptxas_threads if ptxas_threads and ptxas_threads > 1 and wrapper and mode == "on" else None
     return ArchEnforcement(mode=mode, reason=reason, flags=tuple(flags), threads=threads, hardcoded=found,
-                           scanned=scanned, wrapper=wrapper)
+                           scanned=scanned, wrapper=wrapper, ptxas_threads=split, ptxas_asked=ptxas_threads or 1,
+                           ptxas_from=ptxas_from)
 
 
 def scan_build_scripts(tree: Path, *, depth: int = 2, limit: int = 8) -> tuple[str, ...]:
@@ -292,12 +308,15 @@ class EnforcementSummary:
     mode: str
     groups: tuple[RewriteGroup, ...]  # distinct arch rewrites, most frequent first
     threads: tuple[tuple[int | None, int | None, int], ...]  # (asked, got, count)
-    steps: int  # nvcc steps logged
+    steps: int  # nvcc steps logged with an arch or --threads rewrite
+    ptxas: tuple[tuple[int, int], ...] = ()  # (the plan's ptxas --split-compile N, device steps that got it)
 
     def lines(self) -> list[str]:
         verb = "rewrote" if self.mode == "on" else "would rewrite (check mode)"
+        split = [f"ptxas threads: {count} device step(s) ran ptxas with --split-compile={n} (the plan's ptxas_threads)"
+                 for n, count in self.ptxas]
         if not self.steps:
-            return [f"arch enforcement ({self.mode}): every nvcc step already asked for the plan's archs"]
+            return [f"arch enforcement ({self.mode}): every nvcc step already asked for the plan's archs", *split]
         out = []
         for g in self.groups:
             if set(g.asked) != set(g.got):
@@ -305,7 +324,7 @@ class EnforcementSummary:
                            f"to {' '.join(g.got)} (e.g. {g.example})")
         for asked, got, count in self.threads:
             out.append(f"arch enforcement: {verb} --threads {asked} to {got} in {count} nvcc step(s)")
-        return out
+        return out + split
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -314,6 +333,7 @@ class EnforcementSummary:
             "archs": [{"asked": list(g.asked), "got": list(g.got), "count": g.count, "example": g.example}
                       for g in self.groups if set(g.asked) != set(g.got)],
             "threads": [{"asked": a, "got": b, "count": n} for a, b, n in self.threads],
+            "ptxas_threads": [{"threads": n, "count": c} for n, c in self.ptxas],
         }
 
 
@@ -322,6 +342,7 @@ def summarize(log: Path, mode: str) -> EnforcementSummary:
     groups: Counter[tuple[tuple[str, ...], tuple[str, ...]]] = Counter()
     examples: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
     threads: Counter[tuple[int | None, int | None]] = Counter()
+    ptxas: Counter[int] = Counter()
     steps = 0
     try:
         text = Path(log).read_text(errors="replace")
@@ -332,18 +353,24 @@ def summarize(log: Path, mode: str) -> EnforcementSummary:
             rec = json.loads(line)
         except ValueError:
             continue
-        steps += 1
+        if rec.get("ptxas_threads"):
+            ptxas[int(rec["ptxas_threads"])] += 1
         key = (tuple(rec.get("asked", ())), tuple(rec.get("got", ())))
+        asked, got = (rec.get("threads") or [None, None])[:2]
+        rewrote = False
         if set(key[0]) != set(key[1]):
             groups[key] += 1
             inputs = rec.get("inputs") or ["?"]
             examples.setdefault(key, Path(inputs[0]).name)
-        asked, got = (rec.get("threads") or [None, None])[:2]
+            rewrote = True
         if asked is not None and asked != got:
             threads[(asked, got)] += 1
+            rewrote = True
+        steps += rewrote
     return EnforcementSummary(
         mode=mode,
         groups=tuple(RewriteGroup(a, g, n, examples[(a, g)]) for (a, g), n in groups.most_common()),
         threads=tuple((a, g, n) for (a, g), n in threads.most_common()),
         steps=steps,
+        ptxas=tuple(sorted(ptxas.items())),
     )

@@ -7,6 +7,11 @@ script that runs ``python -I <boot> <config> "$@"``, which lands in :func:`main`
 
 * ``--threads``/``-t`` becomes the build's ``NVCC_THREADS`` (kforge's job choice, halved by an OOM
   retry), else the plan's thread count.
+* With the plan's ``ptxas_threads`` N > 1, every device step gets ``-Xptxas --split-compile=N``: ptxas compiles
+  a unit's functions on N threads. The SASS is the same as with one thread (checked: ``tests/integration/
+  test_ptxas_threads.py``); each cubin's ``.note.nv.tkinfo`` records ptxas's options, so the doctor can tell
+  that it ran. A step whose own flags already split (nvcc ``--split-compile``, or ``-Xptxas`` with
+  ``--split-compile``) keeps them.
 * Device steps (compiling ``.cu``, and nvcc-driven links, which embed a registration stub
   built for the link's archs: ``sm_75``, nvcc 13.0's default, when none is given) lose every
   ``-gencode``/``--generate-code``/``-arch``/``--gpu-architecture``/``-code``/``--gpu-code``
@@ -38,44 +43,29 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from kforge.cuda.devicepaths import HOSTCC_ENV, MAPS_ENV, ensure_shim, host_compiler_main, map_path, under
+from kforge.cuda.nvccargs import (
+    ARCH_NAME,
+    CCBIN,
+    GENCODE,
+    SPECIAL,
+    VALUE_OPTIONS,
+    Parsed,
+    fold_env_flags,
+    is_device_step,
+    option,
+    parse,
+    short_dependency_flags,
+    split_gencode,
+    splits_ptxas,
+)
 
 MODES = ("on", "check", "off")
 
-#: Options whose value is the next word (or follows ``=``) and is never an input file or an arch flag.
-_VALUE_OPTIONS = frozenset({
-    "-o", "--output-file", "-Xcompiler", "--compiler-options", "-Xptxas", "--ptxas-options", "-Xlinker",
-    "--linker-options", "-Xnvlink", "--nvlink-options", "-Xfatbin", "--fatbin-options", "-Xarchive",
-    "--archive-options", "-MF", "-MT", "-MQ", "--dependency-output", "--dependency-target-name", "-ccbin",
-    "--compiler-bindir", "-I", "--include-path", "-isystem", "--system-include", "-L", "--library-path",
-    "-l", "--library", "-D", "--define-macro", "-U", "--undefine-macro", "-include", "--pre-include",
-    "-x", "--x", "-odir", "--output-directory", "-std", "--std", "-maxrregcount", "--maxrregcount",
-    "-rdc", "--relocatable-device-code", "-Werror", "-diag-suppress", "--diag-suppress", "-optf",
-    "--options-file", "-time", "--time", "-split-compile", "--split-compile", "-default-stream",
-    "--default-stream", "-Xcudafe", "-keep-dir", "--keep-dir", "-arbin", "--archiver-binary",
-})  # fmt: skip
-_GENCODE = ("-gencode", "--generate-code")
-_ARCH = ("-arch", "--gpu-architecture")
-_CODE = ("-code", "--gpu-code")
-_THREADS = ("-t", "--threads")
-_HOST_ONLY = frozenset({
-    "-E", "--preprocess", "-M", "-MM", "--generate-dependencies", "--generate-nonsystem-dependencies",
-    "-V", "--version", "-h", "--help", "--list-gpu-arch", "-arch-ls", "--list-gpu-code", "-code-ls",
-    "-lib", "--lib",
-})  # fmt: skip
-_COMPILE_ONLY = frozenset({"-c", "--compile", "-dc", "--device-c", "-dw", "--device-w", "-ptx", "--ptx",
-                           "-cubin", "--cubin", "-fatbin", "--fatbin", "-optix-ir", "--optix-ir"})
-_DEVICE_ONLY = frozenset({"-dc", "--device-c", "-dw", "--device-w", "-ptx", "--ptx", "-cubin", "--cubin",
-                          "-fatbin", "--fatbin", "-dlink", "--device-link"})
-_INPUT = re.compile(r"\.(cu|o|obj|a|lib|so|ptx|cubin|fatbin|cpp|cc|cxx|c|C)$")
-_ARCH_NAME = re.compile(r"^(?:sm|compute|lto)_(\d+)([a-z]?)$")
-_SPECIAL = ("all", "all-major", "native")
 
 
 @dataclass(frozen=True)
@@ -89,7 +79,7 @@ class PlanArch:
     @property
     def key(self) -> str:
         """The arch number without variant (``90``): how an upstream's request is matched to it."""
-        m = _ARCH_NAME.match(self.virtual)
+        m = ARCH_NAME.match(self.virtual)
         return m.group(1) if m else self.virtual
 
     def flags(self) -> list[str]:
@@ -112,6 +102,7 @@ class Policy:
     mode: str = "on"
     archs: tuple[PlanArch, ...] = ()
     threads: int | None = None
+    ptxas_threads: int | None = None  # > 1: -Xptxas --split-compile=N in every device step
 
     @property
     def codes(self) -> tuple[str, ...]:
@@ -130,6 +121,7 @@ class Rewrite:
     threads_asked: int | None = None
     threads_got: int | None = None
     inputs: tuple[str, ...] = field(default=(), compare=False)
+    ptxas_threads: int | None = None  # the --split-compile this step's ptxas got from the plan (None: none added)
 
     @property
     def changed(self) -> bool:
@@ -140,21 +132,8 @@ class Rewrite:
 # ---------------------------------------------------------------------------- parsing
 
 
-def split_gencode(value: str) -> tuple[str, tuple[str, ...]]:
-    """``arch=compute_90,code=[sm_90,compute_90]`` -> ``("compute_90", ("sm_90", "compute_90"))``."""
-    text = value.strip().strip("'\"")
-    m = re.match(r"^arch=([^,]+),code=(.+)$", text)
-    if not m:
-        raise ValueError(f"cannot read -gencode value {value!r} (expected arch=compute_XY,code=sm_XY)")
-    return m.group(1).strip(), _codes(m.group(2))
-
-
-def _codes(value: str) -> tuple[str, ...]:
-    text = value.strip().strip("'\"").strip("[]").strip("'\"")
-    return tuple(c.strip().strip("'\"") for c in text.split(",") if c.strip())
-
-
-def policy_from_flags(flags: Sequence[str], *, mode: str = "on", threads: int | None = None) -> Policy:
+def policy_from_flags(flags: Sequence[str], *, mode: str = "on", threads: int | None = None,
+                      ptxas_threads: int | None = None) -> Policy:
     """The policy for a plan's ``-gencode=arch=X,code=Y`` flags (as :func:`kforge.cuda.render.render_gencode` writes them)."""
     if mode not in MODES:
         raise ValueError(f"arch enforcement mode {mode!r} is not one of {', '.join(MODES)}")
@@ -165,7 +144,7 @@ def policy_from_flags(flags: Sequence[str], *, mode: str = "on", threads: int | 
     i = 0
     while i < len(words):
         word = words[i]
-        name, value, i = _option(words, i, _GENCODE)
+        name, value, i = option(words, i, GENCODE)
         if name is None:
             raise ValueError(f"the plan's nvcc flags hold {word!r}, which is not a -gencode flag")
         virtual, codes = split_gencode(value or "")
@@ -176,95 +155,17 @@ def policy_from_flags(flags: Sequence[str], *, mode: str = "on", threads: int | 
                 sass[virtual] = code
             else:
                 ptx.add(virtual)
-    return Policy(mode=mode, archs=tuple(PlanArch(v, sass.get(v), v in ptx) for v in order), threads=threads)
+    return Policy(mode=mode, archs=tuple(PlanArch(v, sass.get(v), v in ptx) for v in order), threads=threads,
+                  ptxas_threads=ptxas_threads)
 
 
-def _option(words: Sequence[str], i: int, names: Sequence[str]) -> tuple[str | None, str | None, int]:
-    """If ``words[i]`` is one of ``names`` (``-x v``, ``-x=v``), return (name, value, next index)."""
-    word = words[i]
-    for name in names:
-        if word == name:
-            return name, words[i + 1] if i + 1 < len(words) else None, i + 2
-        if word.startswith(name + "="):
-            return name, word[len(name) + 1:], i + 1
-    return None, None, i + 1
-
-
-@dataclass(frozen=True)
-class _Parsed:
-    kept: tuple[str, ...]
-    gencodes: tuple[tuple[str, tuple[str, ...]], ...]
-    arch: tuple[str, ...]
-    code: tuple[str, ...]
-    threads: int | None
-    inputs: tuple[str, ...]
-    host_only: bool
-    cuda_language: bool
-    compile_only: bool
-    device_flag: bool
-
-
-def _parse(argv: Sequence[str]) -> _Parsed:
-    kept: list[str] = []
-    gencodes: list[tuple[str, tuple[str, ...]]] = []
-    arch: list[str] = []
-    code: list[str] = []
-    threads: int | None = None
-    inputs: list[str] = []
-    host_only = cuda_language = compile_only = device_flag = False
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        name, value, nxt = _option(argv, i, _GENCODE)
-        if name:
-            for part in (value or "").split():  # -gencode "a b" is rare, but one word per pair is nvcc's rule
-                gencodes.append(split_gencode(part))
-            i = nxt
-            continue
-        name, value, nxt = _option(argv, i, _ARCH)
-        if name:
-            arch += [v for v in (value or "").split(",") if v]
-            i = nxt
-            continue
-        name, value, nxt = _option(argv, i, _CODE)
-        if name:
-            code += list(_codes(value or ""))
-            i = nxt
-            continue
-        name, value, nxt = _option(argv, i, _THREADS)
-        if name:
-            threads = int(value) if value and value.strip().isdigit() else threads
-            i = nxt
-            continue
-        if word in _HOST_ONLY:
-            host_only = True
-        if word in _COMPILE_ONLY:
-            compile_only = True
-        if word in _DEVICE_ONLY or word.lower() in ("-rdc=true", "--relocatable-device-code=true"):
-            device_flag = True
-        if word in ("-x", "--x") and i + 1 < len(argv):
-            cuda_language = cuda_language or argv[i + 1] == "cu"
-        elif word in ("-xcu", "-x=cu", "--x=cu"):
-            cuda_language = True
-        if word in _VALUE_OPTIONS and i + 1 < len(argv):
-            kept += [word, argv[i + 1]]
-            i += 2
-            continue
-        if not word.startswith("-") and _INPUT.search(word):
-            inputs.append(word)
-        kept.append(word)
-        i += 1
-    return _Parsed(tuple(kept), tuple(gencodes), tuple(arch), tuple(code), threads, tuple(inputs), host_only,
-                   cuda_language, compile_only, device_flag)
-
-
-def _asked_codes(p: _Parsed) -> tuple[str, ...]:
+def _asked_codes(p: Parsed) -> tuple[str, ...]:
     """The SASS/PTX names the step's own flags produce, by nvcc's rules (``()``: nvcc's default arch)."""
     out: list[str] = []
     for _virtual, codes in p.gencodes:
         out += codes
     for a in p.arch:
-        if a in _SPECIAL:
+        if a in SPECIAL:
             out.append(a)
         elif p.code:
             out += p.code
@@ -278,17 +179,8 @@ def _asked_codes(p: _Parsed) -> tuple[str, ...]:
 
 
 def _key(name: str) -> str | None:
-    m = _ARCH_NAME.match(name)
+    m = ARCH_NAME.match(name)
     return m.group(1) if m else None
-
-
-def is_device_step(p: _Parsed) -> bool:
-    if p.host_only or not p.inputs:
-        return False
-    cuda_input = p.cuda_language or any(x.endswith(".cu") for x in p.inputs)
-    if p.compile_only:
-        return cuda_input or p.device_flag
-    return True  # a link driven by nvcc: it device-links a registration stub for its archs
 
 
 def rewrite(argv: Sequence[str], policy: Policy) -> Rewrite:
@@ -296,19 +188,23 @@ def rewrite(argv: Sequence[str], policy: Policy) -> Rewrite:
     argv = tuple(argv)
     if policy.mode == "off" or not policy.archs:
         return Rewrite(argv=argv, device=False)
-    p = _parse(argv)
+    p = parse(argv)
     if not is_device_step(p):
         return Rewrite(argv=argv, device=False, threads_asked=p.threads, threads_got=p.threads, inputs=p.inputs)
     asked = _asked_codes(p)
     wanted = {k for k in map(_key, asked) if k}
     chosen = [a for a in policy.archs if a.key in wanted]
-    if not chosen or any(a in _SPECIAL for a in asked):
+    if not chosen or any(a in SPECIAL for a in asked):
         chosen = list(policy.archs)
     got = tuple(c for a in chosen for c in a.codes)
     threads = policy.threads if policy.threads is not None else p.threads
     new = list(p.kept) + [f for a in chosen for f in a.flags()]
     if threads is not None:
         new += ["--threads", str(threads)]
+    split = policy.ptxas_threads if policy.ptxas_threads and policy.ptxas_threads > 1 and not splits_ptxas(argv) \
+        else None
+    if split:
+        new += ["-Xptxas", f"--split-compile={split}"]
     return Rewrite(
         argv=tuple(new) if policy.mode == "on" else argv,
         device=True,
@@ -317,12 +213,8 @@ def rewrite(argv: Sequence[str], policy: Policy) -> Rewrite:
         threads_asked=p.threads,
         threads_got=threads,
         inputs=p.inputs,
+        ptxas_threads=split,
     )
-
-
-def fold_env_flags(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-    """``NVCC_PREPEND_FLAGS`` + argv + ``NVCC_APPEND_FLAGS``, as nvcc itself would see them."""
-    return [*shlex.split(env.get("NVCC_PREPEND_FLAGS", "")), *argv, *shlex.split(env.get("NVCC_APPEND_FLAGS", ""))]
 
 
 # ---------------------------------------------------------------------------- the wrapper's entry point
@@ -343,7 +235,7 @@ class Config:
 
     def to_json(self) -> str:
         return json.dumps({
-            "mode": self.policy.mode, "threads": self.policy.threads,
+            "mode": self.policy.mode, "threads": self.policy.threads, "ptxas_threads": self.policy.ptxas_threads,
             "archs": [[a.virtual, a.sass, a.ptx] for a in self.policy.archs],
             "nvcc": self.nvcc, "launcher": self.launcher, "log": self.log, "short_deps": self.short_deps,
             **({"path_maps": [list(m) for m in self.path_maps], "shim_dir": self.shim_dir, "boot": self.boot}
@@ -353,7 +245,7 @@ class Config:
     @classmethod
     def from_json(cls, text: str) -> Config:
         d = json.loads(text)
-        policy = Policy(mode=d["mode"], threads=d.get("threads"),
+        policy = Policy(mode=d["mode"], threads=d.get("threads"), ptxas_threads=d.get("ptxas_threads"),
                         archs=tuple(PlanArch(v, s, bool(p)) for v, s, p in d.get("archs", ())))
         return cls(policy=policy, nvcc=d["nvcc"], launcher=d.get("launcher"), log=d.get("log"),
                    short_deps=bool(d.get("short_deps")),
@@ -362,9 +254,6 @@ class Config:
 
 
 # ---------------------------------------------------------------------------- path maps for device code
-
-_CCBIN = ("-ccbin", "--compiler-bindir")
-
 
 def map_device_step(argv: Sequence[str], maps: Sequence[tuple[str, str]], cwd: str, shim_dir: str,
                     environ: Mapping[str, str]) -> tuple[list[str], dict[str, str], str]:
@@ -378,12 +267,12 @@ def map_device_step(argv: Sequence[str], maps: Sequence[tuple[str, str]], cwd: s
     i = 0
     while i < len(argv):
         word = argv[i]
-        name, value, nxt = _option(argv, i, _CCBIN)
+        name, value, nxt = option(argv, i, CCBIN)
         if name:
             real = value or real
             i = nxt
             continue
-        if word in _VALUE_OPTIONS and i + 1 < len(argv):
+        if word in VALUE_OPTIONS and i + 1 < len(argv):
             out += [word, argv[i + 1]]
             i += 2
             continue
@@ -407,33 +296,11 @@ def map_device_step(argv: Sequence[str], maps: Sequence[tuple[str, str]], cwd: s
     return [*out, "-ccbin", shim], env, name
 
 
-def short_dependency_flags(argv: Sequence[str]) -> list[str]:
-    """torch's ``--generate-dependencies-with-compile --dependency-output F`` as ``-MD -MF F``.
-
-    ccache 4.x only recognises the short spellings and calls every compile with the long ones
-    "unsupported" (uncacheable); torch >= 2.11 already writes the short ones.
-    """
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        if word == "--generate-dependencies-with-compile":
-            out.append("-MD")
-        elif word == "--dependency-output" and i + 1 < len(argv):
-            out += ["-MF", argv[i + 1]]
-            i += 1
-        elif word.startswith("--dependency-output="):
-            out += ["-MF", word.split("=", 1)[1]]
-        else:
-            out.append(word)
-        i += 1
-    return out
-
-
 def record(result: Rewrite, mode: str) -> str:
     """One JSON line for the log."""
     return json.dumps({"mode": mode, "inputs": list(result.inputs), "asked": list(result.asked),
-                       "got": list(result.got), "threads": [result.threads_asked, result.threads_got]})
+                       "got": list(result.got), "threads": [result.threads_asked, result.threads_got],
+                       "ptxas_threads": result.ptxas_threads})
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -457,13 +324,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             nvcc_args = list(result.argv)
             env.pop("NVCC_PREPEND_FLAGS", None)
             env.pop("NVCC_APPEND_FLAGS", None)
-        if result.changed and config.log:
+        if (result.changed or result.ptxas_threads) and config.log:
             try:
                 with open(config.log, "a", encoding="utf-8") as fh:  # one short line: an atomic O_APPEND write
                     fh.write(record(result, config.policy.mode) + "\n")
             except OSError as exc:
                 sys.stderr.write(f"kforge nvcc wrapper: cannot write {config.log}: {exc}\n")
-    if config.path_maps and config.shim_dir and config.boot and is_device_step(_parse(fold_env_flags(nvcc_args, env))):
+    if config.path_maps and config.shim_dir and config.boot and is_device_step(parse(fold_env_flags(nvcc_args, env))):
         nvcc_args, extra, name = map_device_step(fold_env_flags(nvcc_args, env), config.path_maps, os.getcwd(),
                                                  config.shim_dir, env)
         env.pop("NVCC_PREPEND_FLAGS", None)

@@ -28,6 +28,10 @@ Stripped (``stripped=True``, a build whose plan strips host debug info, and ``kf
 binary of the wheel's own (not the ``*.libs/`` a repair tool vendored) must be free of ``.debug_*`` sections
 (``debug-info``), whether it carries device code or not.
 
+ptxas threads (``ptxas_threads=N``, a build whose plan gives ptxas ``--split-compile N``): every cubin of a judged
+binary whose ``.note.nv.tkinfo`` records ptxas's options must record ``-split-compile N`` (``ptxas-threads``); a cubin
+without such a note is not judged.
+
 Relocatable device code (``__nv_relfatbin`` of an ``-rdc=true`` object that was never
 device-linked) does not count: the driver cannot load it.
 """
@@ -40,7 +44,7 @@ from collections.abc import Sequence
 from kforge.config.repairpolicy import TORCH_LIBRARIES, RepairPolicy, unmangle
 from kforge.cuda.arch import PTX, Arch, code_kind, parse_arch
 from kforge.doctor.model import BinaryReport, Finding, WheelReport
-from kforge.doctor.resources import resource_findings
+from kforge.doctor.resources import resource_findings, split_compile
 from kforge.errors import DoctorError
 
 NO_KERNEL_IMAGE = "'no kernel image is available for execution on the device'"
@@ -54,6 +58,7 @@ def check(
     exact: bool = False,
     exact_ptx: bool = True,
     stripped: bool = False,
+    ptxas_threads: int | None = None,
 ) -> list[Finding]:
     """Every finding for ``report``: errors first, then warnings, then info.
 
@@ -69,14 +74,8 @@ def check(
 
     judged = [b for b in binaries if b.is_cuda and not _vendored(b.path)]
     if wanted and not judged:
-        findings.append(
-            Finding(
-                "error",
-                "no-device-code",
-                f"{label}: no binary carries CUDA device code (no fatbin in any .so/.pyd/.dll), "
-                f"so none of {', '.join(t for t, _, _ in wanted)} is there",
-            )
-        )
+        findings.append(Finding("error", "no-device-code", f"{label}: no binary carries CUDA device code (no fatbin in "
+                                f"any .so/.pyd/.dll), so none of {', '.join(t for t, _, _ in wanted)} is there"))
     for binary in judged:
         if exact:
             findings.extend(_judge_exact(label, binary, wanted, ptx=exact_ptx))
@@ -87,8 +86,8 @@ def check(
                 findings.append(finding)
     for binary in judged:
         findings.extend(resource_findings(label, binary.path, binary.kernels))
-    if stripped:
-        findings.extend(_debug_findings(label, binaries))
+    findings.extend(_debug_findings(label, binaries) if stripped else ())
+    findings.extend(_ptxas_findings(label, judged, ptxas_threads or 1))
     for binary in binaries:
         for symbol in binary.linked_binary_symbols:
             findings.append(
@@ -138,12 +137,14 @@ def verify(
     exact: bool = False,
     exact_ptx: bool = True,
     stripped: bool = False,
+    ptxas_threads: int | None = None,
 ) -> list[Finding]:
     """Like :func:`check`, but raise :class:`DoctorError` when there is any error finding.
 
     Returns the (non-error) findings when the report passes.
     """
-    findings = check(report, expect_archs=expect_archs, policy=policy, exact=exact, exact_ptx=exact_ptx, stripped=stripped)
+    findings = check(report, expect_archs=expect_archs, policy=policy, exact=exact, exact_ptx=exact_ptx, stripped=stripped,
+                     ptxas_threads=ptxas_threads)
     errors = [f for f in findings if f.is_error]
     if not errors:
         return findings
@@ -167,6 +168,9 @@ def verify(
     if "debug-info" in codes:
         fixes.append("strip it before repair: kforge's repair step does when the plan's debug line says stripped "
                      "(`kforge repair --strip-debug` for a wheel repaired by hand); or keep it on purpose with --keep-debug")
+    if "ptxas-threads" in codes:
+        fixes.append("build it through kforge's nvcc wrapper (arch_enforce = \"on\", a native or cmake build), which gives "
+                     "ptxas the plan's --split-compile; or set ptxas_threads to what the build's own flags ask for")
     if "unresolved-device-link" in codes:
         fixes.append("link the device code: let nvcc link the library, add an `nvcc -dlink` step, or set CUDA_RESOLVE_DEVICE_SYMBOLS ON")
     if codes & {"needs-torch", "bundles-torch"}:
@@ -273,6 +277,22 @@ def _debug_findings(label: str, binaries: Sequence[BinaryReport]) -> list[Findin
             out.append(Finding("error", "debug-info", f"{label}: {b.path} carries host debug info ({sizes}; "
                                f"{sum(s.size for s in debug) / 1e6:.1f} MB in all), and the plan strips it (strip_debug)",
                                binary=b.path))
+    return out
+
+
+def _ptxas_findings(label: str, judged: Sequence[BinaryReport], threads: int) -> list[Finding]:
+    """An error for every binary with cubins whose ptxas did not run with the plan's ``-split-compile N`` (N > 1)."""
+    out: list[Finding] = []
+    if threads <= 1:
+        return out
+    for b in judged:
+        recorded = [k for k in b.kernels if k.ptxas is not None]
+        wrong = [k for k in recorded if split_compile(k.ptxas) != threads]
+        if wrong:
+            seen = sorted({k.ptxas or "" for k in wrong})
+            out.append(Finding("error", "ptxas-threads", f"{label}: {b.path}: {len(wrong)} of {len(recorded)} kernels were "
+                               f"compiled by ptxas without -split-compile {threads} (the plan's ptxas_threads), e.g. with "
+                               f"'{seen[0]}'", binary=b.path))
     return out
 
 

@@ -25,11 +25,13 @@ class Judgement:
     exact: bool = False
     exact_ptx: bool = True  # with exact: PTX judged too (kforge.cuda.enforce: only where the wrapper rewrote)
     stripped: bool = False  # no binary of the wheel's own may keep host debug info (the plan's strip_debug)
+    ptxas_threads: int | None = None  # > 1: every recorded ptxas ran with -split-compile N (the plan's ptxas_threads)
     source: str = ""  # where it came from, for the report ("manifest <name>", "forge.toml project")
 
     def to_dict(self) -> dict[str, Any]:
         return {"policy": self.policy.name, "exclude": list(self.policy.exclude), "torch_free": self.policy.torch_free,
-                "expect": list(self.expect), "exact": self.exact, "exact_ptx": self.exact_ptx, "stripped": self.stripped}
+                "expect": list(self.expect), "exact": self.exact, "exact_ptx": self.exact_ptx, "stripped": self.stripped,
+                "ptxas_threads": self.ptxas_threads}
 
     @classmethod
     def from_manifest(cls, data: Mapping[str, Any], source: str) -> Judgement:
@@ -40,7 +42,7 @@ class Judgement:
                                   torch_free=bool(judged.get("torch_free")))  # manifests before it: not checked
             return cls(policy=policy, expect=tuple(judged.get("expect") or ()), exact=bool(judged.get("exact")),
                        exact_ptx=bool(judged.get("exact_ptx", True)), stripped=bool(judged.get("stripped")),
-                       source=source)
+                       ptxas_threads=judged.get("ptxas_threads") or None, source=source)
         torch = (data.get("toolchain") or {}).get("torch") is not None  # older manifests: built against torch or not
         return cls(policy=default_policy(project, torch=torch, cudart_shared=torch),
                    expect=tuple(data.get("archs") or ()), source=source)
@@ -69,4 +71,5 @@ def with_overrides(base: Judgement, *, expect: Sequence[str] = (), exact: bool |
     """Flags given on the command line win over the manifest's."""
     return Judgement(policy=base.policy, expect=tuple(expect) or base.expect, exact=base.exact if exact is None else exact,
                      exact_ptx=True if exact or expect else base.exact_ptx,
-                     stripped=base.stripped if stripped is None else stripped, source=base.source)
+                     stripped=base.stripped if stripped is None else stripped, ptxas_threads=base.ptxas_threads,
+                     source=base.source)

@@ -65,7 +65,8 @@ class KernelResources:
 
     ``static_smem`` excludes the shared memory the driver reserves per block (``reserved_smem``);
     ``dynamic_smem`` is what the launcher declares in a kforge launch manifest, None when undeclared;
-    ``max_threads`` is the block size its launch bounds declare, None without them.
+    ``max_threads`` is the block size its launch bounds declare, None without them;
+    ``ptxas`` the options ptxas ran with (``-arch sm_90 -m 64 -split-compile 4``), as its cubin records them.
     """
 
     name: str
@@ -77,6 +78,7 @@ class KernelResources:
     stack_bytes: int
     max_threads: int | None
     code_bytes: int
+    ptxas: str | None = None  # the ptxas options its cubin's .note.nv.tkinfo records; None: no such note
 
     @property
     def smem_per_block(self) -> int:

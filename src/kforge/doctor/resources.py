@@ -30,6 +30,7 @@ builds whose kernels are arch-guarded).
 from __future__ import annotations
 
 import io
+import re
 import struct
 from collections.abc import Iterable, Sequence
 
@@ -119,6 +120,7 @@ def cubin_kernels(cubin: bytes, arch: str, major: int) -> tuple[KernelResources,
                 index, amount = struct.unpack_from("<II", value)
                 (regs if attr == EIATTR_REGCOUNT else frames)[index] = amount
     manifest = _manifest(elf, symbols)
+    options = ptxas_options(sections[".note.nv.tkinfo"].data()) if ".note.nv.tkinfo" in sections else None
     reserved = 1024 if major >= 9 else 0
     kernels = []
     for index, sym in enumerate(symbols):
@@ -144,9 +146,34 @@ def cubin_kernels(cubin: bytes, arch: str, major: int) -> tuple[KernelResources,
                 stack_bytes=frames.get(index, 0),
                 max_threads=threads,
                 code_bytes=int(text["sh_size"]) if text is not None else 0,
+                ptxas=options,
             )
         )
     return tuple(kernels)
+
+
+def ptxas_options(note: bytes) -> str | None:
+    """The options ptxas ran with, from a cubin's ``.note.nv.tkinfo`` section (ELF notes of owner ``NVIDIA Corp``).
+
+    Each note's descriptor holds a few 32-bit fields and then NUL-separated strings: the tool (``ptxas``), its version
+    lines, and last its command line (``-arch sm_90 -m 64 -split-compile 4 ``). None when no note names ptxas."""
+    found = None
+    pos = 0
+    while pos + 12 <= len(note):
+        namesz, descsz, _ = struct.unpack_from("<III", note, pos)
+        start = pos + 12 + ((namesz + 3) & ~3)
+        desc = note[start:start + descsz]
+        pos = start + ((descsz + 3) & ~3)
+        texts = [w.decode("ascii") for w in desc.split(b"\0") if len(w) > 1 and all(32 <= c < 127 for c in w)]
+        if "ptxas" in texts and texts[-1] != "ptxas":
+            found = texts[-1].strip()
+    return found
+
+
+def split_compile(options: str | None) -> int | None:
+    """The ``-split-compile N`` of ptxas options (None: not split, or no options known)."""
+    m = re.search(r"(?:^|\s)-{1,2}split-compile[ =](\d+)", options or "")
+    return int(m.group(1)) if m else None
 
 
 def _nv_info(data: bytes) -> list[tuple[int, bytes]]:
