@@ -472,8 +472,11 @@ def test_ptx_all_reaches_the_flags_and_the_knobs_that_can_say_ptx(forge) -> None
 def test_ptxas_threads_reach_the_wrapper_the_plan_and_the_doctors_judgement(forge) -> None:
     from kforge.pipeline import judgement
 
-    one = plan_for(forge, "flash-attn-sm90")
+    one = plan_for(forge, "flash-attn-sm90", ptxas_threads=1)
     assert one.enforce is not None and one.enforce.ptxas_threads is None and "\n  ptxas " not in one.render()
+    two = plan_for(forge, "flash-attn-sm90")  # forge.toml's
+    assert "\n  ptxas       --split-compile=2 in every device step (forge.toml ptxas_threads;" in two.render()
+    assert "\n  ptxas " not in plan_for(forge, "fmha-sm90").render()  # 1, the default: no line
     four = plan_for(forge, "flash-attn-sm90", ptxas_threads=4)
     assert four.enforce is not None and four.enforce.policy.ptxas_threads == 4
     assert ("\n  ptxas       --split-compile=4 in every device step (--ptxas-threads / KFORGE_PTXAS_THREADS; "
