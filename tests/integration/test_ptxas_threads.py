@@ -76,7 +76,7 @@ def test_a_build_with_ptxas_threads_records_them_and_passes_its_doctor(nvcc_env_
     assert "\n  ptxas       --split-compile=3 in every device step" in plan.stdout
     out = kforge("build", "gencode-sm90", "--ptxas-threads", "3", "--wheelhouse", str(root / "wh"), "--no-progress")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "device step(s) ran ptxas with --split-compile=3 (the plan's ptxas_threads)" in out.stderr
+    assert "device step(s) got ptxas --split-compile=3 (the plan's ptxas_threads)" in out.stderr
     (wheel,) = (root / "wh" / "gencode").glob("*.whl")
     doctor = json.loads(Path(str(wheel) + ".manifest.json").read_text())["doctor"]
     assert doctor["judged_by"]["ptxas_threads"] == 3

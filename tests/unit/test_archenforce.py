@@ -106,7 +106,7 @@ def test_summary_counts_ptxas_splits_apart_from_rewrites(tmp_path: Path) -> None
                    + json.dumps({**same, "asked": ["sm_75"], "ptxas_threads": 4}) + "\n")
     s = summarize(log, "on")
     assert s.steps == 1 and s.ptxas == ((4, 4),)
-    assert s.lines()[-1] == "ptxas threads: 4 device step(s) ran ptxas with --split-compile=4 (the plan's ptxas_threads)"
+    assert s.lines()[-1] == "ptxas threads: 4 device step(s) got ptxas --split-compile=4 (the plan's ptxas_threads)"
     assert s.to_dict()["ptxas_threads"] == [{"threads": 4, "count": 4}]
     log.write_text(json.dumps({**same, "ptxas_threads": 2}) + "\n")
     assert summarize(log, "on").lines()[0].endswith("every nvcc step already asked for the plan's archs")

@@ -148,6 +148,7 @@ def test_ptxas_threads_reach_every_device_step_once() -> None:
     assert rewrite(["-shared", "a.o", "-o", "lib.so"], SPLIT4).ptxas_threads == 4  # nvcc-driven link: a device step
     # host-only steps, one thread, check mode: nothing added
     assert "-Xptxas" not in rewrite(["-E", "k.cu"], SPLIT4).argv
+    assert rewrite(["-ptx", "k.cu"], SPLIT4).ptxas_threads is None  # PTX only: no ptxas runs
     assert "-Xptxas" not in rewrite(["-c", "k.cu"], SM90).argv
     check = rewrite(["-c", "k.cu"], Policy(mode="check", archs=SM90.archs, ptxas_threads=4))
     assert check.argv == ("-c", "k.cu")

@@ -313,7 +313,7 @@ class EnforcementSummary:
 
     def lines(self) -> list[str]:
         verb = "rewrote" if self.mode == "on" else "would rewrite (check mode)"
-        split = [f"ptxas threads: {count} device step(s) ran ptxas with --split-compile={n} (the plan's ptxas_threads)"
+        split = [f"ptxas threads: {count} device step(s) got ptxas --split-compile={n} (the plan's ptxas_threads)"
                  for n, count in self.ptxas]
         if not self.steps:
             return [f"arch enforcement ({self.mode}): every nvcc step already asked for the plan's archs", *split]

@@ -35,8 +35,9 @@ script that runs ``python -I <boot> <config> "$@"``, which lands in :func:`main`
     ``-ffile-prefix-map`` leaves line markers as they are.
 
 Every step that asked for something other than what runs is appended to a JSON-lines log;
-the pipeline summarises it once per build. This module imports only the standard library and
-:mod:`kforge.cuda.devicepaths` (the host-compiler shim's half): it runs once per compile unit.
+the pipeline summarises it once per build. This module imports only the standard library,
+:mod:`kforge.cuda.nvccargs` (nvcc's command line, read) and :mod:`kforge.cuda.devicepaths` (the host-compiler
+shim's half): it runs once per compile unit.
 """
 
 from __future__ import annotations
@@ -201,8 +202,9 @@ def rewrite(argv: Sequence[str], policy: Policy) -> Rewrite:
     new = list(p.kept) + [f for a in chosen for f in a.flags()]
     if threads is not None:
         new += ["--threads", str(threads)]
+    ptx_only = any(w in ("-ptx", "--ptx") for w in argv)  # no ptxas runs
     split = policy.ptxas_threads if policy.ptxas_threads and policy.ptxas_threads > 1 and not splits_ptxas(argv) \
-        else None
+        and not ptx_only else None
     if split:
         new += ["-Xptxas", f"--split-compile={split}"]
     return Rewrite(
