@@ -127,5 +127,6 @@ def test_ptxas_options_come_from_the_tkinfo_note() -> None:
     assert split_compile("-arch sm_90 -m 64") is None and split_compile(None) is None
     assert ptxas_options(_tkinfo("-arch sm_90", tool="nvlink")) is None  # another tool's note
     assert ptxas_options(b"") is None and ptxas_options(b"\x01\x02") is None  # truncated: nothing read
+    assert ptxas_options(_tkinfo("")) is None  # ptxas named, but no command line after its version lines
     two = _tkinfo("-arch sm_90", tool="nvlink") + _tkinfo("-arch sm_90 -m 64 -split-compile 2 ")
     assert ptxas_options(two) == "-arch sm_90 -m 64 -split-compile 2"

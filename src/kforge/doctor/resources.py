@@ -165,7 +165,7 @@ def ptxas_options(note: bytes) -> str | None:
         desc = note[start:start + descsz]
         pos = start + ((descsz + 3) & ~3)
         texts = [w.decode("ascii") for w in desc.split(b"\0") if len(w) > 1 and all(32 <= c < 127 for c in w)]
-        if "ptxas" in texts and texts[-1] != "ptxas":
+        if "ptxas" in texts and texts[-1].startswith("-"):  # the command line comes last; no options, no answer
             found = texts[-1].strip()
     return found
 
