@@ -55,9 +55,13 @@ class ArchEnforcement:
     hardcoded: tuple[str, ...] = ()  # "setup.py:12: -gencode arch=compute_75,code=sm_75" ...
     scanned: str = ""  # what was scanned, or why nothing was
     wrapper: bool = False  # the build runs behind kforge's nvcc wrapper (a POSIX host, not a container)
-    ptxas_threads: int | None = None  # > 1: the wrapper gives every device step ptxas --split-compile=N
-    ptxas_asked: int = 1  # what the project (or --ptxas-threads) asked for
+    ptxas_asked: int = 1  # ptxas threads the project (or --ptxas-threads) asked for
     ptxas_from: str = ""  # where that came from
+
+    @property
+    def ptxas_threads(self) -> int | None:
+        """N > 1 where the wrapper gives every device step ptxas ``--split-compile=N`` (it rewrites: mode ``on``)."""
+        return self.ptxas_asked if self.ptxas_asked > 1 and self.wrapper and self.mode == "on" else None
 
     @property
     def policy(self) -> Policy:
@@ -150,10 +154,8 @@ def plan_enforcement(mode: str, flags: Sequence[str], threads: int | None, *, ba
         else:
             scanned = f"{scripts_dir} is not checked out: the build log lists what the wrapper rewrote"
     wrapper = mode != "off" and backend != "cibuildwheel" and platform_os != "windows"
-    split = ptxas_threads if ptxas_threads and ptxas_threads > 1 and wrapper and mode == "on" else None
     return ArchEnforcement(mode=mode, reason=reason, flags=tuple(flags), threads=threads, hardcoded=found,
-                           scanned=scanned, wrapper=wrapper, ptxas_threads=split, ptxas_asked=ptxas_threads or 1,
-                           ptxas_from=ptxas_from)
+                           scanned=scanned, wrapper=wrapper, ptxas_asked=ptxas_threads or 1, ptxas_from=ptxas_from)
 
 
 def scan_build_scripts(tree: Path, *, depth: int = 2, limit: int = 8) -> tuple[str, ...]:
