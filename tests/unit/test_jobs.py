@@ -265,16 +265,29 @@ def test_default_curve_still_fills_the_cores_for_flash_attn_shaped_units() -> No
 
 
 def test_a_64_core_host_does_not_fill_its_cores_with_flash_attn() -> None:
-    # the seed's 73 units on a 64-core, 540 GB host: more jobs slow every unit (host-wide contention), so the
-    # choice stops where the longest unit bounds the build (the 2026-11-27 run: 42 jobs, 559 s in ninja)
+    # the seed's 73 units on a 64-core, 540 GB host: every unit runs 2.23x slower from 42 busy compiles on
+    # (host-wide contention), so the choice stops where the longest unit bounds the build (the 2026-11-27 run:
+    # 42 jobs, 559 s in ninja); more jobs would be no faster, and the fewest processes win the tie
     choice = jobs.choose_jobs(_host(64, 540), FA)
     assert 36 <= choice.max_jobs <= 48 and choice.nvcc_threads == 1
     assert choice.predicted_seconds is not None
-    assert choice.predicted_seconds < jobs.predict(FA, 64, 64, 1)[0]
+    assert choice.predicted_seconds <= jobs.predict(FA, 64, 64, 1)[0]
     assert choice.predicted_seconds < jobs.predict(FA, 64, 32, 1)[0]
     # the plan says why more jobs would not help: one unit is the whole build
     assert "bound by its longest unit, flash_fwd_split_hdim64_fp16_sm80.o at" in choice.reason
     assert "#" not in choice.reason.split(":")[0] and "bound by its longest unit" in jobs.jobs_sentence(choice)
+
+
+def test_the_four_arch_release_build_is_predicted_near_its_measurement() -> None:
+    # flash-attn-release (sm_80 sm_90 sm_100 sm_120) on the 64-core H200 host, 2026-11-28: 32 jobs x 2 nvcc
+    # threads, 1,090.7 s in ninja. The model (seed, rescaled to 4 archs, default curve) said 1,732 s while the curve
+    # rose beyond 42 busy compiles; flat there, it is within 25 %, still above (the seed prices every arch as sm_90)
+    four = profiles.for_arch_count(FA, 4)
+    predicted = jobs.predict(four, 64, 32, 2)[0]
+    assert 1090.7 < predicted < 1.25 * 1090.7
+    # and the plan's own choice on that host is 32 x 2: one device compile per core, no more
+    choice = jobs.choose_jobs(_host(64, 540), four)
+    assert (choice.max_jobs, choice.nvcc_threads) == (32, 2)
 
 
 def test_threads_pay_only_with_more_than_one_arch() -> None:

@@ -22,8 +22,10 @@ def test_default_curve_on_a_big_host_follows_the_busy_compiles_host_wide() -> No
     c = default_curve(64)
     assert c.factor(16) == pytest.approx(1.73) and c.factor(32) == pytest.approx(1.90)
     assert c.factor(42) == pytest.approx(2.23)
-    assert c.factor(64) == pytest.approx(2.23 + 22 * makespan.HOST_WIDE_SLOPE)  # extrapolated, still rising
-    assert c.factor(48) > c.factor(42) and "host-wide" in c.source
+    # flat beyond 42: no 64-busy build there ran slower (sm_80 2.16x, the four-arch release build 1.93x)
+    assert c.factor(64) == pytest.approx(2.23)
+    assert c.factor(128) == pytest.approx(2.23)
+    assert c.factor(48) == c.factor(42) and "host-wide" in c.source
     # where both rules agree (up to 16 busy processes) the two hosts get the same factor
     assert [c.factor(n) for n in (4, 8, 12, 16)] == [default_curve(16).factor(n) for n in (4, 8, 12, 16)]
 

@@ -221,7 +221,7 @@ def choose_jobs(
         longest = max(schedule.slots, key=lambda s: s.end - s.start)
         if schedule.makespan <= (longest.end - longest.start) * 1.05:  # the build is one unit long: the floor
             binding = (f"bound by its longest unit, {longest.name.split('#')[0]} at {longest.end - longest.start:.0f} s with "
-                       f"{jobs * p} busy compiles; more jobs only slow it")
+                       f"{jobs * p} busy compiles; more jobs do not shorten it")
     makespan = how.startswith(("LPT", "estimate"))
     said = (f"predicted makespan {seconds:.0f} s ({how})" if makespan
             else f"predicted {seconds:.1f} s per unit ({how})")

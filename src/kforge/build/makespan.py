@@ -15,8 +15,12 @@ The default curve (a documented guess from measurements, not a law) is the large
 * **busy compiles host-wide** (:data:`HOST_WIDE_POINTS`): on a 64-core H200 host (2026-11-27, issue 34) the
   same 73 units summed to 1.90x the seed's uncontended total at 32 busy processes (upstream's 32 x 4) and
   2.23x at 42 (kforge's 42 x 1), where the share-of-cores rule says 1.0 and 1.23x: the slowdown grows with
-  the number of compiles, not only with the share of cores they take. Beyond 42, the slope from 32 to 42 is
-  extrapolated (:data:`HOST_WIDE_SLOPE`), unmeasured.
+  the number of compiles, not only with the share of cores they take. **Flat beyond 42**: no build at 64 busy
+  compiles on that host ran slower than 2.23x. Measured there: flash-attn's sm_80 units 2.16x the seed (20,876 s,
+  2026-11-27 22:25; on the CPU machine the longest sm_80 unit took 426-437 s, its sm_90 build about 413 s), and the four-arch
+  ``flash-attn-release`` at 32 x 2 (2026-11-28) 31,738 s of unit time, 1.93x the seed's four-arch times at two
+  threads. An earlier version extrapolated +0.033 per compile beyond 42 (2.96x at 64) and predicted that build
+  at 1,732 s against 1,091 s measured in ninja.
 
 A host's own builds replace it (:func:`learn`).
 
@@ -39,8 +43,6 @@ DEFAULT_FULL_LOAD_FACTOR = 1.73
 #: 16-core H200 hosts (2026-11-23), 32 and 42 on a 64-core H200 host (2026-11-27, docs/benchmarks/build-speed.md).
 HOST_WIDE_POINTS: tuple[tuple[float, float], ...] = ((8.0, 1.0), (16.0, DEFAULT_FULL_LOAD_FACTOR), (32.0, 1.90),
                                                      (42.0, 2.23))
-#: Factor per busy process beyond the last host-wide point: (2.23 - 1.90) / 10, extrapolated.
-HOST_WIDE_SLOPE = 0.033
 #: Units that must be common to two builds before their times say anything about contention.
 MIN_COMMON_UNITS = 5
 
@@ -68,23 +70,18 @@ def default_curve(cpus: int) -> Contention:
     """The documented guess for a host nothing was measured on (see the module docstring).
 
     Piecewise linear through one point per busy-process count from 1 to ``cpus``, each the larger of the
-    share-of-cores rule and the host-wide points; flat beyond ``cpus`` (no more processes than cores run).
+    share-of-cores rule and the host-wide points (flat beyond the last); flat beyond ``cpus`` (no more processes
+    than cores run).
     """
     top = max(cpus, 2)
     half = max(1.0, cpus / 2)
     share = Contention(((half, 1.0), (float(top), DEFAULT_FULL_LOAD_FACTOR)), "")
-    last_load, last_factor = HOST_WIDE_POINTS[-1]
     wide = Contention(HOST_WIDE_POINTS, "")
-
-    def host_wide(load: float) -> float:
-        return wide.factor(load) if load <= last_load else last_factor + HOST_WIDE_SLOPE * (load - last_load)
-
-    points = tuple((float(n), round(max(share.factor(n), host_wide(n)), 4)) for n in range(1, top + 1))
+    points = tuple((float(n), round(max(share.factor(n), wide.factor(n)), 4)) for n in range(1, top + 1))
     return Contention(points,
                       f"default guess: the larger of 1.0 up to {half:g} busy processes and {DEFAULT_FULL_LOAD_FACTOR}x "
-                      f"at {top} (share of the cores), and 1.0 at 8, 1.73x at 16, 1.90x at 32, 2.23x at 42 busy "
-                      f"processes, +{HOST_WIDE_SLOPE} each beyond (host-wide) (flash-attn sm_90 on 16- and 64-core "
-                      "H200 hosts)")
+                      f"at {top} (share of the cores), and 1.0 at 8, 1.73x at 16, 1.90x at 32, 2.23x at 42 and beyond "
+                      "busy processes (host-wide) (flash-attn on 16- and 64-core H200 hosts)")
 
 
 def learn(builds: Sequence[tuple[float, Mapping[str, float]]], cpus: int) -> Contention | None:
