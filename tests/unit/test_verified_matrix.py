@@ -13,7 +13,7 @@ from kforge.config.forge import load_forge
 from kforge.config.targets import expand_matrix
 from kforge.errors import TargetError
 from kforge.verified.matrix import build_rows, counts, unbuildable_reason
-from kforge.verified.records import RECORDS_FILE, load_runs, parse_runs
+from kforge.verified.records import RECORDS_FILE, load_runs, load_unfit, parse_runs, parse_unfit
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -69,8 +69,15 @@ def forge(tmp_path: Path):
 
 
 def rows_of(forge, *runs: str, here: str = HOST):
-    parsed = parse_runs(forge, tomllib.loads("".join(runs)), forge.root / RECORDS_FILE)
-    return {(r.target.id, r.profile): r for r in build_rows(forge, parsed, here)}
+    data = tomllib.loads("".join(runs))
+    parsed = parse_runs(forge, data, forge.root / RECORDS_FILE)
+    unfit = parse_unfit(forge, data, forge.root / RECORDS_FILE)
+    return {(r.target.id, r.profile): r for r in build_rows(forge, parsed, here, unfit)}
+
+
+def unfit(target: str, profile: str = "full", why: str = "extrapolated 40 min") -> str:
+    return (f'[[unfit]]\ntarget = "{target}"\nprofile = "{profile}"\nhost = "x4"\nwhy = "{why}"\n'
+            'section = "times.md"\n')
 
 
 def test_every_declared_target_is_a_row_once_per_profile(forge) -> None:
@@ -163,6 +170,35 @@ def test_the_committed_matrix_has_every_declared_target_and_the_verified_ones() 
     assert by[("fmha-sm90", None)].status == "gpu-tested"
     assert by[("flash-attn3-sm90", "minimal")].status == "gpu-tested"
     assert by[("flash-attn3-standalone-sm90", "full")].status == "planned"  # verified.md: not built
+    # every planned Linux x86_64 row of the committed matrix says why it does not fit one GPU run (issue 33)
+    with_why = {(r.target.id, r.profile): r for r in build_rows(forge, load_runs(forge), HOST, load_unfit(forge))}
+    planned = [r for r in with_why.values() if r.status == "planned" and r.target.platform == HOST]
+    assert planned and all(r.unfit is not None and "does not fit one GPU run" in r.label for r in planned)
     assert by[("flashmla-sm120", "full")].status == "built-doctor"  # no sm_120 GPU
     assert by[("flashmla-sm120-windows", "full")].status == "unbuildable"
     assert sum(counts(rows).values()) == len(rows)
+
+
+def test_an_unfit_record_says_why_a_planned_row_is_not_built(forge) -> None:
+    rows = rows_of(forge, unfit("demo-sm90", "small", "a run wrote 68 of 233 objects in 600 s"))
+    row = rows[("demo-sm90", "small")]
+    assert row.status == "planned" and row.unfit is not None
+    assert row.label == ("planned only: does not fit one GPU run on x4: a run wrote 68 of 233 objects in 600 s "
+                         "(times.md)")
+    assert rows[("demo-sm90", "full")].label == "planned only"  # the other profile: no record, no reason
+
+
+def test_an_unfit_record_for_a_built_row_is_stale(forge) -> None:
+    with pytest.raises(TargetError) as err:
+        rows_of(forge, run("demo-sm90", profile="small"), unfit("demo-sm90", "small"))
+    text = err.value.render()
+    assert "unfit[0]" in text and "gpu-tested" in text and "remove unfit[0]" in text.lower()
+
+
+def test_an_unfit_record_of_no_row_or_bad_text_is_an_error(forge) -> None:
+    with pytest.raises(TargetError) as err:
+        rows_of(forge, unfit("demo-sm90-linux-arm"))  # excluded by [matrix]: no row
+    assert "unfit[0]" in err.value.render()
+    with pytest.raises(Exception) as bad:
+        rows_of(forge, unfit("demo-sm90", why="a | b"))
+    assert "unfit[0].why" in str(bad.value.render())

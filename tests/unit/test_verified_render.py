@@ -12,7 +12,7 @@ from kforge.config.forge import load_forge
 from kforge.config.targets import expand_matrix
 from kforge.errors import ConfigError
 from kforge.verified.matrix import build_rows
-from kforge.verified.records import RECORDS_FILE, load_runs, parse_runs
+from kforge.verified.records import RECORDS_FILE, load_runs, load_unfit, parse_runs
 from kforge.verified.render import (
     BEGIN,
     DOC_FILE,
@@ -36,7 +36,7 @@ HOST = "linux-x86_64"
 
 def committed():
     forge = load_forge(ROOT)
-    return forge, build_rows(forge, load_runs(forge), HOST)
+    return forge, build_rows(forge, load_runs(forge), HOST, load_unfit(forge))
 
 
 def test_the_committed_page_holds_exactly_what_the_committed_records_give() -> None:

@@ -11,7 +11,7 @@ from kforge.commands._common import forge_from_args
 from kforge.errors import ConfigError
 from kforge.fsutil import atomic_write_text
 from kforge.verified.matrix import build_rows
-from kforge.verified.records import RECORDS_FILE, load_runs, reference_platform
+from kforge.verified.records import RECORDS_FILE, load_runs, load_unfit, reference_platform
 from kforge.verified.render import DOC_FILE, as_json, markdown, replace_section, summary, text_table
 
 
@@ -39,11 +39,13 @@ def run(args: argparse.Namespace) -> int:
     forge = forge_from_args(args)
     for name in args.project or ():
         forge.project(name)  # an unknown name is an error with a did-you-mean
-    runs = load_runs(forge, Path(args.records).resolve() if args.records else None)
+    records = Path(args.records).resolve() if args.records else None
+    runs = load_runs(forge, records)
+    unfit = load_unfit(forge, records)
     if args.markdown or args.check:
         here = reference_platform(forge)  # the page reads the same on every host
         doc = Path(args.doc).resolve() if args.doc else forge.root / DOC_FILE
-        rows = build_rows(forge, runs, here)
+        rows = build_rows(forge, runs, here, unfit)
         try:
             page = doc.read_text(encoding="utf-8")
         except OSError as exc:
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{doc.name}: wrote the matrix section ({summary(rows)})")
         return 0
     rows = tuple(
-        r for r in build_rows(forge, runs, platform_name()) if not args.project or r.target.project in args.project
+        r for r in build_rows(forge, runs, platform_name(), unfit) if not args.project or r.target.project in args.project
     )
     print(json.dumps(as_json(rows), indent=2) if args.json else text_table(rows))
     return 0

@@ -4,7 +4,8 @@
 per target and build profile, in ``kforge targets`` order. A row's status comes from its runs through kforge only:
 ``gpu-tested`` (GPU tests passed on a GPU), else ``built-doctor``, else ``unbuildable`` where kforge knows the
 target cannot build here (:func:`unbuildable_reason`), else ``planned``. Runs outside kforge (CMake from the tree,
-upstream's setup.py) are shown beside it, never counted as the target's.
+upstream's setup.py) are shown beside it, never counted as the target's. A planned row with an ``[[unfit]]`` record
+says why it does not fit one GPU run; an ``[[unfit]]`` for a row that has been built is an error (stale).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from kforge.config.targets import Target, expand_matrix
 from kforge.cuda.arch import unsupported_reason
 from kforge.errors import ConfigError, TargetError
 from kforge.plan import effective_archs
-from kforge.verified.records import RECORDS_FILE, Run
+from kforge.verified.records import RECORDS_FILE, Run, Unfit
 
 __all__ = ["ROW_STATUSES", "Row", "build_rows", "counts", "unbuildable_reason"]
 
@@ -35,6 +36,7 @@ class Row:
     reason: str | None  # why it cannot build here (status "unbuildable")
     runs: tuple[Run, ...]  # through kforge, for this target and profile, oldest first
     outside: tuple[Run, ...]  # outside kforge, for this target and profile (or naming none), oldest first
+    unfit: Unfit | None = None  # planned rows only: why it does not fit one GPU run
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -49,6 +51,9 @@ class Row:
             return "built + doctor"
         if self.status == "unbuildable":
             return f"unbuildable here: {self.reason}"
+        if self.unfit:
+            u = self.unfit
+            return f"planned only: does not fit one GPU run on {u.host}: {u.why} ({u.section})"
         return "planned only"
 
     @property
@@ -58,10 +63,11 @@ class Row:
         return matching[-1] if matching else None
 
 
-def build_rows(forge: Forge, runs: Sequence[Run], here: str) -> tuple[Row, ...]:
+def build_rows(forge: Forge, runs: Sequence[Run], here: str, unfit: Sequence[Unfit] = ()) -> tuple[Row, ...]:
     """Every target of the matrix as seen from platform ``here``, once per build profile, with its runs.
 
-    A run that matches no row (an arch variant the matrix does not list, say) is a :class:`TargetError`.
+    A run or an ``[[unfit]]`` that matches no row (an arch variant the matrix does not list, say) is a
+    :class:`TargetError`, and so is an ``[[unfit]]`` for a row that is not planned only.
     """
     ordered = sorted(runs, key=_when)
     rows: list[Row] = []
@@ -76,9 +82,30 @@ def build_rows(forge: Forge, runs: Sequence[Run], here: str) -> tuple[Row, ...]:
             outside = tuple(
                 r for r in ordered if r.key == key and not r.through_kforge and r.profile in (None, profile)
             )
-            rows.append(Row(target, profile, _status(mine, why), why, mine, outside))
+            status = _status(mine, why)
+            said = next((u for u in unfit if u.key == key and u.profile == profile), None)
+            if said and status != "planned":
+                raise _stale(said, status)
+            rows.append(Row(target, profile, status, why, mine, outside, said))
     _check_every_run_has_a_row(runs, rows)
+    for u in unfit:
+        if not any(row.unfit is u for row in rows):
+            raise TargetError(
+                f"{RECORDS_FILE}: unfit[{u.index}] names {u.target.project} {u.target.arch_names} on "
+                f"{u.target.platform} (profile {u.profile}), which is no row of the matrix",
+                why="each [[unfit]] explains one planned row, as `kforge matrix` lists them",
+                fix="name a declared target and profile, as `kforge targets` prints them, or remove the entry",
+            )
     return tuple(rows)
+
+
+def _stale(u: Unfit, status: str) -> TargetError:
+    return TargetError(
+        f"{RECORDS_FILE}: unfit[{u.index}] says {u.target.project} {u.target.arch_names} (profile {u.profile}) does "
+        f"not fit one GPU run, but its runs make it {status}",
+        why="an [[unfit]] explains a row that is still planned only; a build that finished proves it stale",
+        fix=f"remove unfit[{u.index}] from {RECORDS_FILE}, then run `kforge matrix --markdown`",
+    )
 
 
 def _when(run: Run) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""The records of real runs, ``docs/verified/records.toml``: one ``[[run]]`` per run docs/verified.md reports.
+"""The records of real runs, ``docs/verified/records.toml``: one ``[[run]]`` per run docs/verified.md reports, and one
+``[[unfit]]`` per planned target that does not fit one GPU run (why, and where the measurements are).
 
 :func:`load_runs` reads the file (keys and types through :mod:`kforge.config.schema`) and resolves each run's
 target against forge.toml, as a linux-x86_64 host spells it (:data:`REFERENCE_PLATFORM`: ``fmha-sm90``,
@@ -30,8 +31,11 @@ __all__ = [
     "STATUSES",
     "VIA",
     "Run",
+    "Unfit",
     "load_runs",
+    "load_unfit",
     "parse_runs",
+    "parse_unfit",
     "reference_platform",
 ]
 
@@ -100,6 +104,33 @@ class Run:
         return self.via == "kforge"
 
 
+@dataclass(frozen=True)
+class UnfitTable:
+    """One ``[[unfit]]`` as written."""
+
+    target: str
+    host: str
+    why: str
+    section: str
+    profile: str | None = None
+
+
+@dataclass(frozen=True)
+class Unfit:
+    """A planned target that does not build inside one GPU run on ``host`` (the biggest kind lent), and why."""
+
+    index: int  # its place in the file, from 0 (the key path unfit[index])
+    target: Target
+    profile: str | None
+    host: str
+    why: str
+    section: str  # where the measurements and extrapolations are
+
+    @property
+    def key(self) -> tuple[str, tuple[str, ...], str]:
+        return self.target.project, tuple(a.sm for a in self.target.archs), self.target.platform
+
+
 class _Reader(Reader):
     def error(self, key: str, problem: str, *, fix: str | None = None) -> ConfigError:
         return ConfigError(f"{self.file.name}: {key} {problem}", fix=fix or _FIX)
@@ -113,6 +144,16 @@ def reference_platform(forge: Forge) -> str:
 def load_runs(forge: Forge, path: Path | None = None) -> tuple[Run, ...]:
     """Every run of the records file (default: :data:`RECORDS_FILE` under forge.toml's root), resolved."""
     path = path or forge.root / RECORDS_FILE
+    return parse_runs(forge, _read(path), path)
+
+
+def load_unfit(forge: Forge, path: Path | None = None) -> tuple[Unfit, ...]:
+    """Every ``[[unfit]]`` of the records file, resolved."""
+    path = path or forge.root / RECORDS_FILE
+    return parse_unfit(forge, _read(path), path)
+
+
+def _read(path: Path) -> dict:
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -122,28 +163,49 @@ def load_runs(forge: Forge, path: Path | None = None) -> tuple[Run, ...]:
             fix=f"run it in a kforge checkout (it holds {RECORDS_FILE}), or pass --records PATH",
         ) from None
     try:
-        data = tomllib.loads(decode_utf8(raw, path))
+        return tomllib.loads(decode_utf8(raw, path))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(
             f"{path.name} is not valid TOML: {exc}", fix=f"fix the syntax at that line of {path}"
         ) from None
-    return parse_runs(forge, data, path)
 
 
 def parse_runs(forge: Forge, data: dict, path: Path) -> tuple[Run, ...]:
     """The runs of a parsed records file (``data``: the TOML document; ``path``: for messages)."""
     reader = _Reader(path)
-    unknown = sorted(set(data) - {"run"})
+    unknown = sorted(set(data) - {"run", "unfit"})
     if unknown:
         raise reader.error(
             unknown[0],
-            f"is not a known table{did_you_mean(unknown[0], ['run'])}",
+            f"is not a known table{did_you_mean(unknown[0], ['run', 'unfit'])}",
             fix=f"write each run as a [[run]] table; {_FIX}",
         )
-    tables = data.get("run", [])
+    return tuple(_run(forge, reader, i, reader.table(RunTable, t, f"run[{i}]"))
+                 for i, t in enumerate(_tables(reader, data, "run")))
+
+
+def parse_unfit(forge: Forge, data: dict, path: Path) -> tuple[Unfit, ...]:
+    """The ``[[unfit]]`` entries of a parsed records file."""
+    reader = _Reader(path)
+    out = []
+    for i, raw in enumerate(_tables(reader, data, "unfit")):
+        key = f"unfit[{i}]"
+        t = reader.table(UnfitTable, raw, key)
+        for name in ("target", "host", "why", "section", "profile"):
+            value = getattr(t, name)
+            if value is not None and ("\n" in value or "|" in value or not value.strip()):
+                raise reader.error(f"{key}.{name}", "must be one line of text without '|' (it becomes a table cell)")
+        target = _target(forge, reader, key, t.target, t.section)
+        out.append(Unfit(i, target, _profile(forge, reader, key, "kforge", t.profile, target), t.host, t.why,
+                         t.section))
+    return tuple(out)
+
+
+def _tables(reader: _Reader, data: dict, name: str) -> list:
+    tables = data.get(name, [])
     if not isinstance(tables, list):
-        raise reader.error("run", "must be an array of tables ([[run]])")
-    return tuple(_run(forge, reader, i, reader.table(RunTable, t, f"run[{i}]")) for i, t in enumerate(tables))
+        raise reader.error(name, f"must be an array of tables ([[{name}]])")
+    return tables
 
 
 def _run(forge: Forge, reader: _Reader, index: int, t: RunTable) -> Run:
@@ -173,11 +235,11 @@ def _run(forge: Forge, reader: _Reader, index: int, t: RunTable) -> Run:
     for name, value in texts:
         if value is not None and ("\n" in value or "|" in value or not value.strip()):
             raise reader.error(f"{key}.{name}", "must be one line of text without '|' (it becomes a table cell)")
-    target = _target(forge, reader, key, t)
+    target = _target(forge, reader, key, t.target, f"{t.date}, {t.section}")
     return Run(
         index=index,
         target=target,
-        profile=_profile(forge, reader, key, t, target),
+        profile=_profile(forge, reader, key, t.via, t.profile, target),
         via=t.via,
         status=t.status,
         host=t.host,
@@ -196,12 +258,12 @@ def _choice(reader: _Reader, key: str, value: str, choices: tuple[str, ...]) -> 
         raise reader.error(key, f"is {value!r}, not one of {', '.join(choices)}{did_you_mean(value, choices)}")
 
 
-def _target(forge: Forge, reader: _Reader, key: str, t: RunTable) -> Target:
+def _target(forge: Forge, reader: _Reader, key: str, target_id: str, where: str) -> Target:
     try:
-        return parse_target(forge, t.target, reference_platform(forge))
+        return parse_target(forge, target_id, reference_platform(forge))
     except KforgeError as exc:
         raise TargetError(
-            f"{reader.file.name}: {key} ({t.date}, {t.section}) names the target '{t.target}', which forge.toml does "
+            f"{reader.file.name}: {key} ({where}) names the target '{target_id}', which forge.toml does "
             f"not declare: {exc.what}",
             why=exc.why,
             fix=f"write the id as `kforge targets` prints it on a {reference_platform(forge)} host, or declare the "
@@ -209,13 +271,13 @@ def _target(forge: Forge, reader: _Reader, key: str, t: RunTable) -> Target:
         ) from None
 
 
-def _profile(forge: Forge, reader: _Reader, key: str, t: RunTable, target: Target) -> str | None:
+def _profile(forge: Forge, reader: _Reader, key: str, via: str, profile: str | None, target: Target) -> str | None:
     project = forge.projects[target.project]
-    if t.profile is None:
-        return project.default_profile if t.via == "kforge" else None
+    if profile is None:
+        return project.default_profile if via == "kforge" else None
     if not project.profiles:
         raise reader.error(
-            f"{key}.profile", f"is {t.profile!r}, and {project.name} has no build profiles", fix=f"drop the key; {_FIX}"
+            f"{key}.profile", f"is {profile!r}, and {project.name} has no build profiles", fix=f"drop the key; {_FIX}"
         )
-    _choice(reader, f"{key}.profile", t.profile, tuple(project.profiles))
-    return t.profile
+    _choice(reader, f"{key}.profile", profile, tuple(project.profiles))
+    return profile

@@ -92,6 +92,7 @@ def as_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
             "status": r.status,
             "label": r.label,
             "reason": r.reason,
+            "unfit": {"host": r.unfit.host, "why": r.unfit.why, "section": r.unfit.section} if r.unfit else None,
             "runs": [_run_json(x) for x in r.runs],
             "outside_kforge": [_run_json(x) for x in r.outside],
         }
