@@ -252,7 +252,7 @@ def make_plan(forge: Forge, target: Target, host: HostFacts, options: PlanOption
     platform = forge.platforms[target.platform]
     profile = profile_name(project, options.profile)
     toolchain, archs = _toolchain(forge, project, target, host, options)
-    jobs = _jobs(project, host, options, job_profile, len(archs), project.units(profile))
+    jobs = _jobs(project, host, options, job_profile, archs, project.units(profile))
     variant = Variant(cuda=Version(f"{toolchain.cuda.major}.{toolchain.cuda.minor}"), python=toolchain.python,
                       torch=toolchain.torch if project.torch_abi else None)
     local_version = local_version_label(project, target.archs, toolchain.cuda, toolchain.torch)
@@ -416,13 +416,13 @@ def _cuda_action(forge: Forge, target: Target, host: HostFacts, cuda: Version, n
             f"when it is not installed: then install the CUDA {cuda} toolkit there, or point CUDA_HOME at it")
 
 
-def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobProfile, archs: int,
+def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobProfile, archs: tuple[Arch, ...],
           units: int | None) -> JobChoice:
     """The job choice, with ``--env MAX_JOBS=..`` / ``NVCC_THREADS=..`` / ``<threads_env>=..`` read back into it.
 
     The profile is taken to the plan's arch count first (nvcc threads only pay with more than one arch); ``units``
     is the build's compile-unit count from forge.toml (the build profile's, else the project's), if declared."""
-    profile = for_arch_count(profile, max(1, archs))
+    profile = for_arch_count(profile, max(1, len(archs)), archs=tuple(a.major * 10 + a.minor for a in archs))
     max_jobs, threads = options.max_jobs, options.nvcc_threads
     if options.env.get("MAX_JOBS", "").strip():
         max_jobs = parse_value(BY_NAME["max_jobs"], options.env["MAX_JOBS"], "--env MAX_JOBS")

@@ -282,12 +282,26 @@ def test_the_four_arch_release_build_is_predicted_near_its_measurement() -> None
     # flash-attn-release (sm_80 sm_90 sm_100 sm_120) on the 64-core H200 host, 2026-11-28: 32 jobs x 2 nvcc
     # threads, 1,090.7 s in ninja. The model (seed, rescaled to 4 archs, default curve) said 1,732 s while the curve
     # rose beyond 42 busy compiles; flat there, it is within 25 %, still above (the seed prices every arch as sm_90)
-    four = profiles.for_arch_count(FA, 4)
-    predicted = jobs.predict(four, 64, 32, 2)[0]
-    assert 1090.7 < predicted < 1.25 * 1090.7
+    # rose beyond 42 busy compiles; flat there, 1,306 s with every arch priced as sm_90 (the seed's arch)
+    unweighted = jobs.predict(profiles.for_arch_count(FA, 4), 64, 32, 2)[0]
+    assert 1090.7 < unweighted < 1.25 * 1090.7
+    # priced with the single-arch builds' weights (sm_100 and sm_120 units are cheaper): within 5 %
+    four = profiles.for_arch_count(FA, 4, archs=(80, 90, 100, 120))
+    assert four.weighted_archs == pytest.approx(3.15, abs=0.01) and "sm_100 0.569" in four.source
+    assert abs(jobs.predict(four, 64, 32, 2)[0] / 1090.7 - 1) < 0.05
     # and the plan's own choice on that host is 32 x 2: one device compile per core, no more
     choice = jobs.choose_jobs(_host(64, 540), four)
     assert (choice.max_jobs, choice.nvcc_threads) == (32, 2)
+
+
+def test_arch_weights_price_a_single_arch_seed_and_leave_measured_profiles_alone() -> None:
+    sm100 = profiles.for_arch_count(FA, 1, archs=(100,))
+    # a unit's time is s + (1 - s) w of the seed's: 0.3 + 0.7 x 0.569 = 0.698 (15,033 / 21,534.5 measured)
+    assert sm100.unit_seconds == pytest.approx(FA.unit_seconds * 0.6983, rel=1e-3)
+    assert profiles.for_arch_count(FA, 1, archs=(90,)).unit_seconds == pytest.approx(FA.unit_seconds)
+    assert profiles.for_arch_count(FA, 1, archs=(89,)).unit_seconds == pytest.approx(FA.unit_seconds)  # unlisted: 1.0
+    measured = _measured({f"u{i}.o": 100.0 for i in range(8)})
+    assert profiles.for_arch_count(measured, 1, archs=(100,)) == measured
 
 
 def test_threads_pay_only_with_more_than_one_arch() -> None:

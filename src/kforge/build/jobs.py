@@ -18,7 +18,9 @@ threads than archs buy nothing.
   UPSTREAM_FACTS). ``beta`` (default 0.25, flash-attn seed 0.1) keeps a margin for
   projects whose per-arch ptxas is the big consumer.
 * **Time** of one unit: ``T(p) = T1 * (s + (1 - s) * a / p)``, where ``T1`` is the time of
-  a single-arch unit and ``s`` the arch-independent share (host pass; default 0.3).
+  a single-arch unit and ``s`` the arch-independent share (host pass; default 0.3). A seed prices
+  ``a`` per arch (:attr:`kforge.build.profiles.JobProfile.arch_weights`: flash-attn's sm_100 and sm_120
+  device passes cost 0.57 and 0.63 of sm_90's, measured), so ``a`` is the archs' summed weight there.
 * **Limits**: ``jobs * peak(p) <= available - headroom`` (headroom: max(2 GiB, 10 %) of
   what is available) and ``jobs * p <= cpus``.
 * **Contention**: a unit at ``L`` busy compile processes takes ``c(L)`` times its uncontended time;
@@ -94,10 +96,7 @@ def unit_memory(profile: JobProfile, threads: int) -> int:
 
 def unit_seconds(profile: JobProfile, threads: int) -> float:
     """Seconds of one unit with ``threads`` nvcc threads (``profile.unit_seconds`` is at one thread)."""
-    a = max(1, profile.arch_count)
-    p = max(1, min(threads, a))
-    s = profile.serial_share
-    return profile.unit_seconds * (s + (1 - s) * a / p) / (s + (1 - s) * a)
+    return profile.unit_seconds * thread_factor(profile, threads)
 
 
 def headroom(host: Resources) -> int:

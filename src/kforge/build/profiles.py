@@ -52,6 +52,16 @@ class JobProfile:
     contention: Contention | None = None  # this host's, from <cache>/jobs/host.json; None: the default curve
     #: Before any unit was measured here: (file-name glob, seconds, count) per kind of unit, longest first (seeds only).
     seed_units: tuple[tuple[str, float, int], ...] = ()
+    #: Seeds only: each arch's device-side cost relative to the seed's own arch ((major*10+minor, weight), ...);
+    #: an arch not listed costs 1.0. :func:`for_arch_count` with the target's archs prices the mix with them.
+    arch_weights: tuple[tuple[int, float], ...] = ()
+    #: The archs' summed weights when :func:`for_arch_count` priced a mix (None: every arch costs 1.0).
+    weighted_archs: float | None = None
+
+    @property
+    def arch_load(self) -> float:
+        """Device compilations' cost of one unit, in the seed arch's units: the arch count, or the weighted sum."""
+        return self.weighted_archs if self.weighted_archs is not None else float(max(1, self.arch_count))
 
 
 #: flash-attn 2.8.3.post2's 73 units for sm_90 as measured in one kforge build on the `nvidia-h200` host
@@ -101,6 +111,16 @@ _FA2_UNITS_AT_16_JOBS: tuple[tuple[str, float], ...] = (
 )
 _FA2_SEED_UNITS = tuple((name, seconds / DEFAULT_FULL_LOAD_FACTOR, 1) for name, seconds in _FA2_UNITS_AT_16_JOBS)
 
+#: flash-attn's single-arch builds on the 64-core H200 host, the 73 units' sums (docs/matrix-build-times.md): sm_90
+#: 21,534.5 s (42 jobs alone, 2026-11-27 16:33), sm_80 20,876 s and sm_100 15,033 s (at once, 64 busy compiles,
+#: 22:25), sm_120 15,887 s (19:37, 24 jobs with FA3's 40 beside it for 9.5 of its 12.8 min). Under the default curve
+#: (flat from 42 busy compiles) the loads compare; a unit's sum ratio r to sm_90's is s + (1 - s) w with the
+#: arch-independent share s = 0.3, so each arch's device weight is w = (r - 0.3) / 0.7.
+_FA2_ARCH_WEIGHTS: tuple[tuple[int, float], ...] = tuple(
+    (arch, round((total / 21534.5 - DEFAULT_SERIAL_SHARE) / (1 - DEFAULT_SERIAL_SHARE), 3))
+    for arch, total in ((80, 20876.0), (90, 21534.5), (100, 15033.0), (120, 15887.0))
+)
+
 #: Seeds from measurements in UPSTREAM_FACTS.md (flash-attn 2.8.3.post2, nvcc 13.0, sm_90,
 #: 16-core H200): fwd units 4.3 GB / 123 s, bwd units 6.3 GB / 170 s, 73 units = 9678 s,
 #: the longest 252 s; three archs with --threads 4 still peaked at 4.3 GB.
@@ -116,6 +136,7 @@ SEEDS: dict[str, JobProfile] = {
         beta=0.1,
         unit_count=73,
         seed_units=_FA2_SEED_UNITS,
+        arch_weights=_FA2_ARCH_WEIGHTS,
     ),
     # FA3's forward units: the whole of the standalone library (plus combine, prepare_scheduler and the API, all
     # smaller) and most of the torch extension (which adds backward units). Measured one at a time with
@@ -220,17 +241,31 @@ def _load_profile(cache_dir: Path, project: str, arch_count: int, build_profile:
     )
 
 
-def for_arch_count(base: JobProfile, arch_count: int, source: str | None = None) -> JobProfile:
+def for_arch_count(base: JobProfile, arch_count: int, source: str | None = None, *,
+                   archs: Sequence[int] = ()) -> JobProfile:
     """``base`` rescaled to ``arch_count`` archs: single-thread unit time grows with archs (device part per
-    arch), peak memory does not. Unit times are rescaled by the same factor (their order is kept)."""
-    if base.arch_count == arch_count:
+    arch), peak memory does not. Unit times are rescaled by the same factor (their order is kept).
+
+    ``archs`` (``major * 10 + minor`` each) prices a seed's arch mix with its :attr:`JobProfile.arch_weights`;
+    without them, or for measured profiles (their times already hold their own mix), every arch costs 1.0."""
+    weighted = None
+    if base.arch_weights and not base.unit_builds and archs and base.arch_count == 1 and len(archs) == arch_count:
+        table = dict(base.arch_weights)
+        weighted = round(sum(table.get(a, 1.0) for a in archs), 4)
+    if base.arch_count == arch_count and weighted is None:
         return replace(base, source=source) if source else base
+    if source is None and weighted is not None:
+        table = dict(base.arch_weights)
+        source = (f"{base.source}, priced for {' + '.join(f'sm_{a} {table.get(a, 1.0):g}' for a in archs)}"
+                  + (f" = {weighted:g}" if len(archs) > 1 else "") + " of its arch's device time")
     source = source or f"{base.source}, rescaled to {arch_count} archs"
     s = base.serial_share
-    factor = (s + (1 - s) * arch_count) / (s + (1 - s) * base.arch_count)
+    load = weighted if weighted is not None else arch_count
+    factor = (s + (1 - s) * load) / (s + (1 - s) * base.arch_load)
     return replace(
         base,
         arch_count=arch_count,
+        weighted_archs=weighted,
         unit_seconds=base.unit_seconds * factor,
         unit_seconds_max=base.unit_seconds_max * factor,
         source=source,
@@ -314,7 +349,7 @@ def save_contention(cache_dir: Path, curve: Contention) -> None:
 
 def thread_factor(profile: JobProfile, threads: int) -> float:
     """A unit's time at ``threads`` nvcc threads over its time at one (threads help only with > 1 arch)."""
-    a = max(1, profile.arch_count)
-    p = max(1, min(threads, a))
+    a = profile.arch_load
+    p = max(1, min(threads, profile.arch_count))
     s = profile.serial_share
     return (s + (1 - s) * a / p) / (s + (1 - s) * a)
