@@ -199,6 +199,9 @@ def test_an_unfit_record_of_no_row_or_bad_text_is_an_error(forge) -> None:
     with pytest.raises(TargetError) as err:
         rows_of(forge, unfit("demo-sm90-linux-arm"))  # excluded by [matrix]: no row
     assert "unfit[0]" in err.value.render()
+    with pytest.raises(TargetError) as twice:
+        rows_of(forge, unfit("demo-sm90"), unfit("demo-sm90"))
+    assert "unfit[1]" in twice.value.render() and "unfit[0] already explains" in twice.value.render()
     with pytest.raises(Exception) as bad:
         rows_of(forge, unfit("demo-sm90", why="a | b"))
     assert "unfit[0].why" in str(bad.value.render())

@@ -20,7 +20,7 @@ threads than archs buy nothing.
 * **Time** of one unit: ``T(p) = T1 * (s + (1 - s) * a / p)``, where ``T1`` is the time of
   a single-arch unit and ``s`` the arch-independent share (host pass; default 0.3). A seed prices
   ``a`` per arch (:attr:`kforge.build.profiles.JobProfile.arch_weights`: flash-attn's sm_100 and sm_120
-  device passes cost 0.57 and 0.63 of sm_90's, measured), so ``a`` is the archs' summed weight there.
+  device passes cost 0.57 and 0.63 of sm_90's, from measured unit sums), so ``a`` is the archs' summed weight there.
 * **Limits**: ``jobs * peak(p) <= available - headroom`` (headroom: max(2 GiB, 10 %) of
   what is available) and ``jobs * p <= cpus``.
 * **Contention**: a unit at ``L`` busy compile processes takes ``c(L)`` times its uncontended time;

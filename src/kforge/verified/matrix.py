@@ -90,9 +90,11 @@ def build_rows(forge: Forge, runs: Sequence[Run], here: str, unfit: Sequence[Unf
     _check_every_run_has_a_row(runs, rows)
     for u in unfit:
         if not any(row.unfit is u for row in rows):
+            twin = next((o for o in unfit if o is not u and (o.key, o.profile) == (u.key, u.profile)), None)
             raise TargetError(
                 f"{RECORDS_FILE}: unfit[{u.index}] names {u.target.project} {u.target.arch_names} on "
-                f"{u.target.platform} (profile {u.profile}), which is no row of the matrix",
+                f"{u.target.platform} (profile {u.profile}), "
+                + (f"the row unfit[{twin.index}] already explains" if twin else "which is no row of the matrix"),
                 why="each [[unfit]] explains one planned row, as `kforge matrix` lists them",
                 fix="name a declared target and profile, as `kforge targets` prints them, or remove the entry",
             )
