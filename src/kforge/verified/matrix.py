@@ -93,7 +93,7 @@ def build_rows(forge: Forge, runs: Sequence[Run], here: str, unfit: Sequence[Unf
             twin = next((o for o in unfit if o is not u and (o.key, o.profile) == (u.key, u.profile)), None)
             raise TargetError(
                 f"{RECORDS_FILE}: unfit[{u.index}] names {u.target.project} {u.target.arch_names} on "
-                f"{u.target.platform} (profile {u.profile}), "
+                f"{u.target.platform}{_profile_words(u)}, "
                 + (f"the row unfit[{twin.index}] already explains" if twin else "which is no row of the matrix"),
                 why="each [[unfit]] explains one planned row, as `kforge matrix` lists them",
                 fix="name a declared target and profile, as `kforge targets` prints them, or remove the entry",
@@ -103,11 +103,15 @@ def build_rows(forge: Forge, runs: Sequence[Run], here: str, unfit: Sequence[Unf
 
 def _stale(u: Unfit, status: str) -> TargetError:
     return TargetError(
-        f"{RECORDS_FILE}: unfit[{u.index}] says {u.target.project} {u.target.arch_names} (profile {u.profile}) does "
+        f"{RECORDS_FILE}: unfit[{u.index}] says {u.target.project} {u.target.arch_names}{_profile_words(u)} does "
         f"not fit one GPU run, but its runs make it {status}",
         why="an [[unfit]] explains a row that is still planned only; a build that finished proves it stale",
         fix=f"remove unfit[{u.index}] from {RECORDS_FILE}, then run `kforge matrix --markdown`",
     )
+
+
+def _profile_words(u: Unfit) -> str:
+    return f" (profile {u.profile})" if u.profile else ""
 
 
 def _when(run: Run) -> tuple[str, str]:
