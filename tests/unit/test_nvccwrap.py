@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kforge.cuda.devicepaths import companion, map_line_markers, map_path, real_compiler
+from kforge.cuda.devicepaths import companion, map_line_markers, map_path, real_compiler, toolkit_maps
 from kforge.cuda.nvccwrap import (
     Config,
     Policy,
@@ -242,6 +242,8 @@ def test_the_wrapper_maps_device_steps_and_the_shim_maps_what_it_preprocesses(tm
     assert argv == ["/cuda/bin/nvcc", "-c", "../src/k.cu", "-o", "k.o", "-frandom-seed=k", *PLAN_FLAGS,
                     "-Xcudafe", "--orig_src_path_name=/kforge/src/k.cu", "-ccbin", str(tmp_path / "hostcc" / "g++")]
     assert "NVCC_CCBIN" not in child_env and "NVCC_APPEND_FLAGS" not in child_env and child_env["KFORGE_HOSTCC"] == "g++"
+    # the shim maps the checkout and the folder of the toolkit nvcc runs from (ptxas reads its headers' times)
+    assert json.loads(child_env["KFORGE_PATH_MAPS"]) == [[str(root), "/kforge"], ["/cuda", "/kforge-cuda"]]
     shim = (tmp_path / "hostcc" / "g++").read_text()
     assert os.access(tmp_path / "hostcc" / "g++", os.X_OK) and '--host-compiler "$0"' in shim and "boot.py" in shim
     main([config.to_json(), "-ccbin", "/opt/gcc-12", "-c", str(root / "src" / "k.cu")], env)
@@ -290,3 +292,17 @@ def test_the_wrapper_applies_the_plans_ptx_policy(ptx, whole, sm80_only) -> None
     assert one.asked == ("sm_80", "compute_80") and one.got == sm80_only
     assert [w for w in one.argv if "compute_" in w and "code=compute_" in w] == (
         ["-gencode=arch=compute_80,code=compute_80"] if "compute_80" in sm80_only else [])
+
+
+def test_the_toolkit_folder_and_its_real_path_are_mapped(tmp_path: Path) -> None:
+    real = tmp_path / "cuda-13.0"
+    (real / "bin").mkdir(parents=True)
+    (tmp_path / "cuda").symlink_to(real)
+    assert toolkit_maps(str(real / "bin" / "nvcc")) == ((str(real), "/kforge-cuda"),)
+    assert toolkit_maps(str(tmp_path / "cuda" / "bin" / "nvcc")) == ((str(tmp_path / "cuda"), "/kforge-cuda"),
+                                                                     (str(real), "/kforge-cuda"))
+    # a bare name, or an nvcc outside a bin folder: nothing to map
+    assert toolkit_maps("nvcc") == () and toolkit_maps("/opt/nvcc") == () and toolkit_maps("/bin/nvcc") == ()
+    line = '# 1 "/usr/local/cuda-13.0/bin/../targets/x86_64-linux/include/cuda_fp16.hpp" 1\n'
+    assert map_line_markers(line, toolkit_maps("/usr/local/cuda-13.0/bin/nvcc"), "/w") == (
+        '# 1 "/kforge-cuda/bin/../targets/x86_64-linux/include/cuda_fp16.hpp" 1\n')

@@ -21,7 +21,8 @@ Three things vary between otherwise identical builds, and kforge fixes all three
   - device code: nvcc has no prefix map of its own, and cicc names source files after the line
     markers of the host preprocessor's output, which no GCC option maps. kforge's nvcc wrapper
     (:mod:`kforge.cuda.nvccwrap`) gives nvcc a host-compiler shim that applies the same map to those line
-    markers, passes input files under the root as paths relative to the step's folder (the fatbin
+    markers (and the CUDA toolkit's folder to ``/kforge-cuda``, where ptxas would read the headers' times for
+    ``-lineinfo``), passes input files under the root as paths relative to the step's folder (the fatbin
     names each image after nvcc's input argument), and gives cudafe++ the input's mapped path (it
     hashes the path into the names of internal-linkage device symbols, ``_INTERNAL_<hash>_``, which
     end up in the PTX and cubin). So it needs the wrapper: the plan says
@@ -126,8 +127,9 @@ class Reproducibility:
         maps = ", ".join(f"{m.old} -> {m.new}" for m in self.path_maps)
         lines.append(f"paths {maps}: {', '.join(self.host_vars)} += {' '.join(self.host_flags)}")
         lines.append(f"NVCC_APPEND_FLAGS += {' '.join(self.nvcc_flags[1:])}")
-        lines.append("device code: " + ("kforge's nvcc wrapper maps the preprocessor's line markers, the "
-                                        "fatbin's file names and cudafe++'s module ids" if self.device_maps else
+        lines.append("device code: " + ("kforge's nvcc wrapper maps the preprocessor's line markers (the CUDA "
+                                        "toolkit's folder -> /kforge-cuda too), the fatbin's file names and "
+                                        "cudafe++'s module ids" if self.device_maps else
                                         f"not mapped ({self.no_device})"))
         return lines
 

@@ -26,6 +26,26 @@ _SHIM = """#!/bin/sh
 _MARKER = re.compile(r'^(#(?:line)? \d+ ")([^"\n]*)(")', re.MULTILINE)
 
 
+#: What the CUDA toolkit's folder is called in device code's line markers (:func:`toolkit_maps`).
+TOOLKIT_MAPPED = "/kforge-cuda"
+
+
+def toolkit_maps(nvcc: str) -> tuple[tuple[str, str], ...]:
+    """The folder of the CUDA toolkit ``nvcc`` runs from (``<root>/bin/nvcc``), and its real path, mapped to
+    :data:`TOOLKIT_MAPPED`; ``()`` for a bare name or a ``nvcc`` outside a ``bin`` folder.
+
+    With ``-lineinfo``, ptxas writes each line-table file's modification time and size into ``.debug_line``, read
+    from the file named in the PTX's ``.file`` directive (``/usr/local/cuda-13.0/bin/../targets/.../cuda_fp16.hpp``);
+    a file that does not exist gets 0 and 0. The checkout's files are mapped (to ``/kforge``), so they get 0 and 0,
+    but the toolkit's headers kept their times: two hosts with one CUDA installed at different times or places
+    (nvcc from PyPI in each user's cache), or a sccache-dist server, whose sandbox holds no such file, gave
+    different cubins. Mapped, every entry is 0 and 0 everywhere."""
+    if not os.path.isabs(nvcc) or os.path.basename(os.path.dirname(nvcc)) != "bin":
+        return ()
+    root = os.path.dirname(os.path.dirname(nvcc))
+    return tuple((r, TOOLKIT_MAPPED) for r in dict.fromkeys((root, os.path.realpath(root))) if r != "/")
+
+
 def map_path(path: str, maps: Sequence[tuple[str, str]]) -> str:
     """``path`` with the longest matching ``old`` folder replaced by its ``new`` (unchanged if none matches)."""
     for old, new in sorted(maps, key=lambda m: len(m[0]), reverse=True):

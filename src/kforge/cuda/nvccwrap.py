@@ -32,7 +32,8 @@ script that runs ``python -I <boot> <config> "$@"``, which lands in :func:`main`
     nvcc gives it into the names of internal-linkage device symbols (``_INTERNAL_<hash>_``);
   - nvcc's host compiler becomes a shim (``-ccbin``, :func:`host_compiler_main`) that runs the real
     one and maps the line markers of what it preprocesses: cicc names device files after them, and
-    ``-ffile-prefix-map`` leaves line markers as they are.
+    ``-ffile-prefix-map`` leaves line markers as they are. The CUDA toolkit's own folder is mapped there
+    too (:func:`kforge.cuda.devicepaths.toolkit_maps`: ptxas records the files' times in ``-lineinfo``).
 
 Every step that asked for something other than what runs is appended to a JSON-lines log;
 the pipeline summarises it once per build. This module imports only the standard library,
@@ -48,7 +49,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from kforge.cuda.devicepaths import HOSTCC_ENV, MAPS_ENV, ensure_shim, host_compiler_main, map_path, under
+from kforge.cuda.devicepaths import (
+    HOSTCC_ENV,
+    MAPS_ENV,
+    ensure_shim,
+    host_compiler_main,
+    map_path,
+    toolkit_maps,
+    under,
+)
 from kforge.cuda.nvccargs import (
     ARCH_NAME,
     CCBIN,
@@ -333,8 +342,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             except OSError as exc:
                 sys.stderr.write(f"kforge nvcc wrapper: cannot write {config.log}: {exc}\n")
     if config.path_maps and config.shim_dir and config.boot and is_device_step(parse(fold_env_flags(nvcc_args, env))):
-        nvcc_args, extra, name = map_device_step(fold_env_flags(nvcc_args, env), config.path_maps, os.getcwd(),
-                                                 config.shim_dir, env)
+        maps = (*config.path_maps, *toolkit_maps(config.nvcc))
+        nvcc_args, extra, name = map_device_step(fold_env_flags(nvcc_args, env), maps, os.getcwd(), config.shim_dir, env)
         env.pop("NVCC_PREPEND_FLAGS", None)
         env.pop("NVCC_APPEND_FLAGS", None)
         env.pop("NVCC_CCBIN", None)
