@@ -329,3 +329,18 @@ def test_ptxas_threads_are_held_to_what_each_cubin_records() -> None:
     with pytest.raises(DoctorError) as info:
         verify(rep, ["sm_90"], ptxas_threads=4)
     assert "--split-compile" in (info.value.fix or "")
+
+
+def test_a_wheel_above_pypis_file_limit_is_a_warning_naming_its_size() -> None:
+    import dataclasses
+
+    from kforge.doctor.checks import PYPI_FILE_LIMIT
+
+    small = check(wheel(binary("sm_90")), expect_archs=["sm_90"])
+    assert not [f for f in small if f.code == "pypi-size"]
+    at_limit = dataclasses.replace(wheel(binary("sm_90")), size=PYPI_FILE_LIMIT)
+    assert not [f for f in check(at_limit, expect_archs=["sm_90"]) if f.code == "pypi-size"]
+    big = dataclasses.replace(wheel(binary("sm_90")), size=240_742_786)  # flash-attn-release, four archs
+    (found,) = [f for f in check(big, expect_archs=["sm_90"]) if f.code == "pypi-size"]
+    assert found.severity == "warning" and not found.is_error and found.wheel == big.filename
+    assert "240,742,786 bytes (229.6 MiB)" in found.message and "100 MiB" in found.message

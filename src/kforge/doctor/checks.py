@@ -34,6 +34,9 @@ without such a note is not judged.
 
 Relocatable device code (``__nv_relfatbin`` of an ``-rdc=true`` object that was never
 device-linked) does not count: the driver cannot load it.
+
+Size: a wheel larger than PyPI takes by default (:data:`PYPI_FILE_LIMIT`) is a warning (``pypi-size``): a wheelhouse
+serves it, an upload to PyPI is refused unless the project has a larger limit.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from kforge.doctor.resources import resource_findings, split_compile
 from kforge.errors import DoctorError
 
 NO_KERNEL_IMAGE = "'no kernel image is available for execution on the device'"
+#: PyPI's default limit for one file (warehouse's MAX_FILESIZE: 100 MiB); a project can ask PyPI for a larger one.
+PYPI_FILE_LIMIT = 100 * 1024 * 1024
 
 
 def check(
@@ -102,9 +107,19 @@ def check(
     if policy is not None:
         findings.extend(_library_findings(label, binaries, wheel.files if wheel else (), policy))
     if wheel is not None:
+        findings.extend(_size_findings(wheel))
         findings = [dataclasses.replace(f, wheel=wheel.filename) for f in findings]
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: order.get(f.severity, 3))
+
+
+def _size_findings(wheel: WheelReport) -> list[Finding]:
+    if wheel.size <= PYPI_FILE_LIMIT:
+        return []
+    return [Finding("warning", "pypi-size", f"wheel {wheel.filename} is {wheel.size:,} bytes ({wheel.size / 2**20:.1f} "
+                    f"MiB), above PyPI's default limit of {PYPI_FILE_LIMIT // 2**20} MiB a file: a wheelhouse serves "
+                    "it, but an upload to PyPI is refused unless the project has a larger limit (ask pypi/support); "
+                    "fewer archs a wheel (one target per arch) make it smaller")]
 
 
 def expected(expect_archs: Sequence[str | Arch]) -> list[tuple[str, str | None, Arch]]:
