@@ -191,10 +191,7 @@ def parse_unfit(forge: Forge, data: dict, path: Path) -> tuple[Unfit, ...]:
     for i, raw in enumerate(_tables(reader, data, "unfit")):
         key = f"unfit[{i}]"
         t = reader.table(UnfitTable, raw, key)
-        for name in ("target", "host", "why", "section", "profile"):
-            value = getattr(t, name)
-            if value is not None and ("\n" in value or "|" in value or not value.strip()):
-                raise reader.error(f"{key}.{name}", "must be one line of text without '|' (it becomes a table cell)")
+        _one_line(reader, key, [(n, getattr(t, n)) for n in ("target", "host", "why", "section", "profile")])
         target = _target(forge, reader, key, t.target, t.section)
         out.append(Unfit(i, target, _profile(forge, reader, key, "kforge", t.profile, target), t.host, t.why,
                          t.section))
@@ -232,9 +229,7 @@ def _run(forge: Forge, reader: _Reader, index: int, t: RunTable) -> Run:
         raise reader.error(f"{key}.wheel_bytes", f"must be the wheel's size in bytes, not {t.wheel_bytes}")
     texts = [(n, getattr(t, n)) for n in ("target", "section", "tests", "note", "profile")]
     texts += [(f"{n}[{i}]", v) for n in ("host", "device") for i, v in enumerate(getattr(t, n))]
-    for name, value in texts:
-        if value is not None and ("\n" in value or "|" in value or not value.strip()):
-            raise reader.error(f"{key}.{name}", "must be one line of text without '|' (it becomes a table cell)")
+    _one_line(reader, key, texts)
     target = _target(forge, reader, key, t.target, f"{t.date}, {t.section}")
     return Run(
         index=index,
@@ -251,6 +246,12 @@ def _run(forge: Forge, reader: _Reader, index: int, t: RunTable) -> Run:
         tests=t.tests,
         note=t.note,
     )
+
+
+def _one_line(reader: _Reader, key: str, texts: list[tuple[str, str | None]]) -> None:
+    for name, value in texts:
+        if value is not None and ("\n" in value or "|" in value or not value.strip()):
+            raise reader.error(f"{key}.{name}", "must be one line of text without '|' (it becomes a table cell)")
 
 
 def _choice(reader: _Reader, key: str, value: str, choices: tuple[str, ...]) -> None:
