@@ -250,14 +250,13 @@ def for_arch_count(base: JobProfile, arch_count: int, source: str | None = None,
     without them, or for measured profiles (their times already hold their own mix), every arch costs 1.0."""
     weighted = None
     if base.arch_weights and not base.unit_builds and archs and base.arch_count == 1 and len(archs) == arch_count:
-        table = dict(base.arch_weights)
-        weighted = round(sum(table.get(a, 1.0) for a in archs), 4)
+        weights = [dict(base.arch_weights).get(a, 1.0) for a in archs]
+        weighted = round(sum(weights), 4)
+        if source is None:
+            source = (f"{base.source}, priced for {' + '.join(f'sm_{a} {w:g}' for a, w in zip(archs, weights, strict=True))}"
+                      + (f" = {weighted:g}" if len(archs) > 1 else "") + " of its arch's device time")
     if base.arch_count == arch_count and weighted is None:
         return replace(base, source=source) if source else base
-    if source is None and weighted is not None:
-        table = dict(base.arch_weights)
-        source = (f"{base.source}, priced for {' + '.join(f'sm_{a} {table.get(a, 1.0):g}' for a in archs)}"
-                  + (f" = {weighted:g}" if len(archs) > 1 else "") + " of its arch's device time")
     source = source or f"{base.source}, rescaled to {arch_count} archs"
     s = base.serial_share
     load = weighted if weighted is not None else arch_count
