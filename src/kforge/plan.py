@@ -20,6 +20,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from kforge.build import unitsplit
 from kforge.build.host import HostFacts
 from kforge.build.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
 from kforge.build.jobs import JobChoice, choose_jobs, jobs_sentence, order_line
@@ -148,6 +149,7 @@ class Plan:
                      "thread_vars": list(self.jobs.thread_vars), "reason": self.jobs.reason,
                      "predicted_seconds": self.jobs.predicted_seconds,
                      "order": [[k, round(v, 1)] for k, v in self.jobs.order], "order_from": self.jobs.order_from,
+                     "split": self.jobs.split_line or None,
                      "ninja_shim": self.ninja_shim},
             "toolchain": {
                 "cuda": str(tc.cuda), "cuda_from": tc.cuda_from, "min_cuda": str(tc.min_cuda),
@@ -206,6 +208,7 @@ class Plan:
             f"  jobs        MAX_JOBS={self.jobs.max_jobs} {threads}: "
             + (self.jobs.reason if verbose else jobs_sentence(self.jobs)),
             f"  order       {order_line(self.jobs)}",
+            *([f"  split       {self.jobs.split_line}"] if self.jobs.split_line else []),
             f"  version     +{self.local_version}" if self.local_version else "  version     no local label",
             f"  repair      {self.repairer}, policy {self.repair_policy.name}: keeps out {', '.join(self.repair_policy.exclude)}"
             + (f"; torch-free: no binary may need {', '.join(TORCH_LIBRARIES)}" if self.repair_policy.torch_free else ""),
@@ -429,9 +432,12 @@ def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobP
     for var in dict.fromkeys((GENERIC_THREADS, project.threads_env)):  # the project's own name wins
         if options.env.get(var, "").strip():
             threads = parse_value(BY_NAME["nvcc_threads"], options.env[var], f"--env {var}")
-    choice = choose_jobs(host.resources, profile, override_max_jobs=max_jobs, override_nvcc_threads=threads,
-                         units=units)
-    return replace(choice, thread_vars=tuple(dict.fromkeys((GENERIC_THREADS, project.threads_env))))
+    choice, split = unitsplit.decide(
+        project.unit_split, options.split_units or "auto", profile, units,
+        lambda prof, n: choose_jobs(host.resources, prof, override_max_jobs=max_jobs, override_nvcc_threads=threads,
+                                    units=n))
+    return replace(choice, thread_vars=tuple(dict.fromkeys((GENERIC_THREADS, project.threads_env))),
+                   split_line=split.line if split else "", split_env=tuple(split.env.items()) if split else ())
 
 
 def _env(project: Project, platform: Platform, profile: str | None, archs: tuple[Arch, ...], toolchain: Toolchain,

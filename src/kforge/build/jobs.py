@@ -70,11 +70,14 @@ class JobChoice:
     #: (unit key, uncontended seconds) longest first: the order kforge's ninja shim starts units in; () = upstream's
     order: tuple[tuple[str, float], ...] = field(default=(), repr=False)
     order_from: str = ""  # "measured" (this host's earlier builds), "seed" (kforge.build.profiles.SEEDS), "" (no order)
+    split_line: str = ""  # the plan's unit-split decision (kforge.build.unitsplit), "" when the project has none
+    split_env: tuple[tuple[str, str], ...] = ()  # the variable that carries it to the project's build
 
     def env(self) -> dict[str, str]:
         """``MAX_JOBS``, ``CMAKE_BUILD_PARALLEL_LEVEL`` and every thread variable, as the build sees them."""
         out = {"MAX_JOBS": str(self.max_jobs), "CMAKE_BUILD_PARALLEL_LEVEL": str(self.max_jobs)}
         out.update({var: str(self.nvcc_threads) for var in self.thread_vars})
+        out.update(self.split_env)
         return out
 
     def halved(self) -> JobChoice | None:

@@ -41,6 +41,7 @@ from kforge.config.model import (
     Profile,
     Project,
     Toolchains,
+    UnitSplit,
 )
 from kforge.config.releasematrix import ReleaseTable, read_release
 from kforge.config.schema import EnvValue, Reader, normalise_env_value
@@ -122,6 +123,15 @@ class SourceTable:
 
 
 @dataclass(frozen=True)
+class UnitSplitTable:
+    env: str
+    units: str
+    parts: Mapping[str, float]
+    exclude: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class ProjectTable:
     source: SourceTable
     archs: tuple[str, ...]
@@ -156,6 +166,7 @@ class ProjectTable:
     upstream_ptx: str | None = None  # none | highest | all: what upstream's own build ships
     strip_debug: bool = True  # strip host debug info from the wheel's own ELF binaries
     ptxas_threads: int = 1  # ptxas --split-compile N in every device step (kforge's nvcc wrapper)
+    unit_split: UnitSplitTable | None = None  # long units its patches can compile in parts (kforge.build.unitsplit)
 
 
 @dataclass(frozen=True)
@@ -331,7 +342,8 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         patches=(root / t.patches).resolve() if t.patches else None, gpu_tests=t.gpu_tests,
         compile_units=t.compile_units, repair_exclude=t.repair_exclude, knobs_valid_for=t.knobs_valid_for,
         arch_enforce=t.arch_enforce, ptx=t.ptx, upstream_ptx=t.upstream_ptx, strip_debug=t.strip_debug,
-        ptxas_threads=t.ptxas_threads, unbuildable=_unbuildable(r, key, t, archs),
+        ptxas_threads=t.ptxas_threads, unit_split=_unit_split(r, f"{key}.unit_split", t.unit_split),
+        unbuildable=_unbuildable(r, key, t, archs),
         platform_tag=_platform_tag(r, f"{key}.platform_tag", t.platform_tag), build_requires=t.build_requires,
         release=read_release(t.release, f"{key}.release", project_archs=archs, torch_abi=t.torch_abi,
                              error=r.error, arch_sets=arch_sets) if t.release else None,
@@ -339,6 +351,19 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
         ci_runner=t.ci_runner or ("self-hosted" if t.torch_abi else "hosted"),
         profiles=MappingProxyType({p: _profile(r, f"{key}.profiles.{p}", p, d) for p, d in t.profiles.items()}),
     )
+
+
+def _unit_split(r: Reader, key: str, t: UnitSplitTable | None) -> UnitSplit | None:
+    if t is None:
+        return None
+    if not t.env.strip() or not t.units.strip():
+        raise r.error(key, "needs env (the variable the project's patch reads) and units (a glob of unit files)",
+                      fix='unit_split = { env = "MY_SPLIT", units = "long_*.o", parts = { _a = 0.6, _b = 0.6 } }')
+    if len(t.parts) < 2 or any(not s.strip() or not 0 < v <= 1 for s, v in t.parts.items()):
+        raise r.error(f"{key}.parts", "must name two or more output suffixes, each with its share of the whole "
+                      "unit's time (0 < share <= 1)", fix="parts = { _kfpart0 = 0.6, _kfpart1 = 0.6 }")
+    return UnitSplit(env=t.env.strip(), units=t.units.strip(), exclude=t.exclude.strip(), note=t.note,
+                     parts=tuple((s.strip(), float(v)) for s, v in t.parts.items()))
 
 
 def _ptx(r: Reader, key: str, t: ProjectTable) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,37 @@ class Profile:
     description: str = ""
     env: Mapping[str, EnvValue] = field(default_factory=lambda: MappingProxyType({}))
     compile_units: int | None = None  # this profile's unit count (the project's compile_units otherwise)
+
+
+@dataclass(frozen=True)
+class UnitSplit:
+    """forge.toml's ``unit_split``: long units the project's patches can compile in parts (:mod:`kforge.build.unitsplit`)."""
+
+    env: str
+    units: str  # glob over a unit's output file name
+    parts: tuple[tuple[str, float], ...]  # (suffix before ".o", share of the whole unit's time)
+    exclude: str = ""  # glob of units that stay whole
+    note: str = ""  # where the shares come from
+
+    def matches(self, key: str) -> bool:
+        name = key.rsplit("/", 1)[-1]
+        return (fnmatch.fnmatchcase(name, self.units) and not (self.exclude and fnmatch.fnmatchcase(name, self.exclude))
+                and self.base_of(key) is None)
+
+    def part_keys(self, key: str) -> tuple[str, ...]:
+        stem = key[:-2] if key.endswith(".o") else key
+        return tuple(f"{stem}{suffix}.o" for suffix, _ in self.parts)
+
+    def base_of(self, key: str) -> str | None:
+        """The whole unit's key when ``key`` is one of its parts, else None."""
+        for suffix, _ in self.parts:
+            if key.endswith(f"{suffix}.o"):
+                return key[: -len(f"{suffix}.o")] + ".o"
+        return None
+
+    @property
+    def total_share(self) -> float:
+        return sum(share for _, share in self.parts)
 
 
 @dataclass(frozen=True)
@@ -150,6 +182,7 @@ class Project:
     upstream_ptx: str | None = None  # UPSTREAM_PTX: what upstream's own build ships, read from its build scripts
     strip_debug: bool = True  # strip host debug info (.debug_*) from the wheel's own ELF binaries before repair
     ptxas_threads: int = 1  # > 1: ptxas --split-compile N in every device step (kforge.cuda.nvccwrap; same SASS)
+    unit_split: UnitSplit | None = None  # long units its patches can compile in parts (kforge.build.unitsplit)
 
     @property
     def default_profile(self) -> str | None:

@@ -66,6 +66,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("ptxas_threads", "KFORGE_PTXAS_THREADS", "--ptxas-threads", "int",
            "ptxas --split-compile N in every device step, through kforge's nvcc wrapper: the same SASS, a long unit's "
            "ptxas on up to N cores (default: the project's ptxas_threads, 1 unless forge.toml sets it)"),
+    Option("split_units", "KFORGE_SPLIT_UNITS", "--split-units", "str",
+           "compile the project's longest units in parts (its forge.toml unit_split): auto (where the plan predicts it "
+           "faster, the default), on, off", choices=("auto", "on", "off")),
     Option("strip_debug", "KFORGE_STRIP_DEBUG", "--keep-debug", "bool",
            "keep the host debug info (.debug_* sections) in the wheel's binaries; KFORGE_STRIP_DEBUG=1 strips it "
            "(default: the project's strip_debug)", flag_value=False),
@@ -93,6 +96,7 @@ class PlanOptions:
     ptx: str | None = None  # upstream | highest | none | all: overrides the project's ptx
     strip_debug: bool | None = None  # False: keep host debug info (--keep-debug); overrides the project's strip_debug
     ptxas_threads: int | None = None  # ptxas --split-compile N; overrides the project's ptxas_threads
+    split_units: str | None = None  # auto | on | off: the project's unit_split (kforge.build.unitsplit); None: auto
     allow_unknown_cuda: bool | None = None  # True: a --cuda/KFORGE_CUDA outside kforge.config.inputs.CUDA_RELEASES is fine
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # --env KEY=VALUE, applied last
     cuda_from: str | None = None  # which layer set ``cuda`` ("KFORGE_CUDA" or "--cuda"), for the plan's story

@@ -1,0 +1,114 @@
+"""Long units cut in parts: when the build's floor is its longest units, compile each as several.
+
+On a host with more cores than a project has long units (flash-attn's 73 units on 64 cores), the build cannot
+end before its longest unit does, however many jobs run: ``flash_fwd_split_hdim64_fp16_sm80`` alone was the whole
+build there (548 s of a 559 s ninja run, docs/benchmarks/build-speed.md). A project whose patch series can compile
+such a unit as several (flash-attn's patch 0005: the kernels of each (Split, Append_KV) pair in a unit of their
+own, the same templates with the same arguments) declares it in forge.toml::
+
+    unit_split = { env = "FLASH_ATTN_KFORGE_SPLITKV_PARTS", units = "flash_fwd_split_hdim*_sm80.o",
+                   exclude = "*_causal_*", parts = { _kfmain = 0.10, _kfpart00 = 0.44, ... } }
+
+``parts`` gives each part's output suffix and its share of the whole unit's time (measured; the shares sum to more
+than 1: every part pays the headers again). The plan predicts the build both ways from the same unit times
+(:func:`cut` and :func:`whole` translate between them) and sets ``env`` to 1 where the cut build is predicted at
+least :data:`MIN_GAIN` faster, else to 0; ``--split-units on|off`` (``KFORGE_SPLIT_UNITS``) decides instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from kforge.build.jobs import JobChoice
+from kforge.build.profiles import JobProfile
+from kforge.config.model import UnitSplit
+
+#: The cut build must be predicted at least this much shorter to be chosen (it costs more CPU time in all).
+MIN_GAIN = 0.05
+MODES = ("auto", "on", "off")
+
+
+def cut(units: Iterable[tuple[str, float]], rule: UnitSplit) -> tuple[tuple[str, float], ...]:
+    """Each whole unit the rule matches, as its parts (each its share of the whole's time); others unchanged."""
+    out: list[tuple[str, float]] = []
+    for key, seconds in whole(units, rule):
+        if rule.matches(key):
+            out.extend((part, seconds * share) for part, (_, share) in zip(rule.part_keys(key), rule.parts, strict=True))
+        else:
+            out.append((key, seconds))
+    return tuple(out)
+
+
+def whole(units: Iterable[tuple[str, float]], rule: UnitSplit) -> tuple[tuple[str, float], ...]:
+    """The parts of a cut unit folded back into it (their sum over the shares' sum); a part without all its
+    siblings is dropped (an unfinished build measured it), the rest unchanged, in first-seen order."""
+    units = tuple(units)
+    groups: dict[str, dict[str, float]] = {}
+    for key, seconds in units:
+        if (base := rule.base_of(key)) is not None:
+            groups.setdefault(base, {})[key] = seconds
+    out: dict[str, float] = {}
+    for key, seconds in units:
+        base = rule.base_of(key)
+        if base is None:
+            out.setdefault(key, seconds)
+        elif len(groups[base]) == len(rule.parts) and base not in out:
+            out[base] = sum(groups[base].values()) / rule.total_share
+    return tuple(out.items())
+
+
+def extra_units(count: int | None, profile: JobProfile, rule: UnitSplit) -> int | None:
+    """The cut build's unit count, from the whole build's ``count`` and the units the profile knows to match."""
+    if count is None:
+        return None
+    names = [k for k, _ in whole(_names(profile), rule)]
+    return count + sum(rule.matches(k) for k in names) * (len(rule.parts) - 1)
+
+
+def _names(profile: JobProfile) -> tuple[tuple[str, float], ...]:
+    if profile.unit_builds:
+        return profile.unit_builds[-1][2]
+    return tuple((glob, s) for glob, s, _ in profile.seed_units)
+
+
+def reshape(profile: JobProfile, rule: UnitSplit, *, split: bool) -> JobProfile:
+    """``profile`` with every unit time (seed and measured builds) as the cut build's (``split``) or the whole one's."""
+    how: Callable[[Iterable[tuple[str, float]], UnitSplit], tuple[tuple[str, float], ...]] = cut if split else whole
+    seeds = tuple((k, s, 1) for k, s in how(((g, s) for g, s, n in profile.seed_units for _ in range(n)), rule))
+    builds = tuple((load, t, how(units, rule)) for load, t, units in profile.unit_builds)
+    count = len(builds[-1][2]) if builds else profile.unit_count
+    return replace(profile, seed_units=seeds if profile.seed_units else (), unit_builds=builds, unit_count=count)
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    """What the plan decided, and why (the plan prints :attr:`line`)."""
+
+    split: bool
+    line: str
+    env: Mapping[str, str]
+
+
+def decide(rule: UnitSplit | None, mode: str, profile: JobProfile, units: int | None,
+           choose: Callable[[JobProfile, int | None], JobChoice]) -> tuple[JobChoice, SplitDecision | None]:
+    """The job choice for the whole build and, with a rule, for the cut one; the faster (or the one ``mode`` asks
+    for) wins. ``choose(profile, units)`` is the plan's job choice for a profile and a unit count."""
+    if rule is None:
+        return choose(profile, units), None
+    whole_profile = reshape(profile, rule, split=False)
+    whole_choice = choose(whole_profile, units)
+    if mode == "off":
+        return whole_choice, SplitDecision(False, f"off (--split-units off): {rule.env}=0", {rule.env: "0"})
+    cut_units = extra_units(units, whole_profile, rule)
+    cut_choice = choose(reshape(profile, rule, split=True), cut_units)
+    a, b = whole_choice.predicted_seconds, cut_choice.predicted_seconds
+    versus = (f"predicted {b:.0f} s cut ({cut_units} units) against {a:.0f} s whole ({units} units)"
+              if a is not None and b is not None else "no makespan prediction to compare")
+    if mode == "on":
+        return cut_choice, SplitDecision(True, f"on (--split-units on): {rule.env}=1; {versus}", {rule.env: "1"})
+    if a is not None and b is not None and b <= a * (1 - MIN_GAIN):
+        return cut_choice, SplitDecision(True, f"{rule.env}=1: the longest units cut in {len(rule.parts)}, {versus}",
+                                         {rule.env: "1"})
+    return whole_choice, SplitDecision(False, f"{rule.env}=0: units kept whole, {versus} (the cut must gain "
+                                              f"{MIN_GAIN:.0%})", {rule.env: "0"})
