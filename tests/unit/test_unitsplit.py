@@ -11,7 +11,7 @@ from kforge.build import jobs, profiles, unitsplit
 from kforge.build.host import HostFacts, Resources
 from kforge.build.profiles import GB, load_profile
 from kforge.config.forge import load_forge
-from kforge.config.model import UnitSplit
+from kforge.config.model import UnitGroup, UnitSplit
 from kforge.config.targets import parse_target
 from kforge.errors import ConfigError
 from kforge.plan import PlanOptions, make_plan
@@ -25,17 +25,22 @@ os = "linux"
 source = { local = "kernels/demo" }
 archs = ["sm_90a"]
 """
-RULE = UnitSplit(env="SPLIT", units="long_*.o", exclude="*_causal*", parts=(("_m", 0.1), ("_a", 0.6), ("_b", 0.5)))
+RULE = UnitSplit(env="SPLIT", groups=(
+    UnitGroup(units="long_*.o", exclude="*_causal*", parts=(("_m", 0.1), ("_a", 0.6), ("_b", 0.5))),
+    UnitGroup(units="bwd_*.o", parts=(("_m", 0.2), ("_d0", 0.9))),
+))
 
 
 def test_cut_and_whole_translate_between_the_two_builds() -> None:
-    units = (("obj/long_1.o", 100.0), ("obj/long_1_causal.o", 80.0), ("obj/short.o", 10.0))
+    units = (("obj/long_1.o", 100.0), ("obj/long_1_causal.o", 80.0), ("obj/short.o", 10.0), ("obj/bwd_1.o", 50.0))
     cut = unitsplit.cut(units, RULE)
     assert cut == (("obj/long_1_m.o", 10.0), ("obj/long_1_a.o", 60.0), ("obj/long_1_b.o", 50.0),
-                   ("obj/long_1_causal.o", 80.0), ("obj/short.o", 10.0))
-    back = dict(unitsplit.whole(cut, RULE))
-    assert back == {"obj/long_1.o": pytest.approx(100.0), "obj/long_1_causal.o": 80.0, "obj/short.o": 10.0}
-    assert unitsplit.cut(cut, RULE) == unitsplit.cut(units, RULE)  # a cut build's times cut again: unchanged
+                   ("obj/long_1_causal.o", 80.0), ("obj/short.o", 10.0), ("obj/bwd_1_m.o", 10.0), ("obj/bwd_1_d0.o", 45.0))
+    back = dict(unitsplit.whole(cut, RULE))  # "_m" is a suffix of both groups: each part finds its own whole unit
+    assert back == {"obj/long_1.o": pytest.approx(100.0), "obj/long_1_causal.o": 80.0, "obj/short.o": 10.0,
+                    "obj/bwd_1.o": pytest.approx(50.0)}
+    again = unitsplit.cut(cut, RULE)  # a cut build's times cut again: unchanged
+    assert [k for k, _ in again] == [k for k, _ in cut] and [v for _, v in again] == pytest.approx([v for _, v in cut])
 
 
 def test_a_part_without_its_siblings_is_dropped_not_taken_for_the_whole_unit() -> None:
@@ -59,15 +64,16 @@ def test_flash_attn_is_cut_on_64_cores_and_kept_whole_on_16() -> None:
     busy compiles) is the build; cut, the floor is a backward unit and the build is predicted >= 5% shorter. On 16
     cores the units fill the slots either way, and the cut's extra header passes only cost time."""
     wide, said = _decide(64)
-    assert said is not None and said.split and said.env == {"FLASH_ATTN_KFORGE_SPLITKV_PARTS": "1"}
+    assert said is not None and said.split and said.env == {"FLASH_ATTN_KFORGE_SPLIT_UNITS": "1"}
     whole_seconds = jobs.choose_jobs(_host(64, 512), profiles.SEEDS["flash-attn"], units=73).predicted_seconds
     assert wide.predicted_seconds is not None and whole_seconds is not None
     assert wide.predicted_seconds <= whole_seconds * (1 - unitsplit.MIN_GAIN)
     assert "flash_fwd_split_hdim64_fp16_sm80_kfpart00.o" in dict(wide.order)
     assert "flash_fwd_split_hdim64_fp16_sm80.o" not in dict(wide.order)
-    assert "(121 units)" in said.line
+    assert "(125 units)" in said.line  # 73 + 12 x 4 + 2 x 2
+    assert "flash_bwd_hdim256_fp16_sm80_kfdrop1.o" in dict(wide.order)
     narrow, kept = _decide(16)
-    assert kept is not None and not kept.split and kept.env == {"FLASH_ATTN_KFORGE_SPLITKV_PARTS": "0"}
+    assert kept is not None and not kept.split and kept.env == {"FLASH_ATTN_KFORGE_SPLIT_UNITS": "0"}
     assert "flash_fwd_split_hdim64_fp16_sm80.o" in dict(narrow.order)
 
 
@@ -75,7 +81,7 @@ def test_on_and_off_override_the_prediction() -> None:
     _, on = _decide(16, "on")
     assert on is not None and on.split and on.line.startswith("on (--split-units on)")
     _, off = _decide(64, "off")
-    assert off is not None and not off.split and off.env == {"FLASH_ATTN_KFORGE_SPLITKV_PARTS": "0"}
+    assert off is not None and not off.split and off.env == {"FLASH_ATTN_KFORGE_SPLIT_UNITS": "0"}
 
 
 def test_a_measured_cut_build_is_read_back_as_whole_units_for_the_whole_prediction(tmp_path: Path) -> None:
@@ -102,11 +108,11 @@ def test_the_plan_prints_the_decision_and_sets_the_variable() -> None:
                          job_profile=seed)
 
     wide = plan(64)
-    assert wide.env["FLASH_ATTN_KFORGE_SPLITKV_PARTS"] == "1"
-    assert "\n  split       FLASH_ATTN_KFORGE_SPLITKV_PARTS=1: the longest units cut in 5, predicted" in wide.render()
-    assert wide.to_dict()["jobs"]["split"].startswith("FLASH_ATTN_KFORGE_SPLITKV_PARTS=1")
-    assert plan(16).env["FLASH_ATTN_KFORGE_SPLITKV_PARTS"] == "0"
-    assert plan(64, split_units="off").env["FLASH_ATTN_KFORGE_SPLITKV_PARTS"] == "0"
+    assert wide.env["FLASH_ATTN_KFORGE_SPLIT_UNITS"] == "1"
+    assert "\n  split       FLASH_ATTN_KFORGE_SPLIT_UNITS=1: the longest units cut in parts, predicted" in wide.render()
+    assert wide.to_dict()["jobs"]["split"].startswith("FLASH_ATTN_KFORGE_SPLIT_UNITS=1")
+    assert plan(16).env["FLASH_ATTN_KFORGE_SPLIT_UNITS"] == "0"
+    assert plan(64, split_units="off").env["FLASH_ATTN_KFORGE_SPLIT_UNITS"] == "0"
     fmha = make_plan(forge, parse_target(forge, "fmha-sm90", "linux-x86_64"),
                      HostFacts(resources=_host(64, 512), **facts), PlanOptions(),
                      job_profile=load_profile(Path("/nonexistent-kforge-cache"), "fmha", 1))
@@ -114,9 +120,11 @@ def test_the_plan_prints_the_decision_and_sets_the_variable() -> None:
 
 
 @pytest.mark.parametrize("table, wrong", [
-    ('{ env = "", units = "a*.o", parts = { _a = 0.5, _b = 0.6 } }', "needs env"),
-    ('{ env = "S", units = "a*.o", parts = { _a = 0.5 } }', "two or more"),
-    ('{ env = "S", units = "a*.o", parts = { _a = 0.5, _b = 1.5 } }', "0 < share <= 1"),
+    ('{ env = "", groups = [{ units = "a*.o", parts = { _a = 0.5, _b = 0.6 } }] }', "needs env"),
+    ('{ env = "S", groups = [] }', "one or more groups"),
+    ('{ env = "S", groups = [{ units = "", parts = { _a = 0.5, _b = 0.6 } }] }', r"groups\[0\]\.units"),
+    ('{ env = "S", groups = [{ units = "a*.o", parts = { _a = 0.5 } }] }', "two or more"),
+    ('{ env = "S", groups = [{ units = "a*.o", parts = { _a = 0.5, _b = 1.5 } }] }', "0 < share <= 1"),
 ])
 def test_a_bad_unit_split_is_refused_naming_the_key(tmp_path: Path, table: str, wrong: str) -> None:
     (tmp_path / "forge.toml").write_text(MINIMAL + f"unit_split = {table}\n")

@@ -3,14 +3,14 @@
 On a host with more cores than a project has long units (flash-attn's 73 units on 64 cores), the build cannot
 end before its longest unit does, however many jobs run: ``flash_fwd_split_hdim64_fp16_sm80`` alone was the whole
 build there (548 s of a 559 s ninja run, docs/benchmarks/build-speed.md). A project whose patch series can compile
-such a unit as several (flash-attn's patch 0005: the kernels of each (Split, Append_KV) pair in a unit of their
-own, the same templates with the same arguments) declares it in forge.toml::
+such a unit as several (flash-attn's patch 0005: the split-KV kernels of each (Split, Append_KV) pair, and the hdim 256
+backward kernels of each Is_dropout, in units of their own, the same templates with the same arguments) declares it in forge.toml::
 
-    unit_split = { env = "FLASH_ATTN_KFORGE_SPLITKV_PARTS", units = "flash_fwd_split_hdim*_sm80.o",
-                   exclude = "*_causal_*", parts = { _kfmain = 0.10, _kfpart00 = 0.44, ... } }
+    unit_split = { env = "FLASH_ATTN_KFORGE_SPLIT_UNITS", groups = [
+        { units = "flash_fwd_split_hdim*_sm80.o", exclude = "*_causal_*", parts = { _kfmain = 0.06, ... } }, ...] }
 
-``parts`` gives each part's output suffix and its share of the whole unit's time (measured; the shares sum to more
-than 1: every part pays the headers again). The plan predicts the build both ways from the same unit times
+Each group's ``parts`` gives each part's output suffix and its share of the whole unit's time (measured; the shares
+sum to more than 1: every part pays the headers again). The plan predicts the build both ways from the same unit times
 (:func:`cut` and :func:`whole` translate between them) and sets ``env`` to 1 where the cut build is predicted at
 least :data:`MIN_GAIN` faster, else to 0; ``--split-units on|off`` (``KFORGE_SPLIT_UNITS``) decides instead.
 """
@@ -30,11 +30,11 @@ MODES = ("auto", "on", "off")
 
 
 def cut(units: Iterable[tuple[str, float]], rule: UnitSplit) -> tuple[tuple[str, float], ...]:
-    """Each whole unit the rule matches, as its parts (each its share of the whole's time); others unchanged."""
+    """Each whole unit a group matches, as its parts (each its share of the whole's time); others unchanged."""
     out: list[tuple[str, float]] = []
     for key, seconds in whole(units, rule):
-        if rule.matches(key):
-            out.extend((part, seconds * share) for part, (_, share) in zip(rule.part_keys(key), rule.parts, strict=True))
+        if (group := rule.group_of(key)) is not None:
+            out.extend((part, seconds * share) for part, (_, share) in zip(group.part_keys(key), group.parts, strict=True))
         else:
             out.append((key, seconds))
     return tuple(out)
@@ -46,15 +46,15 @@ def whole(units: Iterable[tuple[str, float]], rule: UnitSplit) -> tuple[tuple[st
     units = tuple(units)
     groups: dict[str, dict[str, float]] = {}
     for key, seconds in units:
-        if (base := rule.base_of(key)) is not None:
-            groups.setdefault(base, {})[key] = seconds
+        if (found := rule.part_of(key)) is not None:
+            groups.setdefault(found[0], {})[key] = seconds
     out: dict[str, float] = {}
     for key, seconds in units:
-        base = rule.base_of(key)
-        if base is None:
+        found = rule.part_of(key)
+        if found is None:
             out.setdefault(key, seconds)
-        elif len(groups[base]) == len(rule.parts) and base not in out:
-            out[base] = sum(groups[base].values()) / rule.total_share
+        elif len(groups[found[0]]) == len(found[1].parts) and found[0] not in out:
+            out[found[0]] = sum(groups[found[0]].values()) / found[1].total_share
     return tuple(out.items())
 
 
@@ -63,7 +63,7 @@ def extra_units(count: int | None, profile: JobProfile, rule: UnitSplit) -> int 
     if count is None:
         return None
     names = [k for k, _ in whole(_names(profile), rule)]
-    return count + sum(rule.matches(k) for k in names) * (len(rule.parts) - 1)
+    return count + sum(len(g.parts) - 1 for k in names if (g := rule.group_of(k)) is not None)
 
 
 def _names(profile: JobProfile) -> tuple[tuple[str, float], ...]:
@@ -108,7 +108,6 @@ def decide(rule: UnitSplit | None, mode: str, profile: JobProfile, units: int | 
     if mode == "on":
         return cut_choice, SplitDecision(True, f"on (--split-units on): {rule.env}=1; {versus}", {rule.env: "1"})
     if a is not None and b is not None and b <= a * (1 - MIN_GAIN):
-        return cut_choice, SplitDecision(True, f"{rule.env}=1: the longest units cut in {len(rule.parts)}, {versus}",
-                                         {rule.env: "1"})
+        return cut_choice, SplitDecision(True, f"{rule.env}=1: the longest units cut in parts, {versus}", {rule.env: "1"})
     return whole_choice, SplitDecision(False, f"{rule.env}=0: units kept whole, {versus} (the cut must gain "
                                               f"{MIN_GAIN:.0%})", {rule.env: "0"})

@@ -41,6 +41,7 @@ from kforge.config.model import (
     Profile,
     Project,
     Toolchains,
+    UnitGroup,
     UnitSplit,
 )
 from kforge.config.releasematrix import ReleaseTable, read_release
@@ -123,11 +124,16 @@ class SourceTable:
 
 
 @dataclass(frozen=True)
-class UnitSplitTable:
-    env: str
+class UnitGroupTable:
     units: str
     parts: Mapping[str, float]
     exclude: str = ""
+
+
+@dataclass(frozen=True)
+class UnitSplitTable:
+    env: str
+    groups: tuple[UnitGroupTable, ...]
     note: str = ""
 
 
@@ -356,14 +362,20 @@ def _project(r: Reader, name: str, data: Mapping[str, Any], platforms: Mapping[s
 def _unit_split(r: Reader, key: str, t: UnitSplitTable | None) -> UnitSplit | None:
     if t is None:
         return None
-    if not t.env.strip() or not t.units.strip():
-        raise r.error(key, "needs env (the variable the project's patch reads) and units (a glob of unit files)",
-                      fix='unit_split = { env = "MY_SPLIT", units = "long_*.o", parts = { _a = 0.6, _b = 0.6 } }')
-    if len(t.parts) < 2 or any(not s.strip() or not 0 < v <= 1 for s, v in t.parts.items()):
-        raise r.error(f"{key}.parts", "must name two or more output suffixes, each with its share of the whole "
-                      "unit's time (0 < share <= 1)", fix="parts = { _kfpart0 = 0.6, _kfpart1 = 0.6 }")
-    return UnitSplit(env=t.env.strip(), units=t.units.strip(), exclude=t.exclude.strip(), note=t.note,
-                     parts=tuple((s.strip(), float(v)) for s, v in t.parts.items()))
+    if not t.env.strip() or not t.groups:
+        raise r.error(key, "needs env (the variable the project's patch reads) and one or more groups",
+                      fix='unit_split = { env = "MY_SPLIT", groups = [{ units = "long_*.o", parts = { _a = 0.6, _b = 0.6 } }] }')
+    groups = []
+    for i, g in enumerate(t.groups):
+        where = f"{key}.groups[{i}]"
+        if not g.units.strip():
+            raise r.error(f"{where}.units", "must be a glob of unit output files", fix='units = "long_*.o"')
+        if len(g.parts) < 2 or any(not s.strip() or not 0 < v <= 1 for s, v in g.parts.items()):
+            raise r.error(f"{where}.parts", "must name two or more output suffixes, each with its share of the whole "
+                          "unit's time (0 < share <= 1)", fix="parts = { _kfpart0 = 0.6, _kfpart1 = 0.6 }")
+        groups.append(UnitGroup(units=g.units.strip(), exclude=g.exclude.strip(),
+                                parts=tuple((s.strip(), float(v)) for s, v in g.parts.items())))
+    return UnitSplit(env=t.env.strip(), groups=tuple(groups), note=t.note)
 
 
 def _ptx(r: Reader, key: str, t: ProjectTable) -> None:

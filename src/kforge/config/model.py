@@ -72,19 +72,16 @@ class Profile:
 
 
 @dataclass(frozen=True)
-class UnitSplit:
-    """forge.toml's ``unit_split``: long units the project's patches can compile in parts (:mod:`kforge.build.unitsplit`)."""
+class UnitGroup:
+    """Units of one kind that compile in the same parts (one entry of ``unit_split.groups``)."""
 
-    env: str
     units: str  # glob over a unit's output file name
     parts: tuple[tuple[str, float], ...]  # (suffix before ".o", share of the whole unit's time)
     exclude: str = ""  # glob of units that stay whole
-    note: str = ""  # where the shares come from
 
-    def matches(self, key: str) -> bool:
+    def _named(self, key: str) -> bool:
         name = key.rsplit("/", 1)[-1]
-        return (fnmatch.fnmatchcase(name, self.units) and not (self.exclude and fnmatch.fnmatchcase(name, self.exclude))
-                and self.base_of(key) is None)
+        return fnmatch.fnmatchcase(name, self.units) and not (self.exclude and fnmatch.fnmatchcase(name, self.exclude))
 
     def part_keys(self, key: str) -> tuple[str, ...]:
         stem = key[:-2] if key.endswith(".o") else key
@@ -93,13 +90,36 @@ class UnitSplit:
     def base_of(self, key: str) -> str | None:
         """The whole unit's key when ``key`` is one of its parts, else None."""
         for suffix, _ in self.parts:
-            if key.endswith(f"{suffix}.o"):
-                return key[: -len(f"{suffix}.o")] + ".o"
+            if key.endswith(f"{suffix}.o") and self._named(base := key[: -len(f"{suffix}.o")] + ".o"):
+                return base
         return None
+
+    def matches(self, key: str) -> bool:
+        return self._named(key) and self.base_of(key) is None
 
     @property
     def total_share(self) -> float:
         return sum(share for _, share in self.parts)
+
+
+@dataclass(frozen=True)
+class UnitSplit:
+    """forge.toml's ``unit_split``: long units the project's patches can compile in parts (:mod:`kforge.build.unitsplit`)."""
+
+    env: str  # the variable the project's patch reads: "1" cut, "0" whole
+    groups: tuple[UnitGroup, ...]
+    note: str = ""  # where the shares come from
+
+    def group_of(self, key: str) -> UnitGroup | None:
+        """The group a whole unit is cut by, or None."""
+        return next((g for g in self.groups if g.matches(key)), None)
+
+    def part_of(self, key: str) -> tuple[str, UnitGroup] | None:
+        """(the whole unit's key, its group) when ``key`` is a part, else None."""
+        for g in self.groups:
+            if (base := g.base_of(key)) is not None:
+                return base, g
+        return None
 
 
 @dataclass(frozen=True)
