@@ -5,10 +5,9 @@ Each step is a small function ``(plan, run, done) -> result``: it reads the :cla
 doctor) and the frozen results of the steps before it (:class:`Done`), and returns its own frozen result.
 :func:`run_build` is the loop: the per-target lock around it, a logged and timed step per entry of
 :data:`STEPS`. A failure in any step raises its own :class:`~kforge.errors.KforgeError`; nothing reaches
-the wheelhouse unless every step before publish passed, and publish itself is atomic.
-
-To add a step: write ``def my_step(plan, run, done) -> MyResult``, give :class:`Done` a ``my`` field and
-put ``Step("my", my_step, ...)`` where it belongs in :data:`STEPS`.
+the wheelhouse unless every step before publish passed, and publish itself is atomic. To add a step: write
+``def my_step(plan, run, done) -> MyResult``, give :class:`Done` a ``my`` field and put ``Step("my", my_step, ...)``
+where it belongs in :data:`STEPS`.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from kforge import buildinputs, doctor, locking, preflight
 from kforge.backends import Backend, BuildRequest, BuildResult, get_backend
-from kforge.build import environment, profiles, report, reproducible, toolchain
+from kforge.build import environment, profiles, report, reproducible, toolchain, unitsplit
 from kforge.build import order as buildorder
 from kforge.build import venv as buildenv
 from kforge.build.host import HostFacts
@@ -272,6 +271,8 @@ def build_step(plan: Plan, run: Run, done: Done) -> BuildResult:
         profiles.record(run.cache_dir, plan.project.name, len(plan.archs), result.units, build_profile=plan.profile,
                         jobs=ran_with, cpus=run.host.cpus)
     run.log.info(f"built {result.artifact.name} in {result.seconds:.0f} s, peak RSS {result.peak_rss / 2**30:.2f} GiB")
+    if said := unitsplit.confirm(plan.project.unit_split, plan.jobs.split_env, result.units):
+        run.log.info(said)
     return result
 
 
@@ -450,11 +451,9 @@ def steps_for(plan: Plan, steps: Sequence[Step] = STEPS) -> tuple[Step, ...]:
 def check_buildable_here(plan: Plan, host: HostFacts) -> None:
     """The native and cmake backends build for the machine they run on."""
     if plan.target.platform != host.platform and plan.backend != "cibuildwheel":
-        raise BuildError(
-            f"{plan.id} is a {plan.target.platform} build and this host is {host.platform}",
-            why="the native and cmake backends build for the machine they run on",
-            fix=f"run `nox -s build-{plan.id}` on a {plan.target.platform} machine (or CI runner)",
-        )
+        raise BuildError(f"{plan.id} is a {plan.target.platform} build and this host is {host.platform}",
+                         why="the native and cmake backends build for the machine they run on",
+                         fix=f"run `nox -s build-{plan.id}` on a {plan.target.platform} machine (or CI runner)")
 
 
 @contextmanager

@@ -130,3 +130,21 @@ def test_a_bad_unit_split_is_refused_naming_the_key(tmp_path: Path, table: str, 
     (tmp_path / "forge.toml").write_text(MINIMAL + f"unit_split = {table}\n")
     with pytest.raises(ConfigError, match=wrong):
         load_forge(tmp_path)
+
+
+def test_the_build_is_checked_against_the_plans_split() -> None:
+    from kforge.build.measure import UnitMeasure
+    from kforge.errors import BuildError
+
+    def built(*names: str) -> list[UnitMeasure]:
+        return [UnitMeasure(output=f"build/temp/{n}", seconds=1.0, peak_rss=GB) for n in names]
+
+    cut = built("long_1_m.o", "long_1_a.o", "long_1_b.o", "short.o")
+    assert unitsplit.confirm(RULE, (("SPLIT", "1"),), cut) == \
+        "split: 3 parts of 1 other units compiled, as the plan said (SPLIT=1)"
+    assert unitsplit.confirm(RULE, (("SPLIT", "0"),), built("long_1.o", "short.o")).startswith("split: units compiled whole")
+    with pytest.raises(BuildError, match="the plan said SPLIT=1, but the build compiled 0 parts"):
+        unitsplit.confirm(RULE, (("SPLIT", "1"),), built("long_1.o", "short.o"))  # the patch did not cut
+    with pytest.raises(BuildError, match="the plan said SPLIT=0"):
+        unitsplit.confirm(RULE, (("SPLIT", "0"),), cut)
+    assert unitsplit.confirm(None, (), cut) == "" and unitsplit.confirm(RULE, (("SPLIT", "1"),), []) == ""

@@ -21,8 +21,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from kforge.build.jobs import JobChoice
+from kforge.build.measure import UnitMeasure
 from kforge.build.profiles import JobProfile
 from kforge.config.model import UnitSplit
+from kforge.errors import BuildError
 
 #: The cut build must be predicted at least this much shorter to be chosen (it costs more CPU time in all).
 MIN_GAIN = 0.05
@@ -111,3 +113,23 @@ def decide(rule: UnitSplit | None, mode: str, profile: JobProfile, units: int | 
         return cut_choice, SplitDecision(True, f"{rule.env}=1: the longest units cut in parts, {versus}", {rule.env: "1"})
     return whole_choice, SplitDecision(False, f"{rule.env}=0: units kept whole, {versus} (the cut must gain "
                                               f"{MIN_GAIN:.0%})", {rule.env: "0"})
+
+
+def confirm(rule: UnitSplit | None, split_env: Iterable[tuple[str, str]], units: Iterable[UnitMeasure]) -> str:
+    """After the build: the plan's split against the units the build compiled (a line for the log, "" with no rule or
+    nothing measured). Raises when they disagree: a cut the plan asked for that the patch did not make, or the
+    reverse, means the build is not the plan's."""
+    asked = dict(split_env).get(rule.env) if rule is not None else None
+    keys = [u.output.replace("\\", "/").rsplit("/", 1)[-1] for u in units]
+    if rule is None or asked is None or not keys:
+        return ""
+    parts = sum(rule.part_of(k) is not None for k in keys)
+    wholes = sum(rule.group_of(k) is not None for k in keys)
+    if (asked == "1") != (parts > 0) or (asked == "1" and wholes):
+        raise BuildError(f"the plan said {rule.env}={asked}, but the build compiled {parts} parts of cut units and "
+                         f"{wholes} units the cut applies to whole",
+                         why="the project's patch did not do what the plan asked, so the build is not the plan's",
+                         fix=f"check that the patch series that reads {rule.env} applied (kforge patches status), or "
+                             "build with --split-units off")
+    return (f"split: {parts} parts of {len(keys) - parts} other units compiled, as the plan said ({rule.env}=1)"
+            if asked == "1" else f"split: units compiled whole, as the plan said ({rule.env}=0)")
