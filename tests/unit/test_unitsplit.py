@@ -70,8 +70,8 @@ def test_flash_attn_is_cut_on_64_cores_and_kept_whole_on_16() -> None:
     assert wide.predicted_seconds <= whole_seconds * (1 - unitsplit.MIN_GAIN)
     assert "flash_fwd_split_hdim64_fp16_sm80_kfpart00.o" in dict(wide.order)
     assert "flash_fwd_split_hdim64_fp16_sm80.o" not in dict(wide.order)
-    assert "(125 units)" in said.line  # 73 + 12 x 4 + 2 x 2
-    assert "flash_bwd_hdim256_fp16_sm80_kfdrop1.o" in dict(wide.order)
+    assert "(127 units)" in said.line  # 73 + 12 x 4 + 2 x 3
+    assert "flash_bwd_hdim256_fp16_sm80_kfpart2.o" in dict(wide.order)
     narrow, kept = _decide(16)
     assert kept is not None and not kept.split and kept.env == {"FLASH_ATTN_KFORGE_SPLIT_UNITS": "0"}
     assert "flash_fwd_split_hdim64_fp16_sm80.o" in dict(narrow.order)

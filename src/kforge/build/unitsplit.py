@@ -4,7 +4,7 @@ On a host with more cores than a project has long units (flash-attn's 73 units o
 end before its longest unit does, however many jobs run: ``flash_fwd_split_hdim64_fp16_sm80`` alone was the whole
 build there (548 s of a 559 s ninja run, docs/benchmarks/build-speed.md). A project whose patch series can compile
 such a unit as several (flash-attn's patch 0005: the split-KV kernels of each (Split, Append_KV) pair, and the hdim 256
-backward kernels of each Is_dropout, in units of their own, the same templates with the same arguments) declares it in forge.toml::
+backward kernels of each shared-memory branch, in units of their own, the same templates with the same arguments) declares it in forge.toml::
 
     unit_split = { env = "FLASH_ATTN_KFORGE_SPLIT_UNITS", groups = [
         { units = "flash_fwd_split_hdim*_sm80.o", exclude = "*_causal_*", parts = { _kfmain = 0.06, ... } }, ...] }
