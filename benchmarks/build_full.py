@@ -251,7 +251,7 @@ def kforge_run(args: argparse.Namespace, run_dir: Path) -> dict:
         jobs = json.loads(plan.stdout).get("jobs", {})
         choice = {"jobs": jobs.get("max_jobs"), "nvcc_threads": jobs.get("nvcc_threads"),
                   "predicted_seconds": jobs.get("predicted_seconds"), "reason": jobs.get("reason"),
-                  "order_units": len(jobs.get("order", []))}
+                  "order_units": len(jobs.get("order", [])), "split": jobs.get("split")}
     else:
         choice = {"plan_error": plan.stderr[-2000:]}
     cmd = [args.python, "-m", "kforge", "build", args.target, "--wheelhouse", str(run_dir / "wheelhouse"),
@@ -267,7 +267,7 @@ def kforge_run(args: argparse.Namespace, run_dir: Path) -> dict:
                else {"units": 0, "note": f"no .ninja_log under {work}"})
     text = (run_dir / "build.log").read_text(errors="replace")
     out["kforge_log"] = [line.strip() for line in text.splitlines()
-                         if any(k in line for k in ("build order", "ninja order", "built ", "retried", "MAX_JOBS"))][:20]
+                         if any(k in line for k in ("build order", "ninja order", "built ", "retried", "MAX_JOBS", "split:"))][:20]
     if args.sccache_conf:
         stats = subprocess.run(["sccache", "--show-stats", "--stats-format=json"], env=env, capture_output=True,
                                text=True)
