@@ -72,6 +72,7 @@ def test_flash_attn_is_cut_on_64_cores_and_kept_whole_on_16() -> None:
     assert "flash_fwd_split_hdim64_fp16_sm80.o" not in dict(wide.order)
     assert "(127 units)" in said.line  # 73 + 12 x 4 + 2 x 3
     assert "flash_bwd_hdim256_fp16_sm80_kfpart2.o" in dict(wide.order)
+    assert [s for _, s in wide.order] == sorted((s for _, s in wide.order), reverse=True)  # longest first
     narrow, kept = _decide(16)
     assert kept is not None and not kept.split and kept.env == {"FLASH_ATTN_KFORGE_SPLIT_UNITS": "0"}
     assert "flash_fwd_split_hdim64_fp16_sm80.o" in dict(narrow.order)
@@ -141,7 +142,7 @@ def test_the_build_is_checked_against_the_plans_split() -> None:
 
     cut = built("long_1_m.o", "long_1_a.o", "long_1_b.o", "short.o")
     assert unitsplit.confirm(RULE, (("SPLIT", "1"),), cut) == \
-        "split: 3 parts of 1 other units compiled, as the plan said (SPLIT=1)"
+        "split: 3 parts of cut units and 1 other units compiled, as the plan said (SPLIT=1)"
     assert unitsplit.confirm(RULE, (("SPLIT", "0"),), built("long_1.o", "short.o")).startswith("split: units compiled whole")
     with pytest.raises(BuildError, match="the plan said SPLIT=1, but the build compiled 0 parts"):
         unitsplit.confirm(RULE, (("SPLIT", "1"),), built("long_1.o", "short.o"))  # the patch did not cut

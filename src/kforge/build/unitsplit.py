@@ -77,7 +77,8 @@ def _names(profile: JobProfile) -> tuple[tuple[str, float], ...]:
 def reshape(profile: JobProfile, rule: UnitSplit, *, split: bool) -> JobProfile:
     """``profile`` with every unit time (seed and measured builds) as the cut build's (``split``) or the whole one's."""
     how: Callable[[Iterable[tuple[str, float]], UnitSplit], tuple[tuple[str, float], ...]] = cut if split else whole
-    seeds = tuple((k, s, 1) for k, s in how(((g, s) for g, s, n in profile.seed_units for _ in range(n)), rule))
+    seeds = tuple(sorted(((k, s, 1) for k, s in how(((g, s) for g, s, n in profile.seed_units for _ in range(n)), rule)),
+                         key=lambda u: -u[1]))  # longest first, as the seeds are (the plan's order line names the first)
     builds = tuple((load, t, how(units, rule)) for load, t, units in profile.unit_builds)
     count = len(builds[-1][2]) if builds else profile.unit_count
     return replace(profile, seed_units=seeds if profile.seed_units else (), unit_builds=builds, unit_count=count)
@@ -131,5 +132,5 @@ def confirm(rule: UnitSplit | None, split_env: Iterable[tuple[str, str]], units:
                          why="the project's patch did not do what the plan asked, so the build is not the plan's",
                          fix=f"check that the patch series that reads {rule.env} applied (kforge patches status), or "
                              "build with --split-units off")
-    return (f"split: {parts} parts of {len(keys) - parts} other units compiled, as the plan said ({rule.env}=1)"
+    return (f"split: {parts} parts of cut units and {len(keys) - parts} other units compiled, as the plan said ({rule.env}=1)"
             if asked == "1" else f"split: units compiled whole, as the plan said ({rule.env}=0)")
