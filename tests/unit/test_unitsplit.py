@@ -59,10 +59,11 @@ def _decide(cpus: int, mode: str = "auto"):
                             lambda prof, n: jobs.choose_jobs(_host(cpus, 8 * cpus), prof, units=n))
 
 
-def test_flash_attn_is_cut_on_64_cores_and_kept_whole_on_16() -> None:
+def test_flash_attn_is_cut_on_64_cores_and_kept_whole_on_32_and_16() -> None:
     """The seed's 73 units: on 64 cores the longest unit (flash_fwd_split_hdim64_fp16_sm80, 558 s predicted at 42
-    busy compiles) is the build; cut, the floor is a backward unit and the build is predicted >= 5% shorter. On 16
-    cores the units fill the slots either way, and the cut's extra header passes only cost time."""
+    busy compiles) is the build; cut, the floor is a backward unit and the build is predicted >= 5% shorter. On 32
+    and 16 cores the units fill the slots either way, and the cut's extra header passes only cost time (measured on
+    32 cores, 2026-11-28: 749.3 s cut against 640.6 s whole)."""
     wide, said = _decide(64)
     assert said is not None and said.split and said.env == {"FLASH_ATTN_KFORGE_SPLIT_UNITS": "1"}
     whole_seconds = jobs.choose_jobs(_host(64, 512), profiles.SEEDS["flash-attn"], units=73).predicted_seconds
@@ -73,9 +74,10 @@ def test_flash_attn_is_cut_on_64_cores_and_kept_whole_on_16() -> None:
     assert "(127 units)" in said.line  # 73 + 12 x 4 + 2 x 3
     assert "flash_bwd_hdim256_fp16_sm80_kfpart2.o" in dict(wide.order)
     assert [s for _, s in wide.order] == sorted((s for _, s in wide.order), reverse=True)  # longest first
-    narrow, kept = _decide(16)
-    assert kept is not None and not kept.split and kept.env == {"FLASH_ATTN_KFORGE_SPLIT_UNITS": "0"}
-    assert "flash_fwd_split_hdim64_fp16_sm80.o" in dict(narrow.order)
+    for cpus in (32, 16):
+        narrow, kept = _decide(cpus)
+        assert kept is not None and not kept.split and kept.env == {"FLASH_ATTN_KFORGE_SPLIT_UNITS": "0"}
+        assert "flash_fwd_split_hdim64_fp16_sm80.o" in dict(narrow.order)
 
 
 def test_on_and_off_override_the_prediction() -> None:
@@ -144,8 +146,9 @@ def test_the_build_is_checked_against_the_plans_split() -> None:
     assert unitsplit.confirm(RULE, (("SPLIT", "1"),), cut) == \
         "split: 3 parts of cut units and 1 other units compiled, as the plan said (SPLIT=1)"
     assert unitsplit.confirm(RULE, (("SPLIT", "0"),), built("long_1.o", "short.o")).startswith("split: units compiled whole")
-    with pytest.raises(BuildError, match="the plan said SPLIT=1, but the build compiled 0 parts"):
+    with pytest.raises(BuildError, match="the plan said SPLIT=1, but the build compiled 0 parts of cut units and 1 "):
         unitsplit.confirm(RULE, (("SPLIT", "1"),), built("long_1.o", "short.o"))  # the patch did not cut
+    assert "no unit it cuts was compiled" in unitsplit.confirm(RULE, (("SPLIT", "1"),), built("short.o"))  # cache hits
     with pytest.raises(BuildError, match="the plan said SPLIT=0"):
         unitsplit.confirm(RULE, (("SPLIT", "0"),), cut)
     assert unitsplit.confirm(None, (), cut) == "" and unitsplit.confirm(RULE, (("SPLIT", "1"),), []) == ""

@@ -3,8 +3,9 @@
 On a host with more cores than a project has long units (flash-attn's 73 units on 64 cores), the build cannot
 end before its longest unit does, however many jobs run: ``flash_fwd_split_hdim64_fp16_sm80`` alone was the whole
 build there (548 s of a 559 s ninja run, docs/benchmarks/build-speed.md). A project whose patch series can compile
-such a unit as several (flash-attn's patch 0005: the split-KV kernels of each (Split, Append_KV) pair, and the hdim 256
-backward kernels of each shared-memory branch, in units of their own, the same templates with the same arguments) declares it in forge.toml::
+such a unit as several (flash-attn's patch 0005: the split-KV kernels of each (Split, Append_KV) pair, and the hdim
+256 backward kernels of each shared-memory branch, in units of their own, the same templates with the same
+arguments) declares it in forge.toml::
 
     unit_split = { env = "FLASH_ATTN_KFORGE_SPLIT_UNITS", groups = [
         { units = "flash_fwd_split_hdim*_sm80.o", exclude = "*_causal_*", parts = { _kfmain = 0.06, ... } }, ...] }
@@ -28,7 +29,6 @@ from kforge.errors import BuildError
 
 #: The cut build must be predicted at least this much shorter to be chosen (it costs more CPU time in all).
 MIN_GAIN = 0.05
-MODES = ("auto", "on", "off")
 
 
 def cut(units: Iterable[tuple[str, float]], rule: UnitSplit) -> tuple[tuple[str, float], ...]:
@@ -118,19 +118,22 @@ def decide(rule: UnitSplit | None, mode: str, profile: JobProfile, units: int | 
 
 def confirm(rule: UnitSplit | None, split_env: Iterable[tuple[str, str]], units: Iterable[UnitMeasure]) -> str:
     """After the build: the plan's split against the units the build compiled (a line for the log, "" with no rule or
-    nothing measured). Raises when they disagree: a cut the plan asked for that the patch did not make, or the
-    reverse, means the build is not the plan's."""
+    nothing measured; compiler-cache hits are not measured units). Raises when they disagree: a unit the plan cut that
+    compiled whole, or a part where the plan kept the units whole, means the build is not the plan's."""
     asked = dict(split_env).get(rule.env) if rule is not None else None
     keys = [u.output.replace("\\", "/").rsplit("/", 1)[-1] for u in units]
     if rule is None or asked is None or not keys:
         return ""
     parts = sum(rule.part_of(k) is not None for k in keys)
     wholes = sum(rule.group_of(k) is not None for k in keys)
-    if (asked == "1") != (parts > 0) or (asked == "1" and wholes):
+    if (asked == "1" and wholes) or (asked != "1" and parts):
         raise BuildError(f"the plan said {rule.env}={asked}, but the build compiled {parts} parts of cut units and "
                          f"{wholes} units the cut applies to whole",
                          why="the project's patch did not do what the plan asked, so the build is not the plan's",
                          fix=f"check that the patch series that reads {rule.env} applied (kforge patches status), or "
                              "build with --split-units off")
-    return (f"split: {parts} parts of cut units and {len(keys) - parts} other units compiled, as the plan said ({rule.env}=1)"
-            if asked == "1" else f"split: units compiled whole, as the plan said ({rule.env}=0)")
+    if asked != "1":
+        return f"split: units compiled whole, as the plan said ({rule.env}={asked})"
+    if not parts:
+        return f"split: {rule.env}=1, but no unit it cuts was compiled in this build (compiler-cache hits?)"
+    return f"split: {parts} parts of cut units and {len(keys) - parts} other units compiled, as the plan said ({rule.env}=1)"
