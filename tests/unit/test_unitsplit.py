@@ -39,8 +39,9 @@ def test_cut_and_whole_translate_between_the_two_builds() -> None:
     back = dict(unitsplit.whole(cut, RULE))  # "_m" is a suffix of both groups: each part finds its own whole unit
     assert back == {"obj/long_1.o": pytest.approx(100.0), "obj/long_1_causal.o": 80.0, "obj/short.o": 10.0,
                     "obj/bwd_1.o": pytest.approx(50.0)}
-    again = unitsplit.cut(cut, RULE)  # a cut build's times cut again: unchanged
-    assert [k for k, _ in again] == [k for k, _ in cut] and [v for _, v in again] == pytest.approx([v for _, v in cut])
+    assert unitsplit.cut(cut, RULE) == cut  # a cut build's times cut again: unchanged
+    measured = (("long_1_m.o", 20.0), ("long_1_a.o", 70.0), ("long_1_b.o", 40.0), ("bwd_1_m.o", 5.0))
+    assert unitsplit.cut(measured, RULE) == measured[:3]  # measured parts kept as measured; an incomplete set dropped
 
 
 def test_a_part_without_its_siblings_is_dropped_not_taken_for_the_whole_unit() -> None:
@@ -96,6 +97,9 @@ def test_a_measured_cut_build_is_read_back_as_whole_units_for_the_whole_predicti
     assert dict(unitsplit.reshape(prof, RULE, split=False).unit_builds[-1][2]) == {
         "b/long_1.o": pytest.approx(300.0), "b/short.o": 50.0}
     assert unitsplit.extra_units(2, unitsplit.reshape(prof, RULE, split=False), RULE) == 4
+    parts = dict(unitsplit.reshape(prof, RULE, split=True).unit_builds[-1][2])  # the cut prediction: as measured
+    assert parts == {"b/long_1_m.o": pytest.approx(30.0), "b/long_1_a.o": pytest.approx(180.0),
+                     "b/long_1_b.o": pytest.approx(150.0), "b/short.o": 50.0}
 
 
 def test_the_plan_prints_the_decision_and_sets_the_variable() -> None:

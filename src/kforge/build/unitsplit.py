@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from kforge.build.jobs import JobChoice
 from kforge.build.measure import UnitMeasure
 from kforge.build.profiles import JobProfile
-from kforge.config.model import UnitSplit
+from kforge.config.model import UnitGroup, UnitSplit
 from kforge.errors import BuildError
 
 #: The cut build must be predicted at least this much shorter to be chosen (it costs more CPU time in all).
@@ -32,31 +32,45 @@ MIN_GAIN = 0.05
 
 
 def cut(units: Iterable[tuple[str, float]], rule: UnitSplit) -> tuple[tuple[str, float], ...]:
-    """Each whole unit a group matches, as its parts (each its share of the whole's time); others unchanged."""
+    """Each whole unit a group matches, as its parts (each its share of the whole's time); measured parts (a cut build
+    on this host) kept as measured, a part without all its siblings dropped; others unchanged."""
+    units = tuple(units)
+    complete = {base for base, (group, parts) in _groups(units, rule).items() if len(parts) == len(group.parts)}
     out: list[tuple[str, float]] = []
-    for key, seconds in whole(units, rule):
-        if (group := rule.group_of(key)) is not None:
+    for key, seconds in units:
+        if (found := rule.part_of(key)) is not None:
+            if found[0] in complete:
+                out.append((key, seconds))
+        elif (group := rule.group_of(key)) is not None:
             out.extend((part, seconds * share) for part, (_, share) in zip(group.part_keys(key), group.parts, strict=True))
         else:
             out.append((key, seconds))
     return tuple(out)
 
 
+def _groups(units: tuple[tuple[str, float], ...], rule: UnitSplit) -> dict[str, tuple[UnitGroup, dict[str, float]]]:
+    """The measured parts of each cut unit, with its group, by the whole unit's key."""
+    groups: dict[str, tuple[UnitGroup, dict[str, float]]] = {}
+    for key, seconds in units:
+        if (found := rule.part_of(key)) is not None:
+            groups.setdefault(found[0], (found[1], {}))[1][key] = seconds
+    return groups
+
+
 def whole(units: Iterable[tuple[str, float]], rule: UnitSplit) -> tuple[tuple[str, float], ...]:
     """The parts of a cut unit folded back into it (their sum over the shares' sum); a part without all its
     siblings is dropped (an unfinished build measured it), the rest unchanged, in first-seen order."""
     units = tuple(units)
-    groups: dict[str, dict[str, float]] = {}
-    for key, seconds in units:
-        if (found := rule.part_of(key)) is not None:
-            groups.setdefault(found[0], {})[key] = seconds
+    groups = _groups(units, rule)
     out: dict[str, float] = {}
     for key, seconds in units:
         found = rule.part_of(key)
         if found is None:
             out.setdefault(key, seconds)
-        elif len(groups[found[0]]) == len(found[1].parts) and found[0] not in out:
-            out[found[0]] = sum(groups[found[0]].values()) / found[1].total_share
+            continue
+        group, parts = groups[found[0]]
+        if len(parts) == len(group.parts) and found[0] not in out:
+            out[found[0]] = sum(parts.values()) / group.total_share
     return tuple(out.items())
 
 
