@@ -91,15 +91,14 @@ def test_on_and_off_override_the_prediction() -> None:
 def test_a_measured_cut_build_is_read_back_as_whole_units_for_the_whole_prediction(tmp_path: Path) -> None:
     from kforge.build.measure import UnitMeasure
 
-    cut = [UnitMeasure(output=f"b/{k}", seconds=s, peak_rss=GB, returncode=0, nvcc_threads=1)
-           for k, s in unitsplit.cut((("long_1.o", 300.0), ("short.o", 50.0)), RULE)]
+    measured = {"long_1_m.o": 24.0, "long_1_a.o": 200.0, "long_1_b.o": 136.0, "short.o": 50.0}  # not the shares' mix
+    cut = [UnitMeasure(output=f"b/{k}", seconds=s, peak_rss=GB, returncode=0, nvcc_threads=1) for k, s in measured.items()]
     prof = profiles.record(tmp_path, "demo", 1, cut, jobs=4)
     assert dict(unitsplit.reshape(prof, RULE, split=False).unit_builds[-1][2]) == {
-        "b/long_1.o": pytest.approx(300.0), "b/short.o": 50.0}
+        "b/long_1.o": pytest.approx(360.0 / 1.2), "b/short.o": 50.0}
     assert unitsplit.extra_units(2, unitsplit.reshape(prof, RULE, split=False), RULE) == 4
     parts = dict(unitsplit.reshape(prof, RULE, split=True).unit_builds[-1][2])  # the cut prediction: as measured
-    assert parts == {"b/long_1_m.o": pytest.approx(30.0), "b/long_1_a.o": pytest.approx(180.0),
-                     "b/long_1_b.o": pytest.approx(150.0), "b/short.o": 50.0}
+    assert parts == {f"b/{k}": v for k, v in measured.items()}
 
 
 def test_the_plan_prints_the_decision_and_sets_the_variable() -> None:
