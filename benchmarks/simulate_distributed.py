@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kforge.build import makespan, profiles  # noqa: E402
+from kforge.build import makespan, profiles, unitsplit  # noqa: E402
 from kforge.build.makespan import Cluster, Contention, default_curve, simulate_cluster  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def unit_times(args: argparse.Namespace, curve: Contention) -> tuple[list[tuple[
         return units, (f"measured: {len(units)} units of {args.report}, divided by c({args.measured_at_jobs}) = "
                        f"{factor:.2f}")
     seed = profiles.SEEDS["flash-attn"]
-    units = [(f"{glob}#{i}", seconds) for glob, seconds, n in seed.seed_units for i in range(n)]
+    units = [(glob if n == 1 else f"{glob}#{i}", seconds) for glob, seconds, n in seed.seed_units for i in range(n)]
     return units, ("flash-attn's seed (kforge.build.profiles.SEEDS): the 73 unit times of one H200 build at 16 jobs, "
                    "divided by the default c(16)")
 
@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overhead", type=float, default=3.0, help="seconds per unit on the client and the wire (guess)")
     ap.add_argument("--client-cpus", type=int, default=16)
     ap.add_argument("--setup", type=float, default=5.0, help="seconds once per build (toolchain upload; guess)")
+    ap.add_argument("--split-units", action="store_true",
+                    help="the cut build: flash-attn's forge.toml unit_split applied to the unit times (patch 0005)")
     args = ap.parse_args(argv)
     if args.host_json:
         d = json.loads(Path(args.host_json).read_text())
@@ -64,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         curve = default_curve(args.cpus)
     units, source = unit_times(args, curve)
+    if args.split_units:
+        from kforge.config.forge import load_forge
+
+        rule = load_forge(Path(__file__).resolve().parents[1]).projects["flash-attn"].unit_split
+        assert rule is not None
+        units = list(unitsplit.cut(units, rule))
+        source += f"; cut by forge.toml's unit_split into {len(units)} units"
     local = makespan.simulate(units, args.jobs).makespan * curve.factor(args.jobs)
     print(f"SIMULATION, not a measurement. Units: {source}. Contention: {curve.source}.")
     print(f"Overheads (inputs): {args.overhead:g} s per unit, {args.client_cpus} client cores, {args.setup:g} s setup.")
