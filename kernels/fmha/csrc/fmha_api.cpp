@@ -739,6 +739,16 @@ kforge_fmha_status run_bwd(const BwdArgs& a, kforge_fmha::BwdParams& p, bool cau
   } else if (path == BwdPath::kDefault) {
     sm90 = hopper && bwd_sm90_fits(s.head_dim, s.head_dim_v, nullptr) && bwd_sm90_binary(s);
   }
+  if (sm90 && kforge_fmha::bwd_sm90_loads_is("tma") &&
+      (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || s.seqlen_q % 4 != 0)) {
+    return fail(KFORGE_FMHA_ERROR_UNSUPPORTED,
+                "KFORGE_FMHA_BWD_SM90_LOADS is 'tma', but the sm_90a backward's TMA-loads kernel "
+                "takes fixed-length batches with seqlen_q a multiple of 4 only (this call: %s, "
+                "seqlen_q %d); unset KFORGE_FMHA_BWD_SM90_LOADS to let such calls run the "
+                "cp.async kernel",
+                p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr ? "varlen" : "fixed-length",
+                s.seqlen_q);
+  }
   if (s.batch == 0) return ok();  // nothing to compute
 
   p.batch = s.batch;

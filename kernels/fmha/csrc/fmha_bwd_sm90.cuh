@@ -694,13 +694,6 @@ bool bwd_sm90_available() {
 
 namespace sm90bwd {
 
-// The larger of the two kernels' dynamic shared memory (DQ_TMA's and its fallback), for the
-// launch manifest: one entry covers both (their mangled names share the manifest's substring).
-template <int HDIM>
-constexpr unsigned int kLaunchSmem = static_cast<unsigned int>(
-    Shape<HDIM, true>::kSmemBytes > Shape<HDIM, false>::kSmemBytes ? Shape<HDIM, true>::kSmemBytes
-                                                                   : Shape<HDIM, false>::kSmemBytes);
-
 // DQ_TMA's tensor map: the dQ accumulator as [rows] x [hdim] fp32 (rows = heads x workspace rows),
 // {32, 16} boxes, 128-byte swizzle. False when the driver has no cuTensorMapEncodeTiled or refuses.
 inline bool encode_dq_map(CUtensorMap* map, float* dq_accum, int64_t rows, int hdim) {
@@ -733,6 +726,24 @@ cudaError_t launch_main(const BwdParams& p, const CUtensorMap& map, int n_ctas, 
 
 }  // namespace sm90bwd
 
+}  // namespace kforge_fmha
+
+#include "fmha_bwd_sm90_tl.cuh"  // the TMA-loads kernel (the default for fixed-length batches)
+
+namespace kforge_fmha {
+namespace sm90bwd {
+
+// The largest of the three kernels' dynamic shared memory (TL's, DQ_TMA's and its fallback), for
+// the launch manifest: one entry covers all (their mangled names share the manifest's substring).
+constexpr unsigned int max_smem(int a, int b, int c) {
+  return static_cast<unsigned int>(a > b ? (a > c ? a : c) : (b > c ? b : c));
+}
+template <int HDIM>
+constexpr unsigned int kLaunchSmem =
+    max_smem(TlShape<HDIM>::kSmemBytes, Shape<HDIM, true>::kSmemBytes, Shape<HDIM, false>::kSmemBytes);
+
+}  // namespace sm90bwd
+
 // Preprocess (portable), the sm_90a main kernel, convert (portable).
 template <typename T, int HDIM, bool CAUSAL>
 cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
@@ -742,6 +753,14 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   if (n_ctas > 0 && p.batch > 0 && p.num_heads_k > 0) {
     CUtensorMap map{};  // unused by the DQ_SMEM kernel
     bool launched = false;
+    if constexpr (sm90bwd::kDqTma) {
+      err = sm90bwd::launch_main_tl<T, HDIM, CAUSAL>(p, n_ctas, stream);
+      if (err != cudaErrorNotSupported || sm90bwd::tl_required()) {
+        if (err != cudaSuccess) return err;
+        return launch_bwd_convert<T, HDIM, HDIM>(p, stream);
+      }
+      err = cudaSuccess;
+    }
     if constexpr (sm90bwd::kDqTma) {
       if (!sm90bwd::dq_rows_forced() &&
           sm90bwd::encode_dq_map(&map, p.dq_accum, static_cast<int64_t>(p.num_heads) * p.rows, HDIM)) {

@@ -140,12 +140,20 @@ def _bwd_refusal(path: str, d_qk: int, d_v: int) -> str | None:
             os.environ["KFORGE_FMHA_BWD_PATH"] = before
 
 
-@pytest.fixture(params=["portable", "sm90"])
+@pytest.fixture(params=["portable", "sm90", "sm90-cpasync"])
 def bwd_path(request, monkeypatch) -> str:
-    """The backward's path (KFORGE_FMHA_BWD_PATH); sm90 only on an sm_90 GPU with a 90a build."""
+    """The backward's path (KFORGE_FMHA_BWD_PATH); sm90 only on an sm_90 GPU with a 90a build.
+    "sm90" runs the TMA-loads kernel where a call allows it (fixed-length, seqlen_q % 4 == 0) and
+    the cp.async kernel elsewhere; "sm90-cpasync" (KFORGE_FMHA_BWD_SM90_LOADS=cpasync) the cp.async
+    kernel everywhere. Both return "sm90"."""
     path = request.param
-    if path == "sm90" and not _hopper_90a():
+    if path.startswith("sm90") and not _hopper_90a():
         pytest.skip("the sm90 backward needs an sm_90 GPU and a 90a build")
+    if path == "sm90-cpasync":
+        monkeypatch.setenv("KFORGE_FMHA_BWD_SM90_LOADS", "cpasync")
+        path = "sm90"
+    else:
+        monkeypatch.delenv("KFORGE_FMHA_BWD_SM90_LOADS", raising=False)
     monkeypatch.setenv("KFORGE_FMHA_BWD_PATH", path)
     return path
 
@@ -399,6 +407,53 @@ def test_expanded_dout_of_a_sum(pair, bwd_path) -> None:
     ref = sdpa_reference(q, k, v, ones, True, d_qk ** -0.5, torch.float32)
     low = sdpa_reference(q, k, v, ones, True, d_qk ** -0.5, dtype)
     check_rule("out.sum() dout", [ref[0], qg.grad, kg.grad, vg.grad], ref, low, dtype)
+
+
+# --- the sm_90a backward's two kernels --------------------------------------------------------
+
+TL_SHAPES = {k: SHAPES[k] for k in ("mha", "gqa-8/2", "mqa-8/1", "q>k", "long")}  # seqlen_q % 4 == 0
+
+
+@pytest.mark.parametrize("shape", list(TL_SHAPES), ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("pair", [(64, 64), (128, 128)], ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_tma_loads_kernel_matches_the_cpasync_kernel(dtype, pair, causal, shape,
+                                                      monkeypatch) -> None:
+    """KFORGE_FMHA_BWD_SM90_LOADS=tma: the call must run the TMA-loads kernel (else it fails). Its
+    gradients meet the rule, and its dK and dV equal the cp.async kernel's bit for bit (the same
+    products in the same order; only dQ's adds are atomic)."""
+    if not _hopper_90a():
+        pytest.skip("the sm_90a backward needs an sm_90 GPU and a 90a build")
+    monkeypatch.setenv("KFORGE_FMHA_BWD_PATH", "sm90")
+    d = pair[0]
+    b, sq, sk, h, hk = TL_SHAPES[shape]
+    q, k = rand(b, sq, h, d, dtype=dtype), rand(b, sk, hk, d, dtype=dtype)
+    v, dout = rand(b, sk, hk, d, dtype=dtype), rand(b, sq, h, d, dtype=dtype)
+    monkeypatch.setenv("KFORGE_FMHA_BWD_SM90_LOADS", "tma")
+    tl, _ = ours(q, k, v, dout, causal)
+    monkeypatch.setenv("KFORGE_FMHA_BWD_SM90_LOADS", "cpasync")
+    cp, _ = ours(q, k, v, dout, causal)
+    scale = d ** -0.5
+    ref = sdpa_reference(q, k, v, dout, causal, scale, torch.float32)
+    low = sdpa_reference(q, k, v, dout, causal, scale, dtype)
+    check_rule(f"{_ids(dtype)} {pair} causal={causal} {shape} [TMA loads]", tl, ref, low, dtype)
+    assert torch.equal(tl[2], cp[2]) and torch.equal(tl[3], cp[3]), (
+        f"dK / dV differ between the kernels: max |diff| {maxerr(tl[2], cp[2].double()):.3e}, "
+        f"{maxerr(tl[3], cp[3].double()):.3e}")
+
+
+@pytest.mark.parametrize("seqlen", [257, 70], ids=str)
+def test_tma_loads_required_refuses_what_it_cannot_take(seqlen, monkeypatch) -> None:
+    """KFORGE_FMHA_BWD_SM90_LOADS=tma with seqlen_q % 4 != 0 (or varlen): a clear error, no fallback."""
+    if not _hopper_90a():
+        pytest.skip("the sm_90a backward needs an sm_90 GPU and a 90a build")
+    monkeypatch.setenv("KFORGE_FMHA_BWD_PATH", "sm90")
+    monkeypatch.setenv("KFORGE_FMHA_BWD_SM90_LOADS", "tma")
+    q, k, v = (rand(1, seqlen, 2, 64, dtype=torch.bfloat16).requires_grad_(True) for _ in range(3))
+    out = kforge_fmha.attention(q, k, v)
+    with pytest.raises(FmhaUnsupportedError, match="KFORGE_FMHA_BWD_SM90_LOADS is 'tma'"):
+        out.sum().backward()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
