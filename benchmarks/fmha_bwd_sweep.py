@@ -167,10 +167,13 @@ SM90_RED = "KFORGE_FMHA_BWD_SM90_DQ_SMEM=0"
 SM90_DEFER = "KFORGE_FMHA_BWD_SM90_DEFER_DK=2"
 SM90_DEFER64 = "KFORGE_FMHA_BWD_SM90_DEFER_DK=1"
 SM90_DQ_ROWS = "KFORGE_FMHA_BWD_SM90_DQ_TMA=0"
+SM90_TL_ORDER = "KFORGE_FMHA_BWD_SM90_TL_ORDER=1"
+SM90_TL_STM = "KFORGE_FMHA_BWD_SM90_TL_STMATRIX=1"
 SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
-    "base": ([], "the defaults: S^T, dP^T, dV, dK, dQ each waited for in turn, dK from dS "
-                 "registers, dQ by 2-D TMA reductions from shared memory (DQ_TMA, 3 load stages; "
-                 "the library also holds DQ_SMEM's kernel, its fallback)"),
+    "base": ([], "the defaults: fixed-length calls run the TMA-loads kernel (fmha_bwd_sm90_tl.cuh: one "
+                 "barrier a step, FlashAttention-3's step order), the others the cp.async kernel (S^T, "
+                 "dP^T, dV, dK, dQ each waited for in turn, dK from dS registers, dQ by 2-D TMA "
+                 "reductions from shared memory, 3 load stages)"),
     "dqrows": ([SM90_DQ_ROWS], "dQ by one bulk reduction a row (DQ_SMEM), 2 load stages: the default "
                                "from 2026-11-27 14:31 to 22:56"),
     "red": ([SM90_DQ_ROWS, SM90_RED], "dQ by red.global.add from registers (.v4 at hdim 64): the default "
@@ -191,6 +194,11 @@ SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
                             "dkss-dqsmem, defer at hdim 64 only (hdim 128 as dkss-dqsmem)"),
     "dkss-defer64": ([SM90_DK_SS, SM90_DEFER64], "dkss, defer at hdim 64 only: no spills anywhere"),
     "dqv2": (["KFORGE_FMHA_BWD_SM90_DQ_V4=0"], "dQ adds as .v2 at hdim 64 too (the v4 shuffles off)"),
+    # the TMA-loads kernel's knobs (csrc/fmha_bwd_sm90_tl.cuh; fixed-length calls run it)
+    "tl-order": ([SM90_TL_ORDER], "TL kernel: dK issued right behind dV, before the step's barrier; one "
+                                  "wait for dV, dK and dQ"),
+    "tl-stm": ([SM90_TL_STM], "TL kernel: the dS^T tile stored with stmatrix.x4"),
+    "tl-order-stm": ([SM90_TL_ORDER, SM90_TL_STM], "tl-order + tl-stm"),
 }
 SM90_DEFAULT_VARIANTS = ["base", "dqrows", "red", "dkss"]
 # What each path compiles per variant (CMakeLists.txt's KFORGE_FMHA_SWEEP_UNITS), its main

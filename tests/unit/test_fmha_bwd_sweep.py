@@ -136,7 +136,7 @@ def test_every_variant_definition_is_a_knob_of_the_kernel(sweep) -> None:
         for d in defines:
             assert d.partition("=")[0] in known, f"variant {name}: {d} is not read by the kernel"
     assert set(sweep.DEFAULT_VARIANTS) <= set(sweep.VARIANTS) and sweep.DEFAULT_VARIANTS[0] == "base"
-    sm90 = (csrc / "fmha_bwd_sm90.cuh").read_text()
+    sm90 = (csrc / "fmha_bwd_sm90.cuh").read_text() + (csrc / "fmha_bwd_sm90_tl.cuh").read_text()
     known90 = set(re.findall(r"#(?:ifndef|ifdef|if) (KFORGE_FMHA_BWD_SM90_\w+)", sm90))
     for name, (defines, _) in sweep.SM90_VARIANTS.items():
         for d in defines:

@@ -36,6 +36,20 @@ struct BwdTlMaps {
 
 namespace sm90bwd {
 
+// Tuning knobs of the TL kernel (benchmarks/fmha_bwd_sweep.py --path sm90), off until measured:
+// TL_ORDER: dK += dS^T Q is issued right behind dV, before the barrier (both run under it), and
+// dQ alone after it; the step then waits once for dV, dK and dQ.
+#ifndef KFORGE_FMHA_BWD_SM90_TL_ORDER
+#define KFORGE_FMHA_BWD_SM90_TL_ORDER 0
+#endif
+// TL_STMATRIX: the dS^T tile goes to shared memory as 4 stmatrix.x4 a thread instead of 16 4-byte
+// stores.
+#ifndef KFORGE_FMHA_BWD_SM90_TL_STMATRIX
+#define KFORGE_FMHA_BWD_SM90_TL_STMATRIX 0
+#endif
+constexpr bool kTlOrder = KFORGE_FMHA_BWD_SM90_TL_ORDER != 0;
+constexpr bool kTlStm = KFORGE_FMHA_BWD_SM90_TL_STMATRIX != 0;
+
 template <int HDIM>
 struct TlShape {
   static_assert(HDIM == 64 || HDIM == 128, "head dim 64 or 128");
@@ -261,9 +275,20 @@ __global__ void __launch_bounds__(kThreads, 1)
           const float ds1 = st[4 * j + 2 * r + 1] * (dp[4 * j + 2 * r + 1] - d.y);
           const uint32_t packed = Mma<T>::pack(ds0, ds1);
           da[kk][2 * hi + r] = packed;
-          *reinterpret_cast<uint32_t*>(base + ds_off + (key_l + 8 * r) * 128 + ((j ^ g) << 4) +
-                                       t * 4) = packed;
+          if constexpr (!kTlStm) {
+            *reinterpret_cast<uint32_t*>(base + ds_off + (key_l + 8 * r) * 128 + ((j ^ g) << 4) +
+                                         t * 4) = packed;
+          }
         }
+      }
+      if constexpr (kTlStm) {
+        // Matrix i of the four is (j = 2 kk + i / 2, key rows + 8 (i % 2)); lane l addresses row
+        // l % 8 of matrix l / 8 (a key row whose % 8 is l % 8: the swizzle's XOR).
+        const int mi = lane / 8, row = lane % 8;
+        const int j = 2 * kk + mi / 2;
+        sm90tma::stmatrix_x4(sbase + ds_off + (wg * 64 + warp * 16 + 8 * (mi % 2) + row) * 128 +
+                                 ((j ^ row) << 4),
+                             da[kk][0], da[kk][1], da[kk][2], da[kk][3]);
       }
     }
 
@@ -285,6 +310,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     wgmma_commit();
+    if constexpr (kTlOrder) {  // dK += dS^T Q right behind dV
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int dh = 0; dh < KH; ++dh) {
+          Wgmma<T>::rs(dk[dh], da[kk], q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
+        }
+      }
+      wgmma_commit();
+    }
 
     // dS^T visible to the async proxy; both warpgroups meet (every thread is past step it - 1).
     fence_proxy_async();
@@ -304,22 +340,33 @@ __global__ void __launch_bounds__(kThreads, 1)
                k_desc + (HDIM == 128 ? wg : 0) * kKvHalfU + (ks0 + kk) * kRows16U, kk > 0);
     }
     wgmma_commit();
-    wgmma_wait1();  // dV done: pa is free
-    keep(pa);
-#pragma unroll
-    for (int dh = 0; dh < KH; ++dh) keep(dv[dh]);
-
-    // dK += dS^T Q, running under dQ's adds.
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    if constexpr (kTlOrder) {
+      wgmma_wait0();  // dV, dK and dQ done: pa and da are free
+      keep(pa);
+      keep(da);
 #pragma unroll
       for (int dh = 0; dh < KH; ++dh) {
-        Wgmma<T>::rs(dk[dh], da[kk], q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
+        keep(dv[dh]);
+        keep(dk[dh]);
       }
+    } else {
+      wgmma_wait1();  // dV done: pa is free
+      keep(pa);
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) keep(dv[dh]);
+
+      // dK += dS^T Q, running under dQ's adds.
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int dh = 0; dh < KH; ++dh) {
+          Wgmma<T>::rs(dk[dh], da[kk], q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait1();  // dQ done
     }
-    wgmma_commit();
-    wgmma_wait1();  // dQ done
     keep(dq);
 
     // dQ's adds: fmha_bwd_sm90.cuh's DQ_TMA boxes.
