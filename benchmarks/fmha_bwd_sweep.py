@@ -168,7 +168,7 @@ SM90_DEFER = "KFORGE_FMHA_BWD_SM90_DEFER_DK=2"
 SM90_DEFER64 = "KFORGE_FMHA_BWD_SM90_DEFER_DK=1"
 SM90_DQ_ROWS = "KFORGE_FMHA_BWD_SM90_DQ_TMA=0"
 SM90_TL_ORDER = "KFORGE_FMHA_BWD_SM90_TL_ORDER=1"
-SM90_TL_STM = "KFORGE_FMHA_BWD_SM90_TL_STMATRIX=1"
+SM90_TL_NOSTM = "KFORGE_FMHA_BWD_SM90_TL_STMATRIX=0"
 SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
     "base": ([], "the defaults: fixed-length calls run the TMA-loads kernel (fmha_bwd_sm90_tl.cuh: one "
                  "barrier a step, FlashAttention-3's step order), the others the cp.async kernel (S^T, "
@@ -196,9 +196,12 @@ SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
     "dqv2": (["KFORGE_FMHA_BWD_SM90_DQ_V4=0"], "dQ adds as .v2 at hdim 64 too (the v4 shuffles off)"),
     # the TMA-loads kernel's knobs (csrc/fmha_bwd_sm90_tl.cuh; fixed-length calls run it)
     "tl-order": ([SM90_TL_ORDER], "TL kernel: dK issued right behind dV, before the step's barrier; one "
-                                  "wait for dV, dK and dQ"),
-    "tl-stm": ([SM90_TL_STM], "TL kernel: the dS^T tile stored with stmatrix.x4"),
-    "tl-order-stm": ([SM90_TL_ORDER, SM90_TL_STM], "tl-order + tl-stm"),
+                                  "wait for dV, dK and dQ (11:47: -3 to -8% at hdim 128)"),
+    "tl-nostm": ([SM90_TL_NOSTM], "TL kernel: the dS^T tile stored with 4-byte stores (the stmatrix.x4 "
+                                  "stores are the default since 2026-11-28 11:47)"),
+    "tl-order-nostm": ([SM90_TL_ORDER, SM90_TL_NOSTM], "tl-order + tl-nostm"),
+    "tl-pre": (["KFORGE_FMHA_BWD_SM90_TL_PRE=1"], "TL kernel: the next step's S^T and dP^T issued at the end "
+                                                 "of a step, behind its dK (ptxas: 128 spill bytes at hdim 128)"),
 }
 SM90_DEFAULT_VARIANTS = ["base", "dqrows", "red", "dkss"]
 # What each path compiles per variant (CMakeLists.txt's KFORGE_FMHA_SWEEP_UNITS), its main

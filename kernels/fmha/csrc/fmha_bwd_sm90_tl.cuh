@@ -36,17 +36,24 @@ struct BwdTlMaps {
 
 namespace sm90bwd {
 
-// Tuning knobs of the TL kernel (benchmarks/fmha_bwd_sweep.py --path sm90), off until measured:
-// TL_ORDER: dK += dS^T Q is issued right behind dV, before the barrier (both run under it), and
+// Tuning knobs of the TL kernel (benchmarks/fmha_bwd_sweep.py --path sm90):
+// TL_ORDER (off): dK += dS^T Q is issued right behind dV, before the barrier (both run under it), and
 // dQ alone after it; the step then waits once for dV, dK and dQ.
 #ifndef KFORGE_FMHA_BWD_SM90_TL_ORDER
 #define KFORGE_FMHA_BWD_SM90_TL_ORDER 0
 #endif
-// TL_STMATRIX: the dS^T tile goes to shared memory as 4 stmatrix.x4 a thread instead of 16 4-byte
-// stores.
+// TL_STMATRIX (on): the dS^T tile goes to shared memory as 4 stmatrix.x4 a thread instead of 16
+// 4-byte stores. H200 sweep of 2026-11-28 11:47 (bf16, 16k tokens): +2-6% at head dim 128, -2% to
+// +3% at 64; TL_ORDER lost 3-8% at 128 and is off.
 #ifndef KFORGE_FMHA_BWD_SM90_TL_STMATRIX
-#define KFORGE_FMHA_BWD_SM90_TL_STMATRIX 0
+#define KFORGE_FMHA_BWD_SM90_TL_STMATRIX 1
 #endif
+// TL_PRE (off): the next step's S^T and dP^T are issued at the end of a step, behind its dK
+// (after the dQ adds), instead of at the top of the next one.
+#ifndef KFORGE_FMHA_BWD_SM90_TL_PRE
+#define KFORGE_FMHA_BWD_SM90_TL_PRE 0
+#endif
+constexpr bool kTlPre = KFORGE_FMHA_BWD_SM90_TL_PRE != 0;
 constexpr bool kTlOrder = KFORGE_FMHA_BWD_SM90_TL_ORDER != 0;
 constexpr bool kTlStm = KFORGE_FMHA_BWD_SM90_TL_STMATRIX != 0;
 
@@ -209,18 +216,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float scale_log2 = p.scale_log2;
   const int key_l = wg * 64 + warp * 16 + g;
 
-  for (int it = 0; it < n_iter; ++it) {
+  // S^T = K_wg Q^T and dP^T = V_wg dO^T of step `it` (two groups), once its loads have landed.
+  float st[32], dp[32];
+  auto issue_sdp = [&](int it) {
     const int buf = it % NS;
-    const int dsb = it & 1;
     mbar_wait(sBar + buf * 8, (it / NS) & 1);  // step it's Q, dO, LSE and D have landed
-
-    const int h = h_first + it / m_count;
-    const int m_block = m_first + it % m_count;
-    const int r0 = m_block * BM;
-    const float* lse_s = sLse + buf * BM;
-    const float* d_s = sD + buf * BM;
-
-    float st[32], dp[32];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) {
@@ -234,6 +234,20 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       do_desc + buf * kQTileU + kmaj(kk, kQHalfU), kk > 0);
     }
     wgmma_commit();
+  };
+  if (kTlPre && n_iter > 0) issue_sdp(0);
+
+  for (int it = 0; it < n_iter; ++it) {
+    const int buf = it % NS;
+    const int dsb = it & 1;
+    if constexpr (!kTlPre) issue_sdp(it);
+
+    const int h = h_first + it / m_count;
+    const int m_block = m_first + it % m_count;
+    const int r0 = m_block * BM;
+    const float* lse_s = sLse + buf * BM;
+    const float* d_s = sD + buf * BM;
+
     wgmma_wait1();  // S^T done; dP^T may still run
     keep(st);
 
@@ -390,7 +404,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_reduce_add_2d(&maps.dq, sdq + kDqTmaWarpBytes / 2, dcol0 + 32, row);
       bulk_commit_group();
     }
-    wgmma_wait0();  // dK done: da is free
+    if (kTlPre && it + 1 < n_iter) {
+      issue_sdp(it + 1);
+      asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory");  // dK done
+    } else {
+      wgmma_wait0();  // dK done: da is free
+    }
     keep(da);
 #pragma unroll
     for (int dh = 0; dh < KH; ++dh) keep(dk[dh]);
