@@ -200,8 +200,6 @@ SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
     "tl-nostm": ([SM90_TL_NOSTM], "TL kernel: the dS^T tile stored with 4-byte stores (the stmatrix.x4 "
                                   "stores are the default since 2026-11-28 11:47)"),
     "tl-order-nostm": ([SM90_TL_ORDER, SM90_TL_NOSTM], "tl-order + tl-nostm"),
-    "tl-pre": (["KFORGE_FMHA_BWD_SM90_TL_PRE=1"], "TL kernel: the next step's S^T and dP^T issued at the end "
-                                                 "of a step, behind its dK (ptxas: 128 spill bytes at hdim 128)"),
 }
 SM90_DEFAULT_VARIANTS = ["base", "dqrows", "red", "dkss"]
 # What each path compiles per variant (CMakeLists.txt's KFORGE_FMHA_SWEEP_UNITS), its main

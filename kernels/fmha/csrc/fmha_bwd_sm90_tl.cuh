@@ -44,16 +44,12 @@ namespace sm90bwd {
 #endif
 // TL_STMATRIX (on): the dS^T tile goes to shared memory as 4 stmatrix.x4 a thread instead of 16
 // 4-byte stores. H200 sweep of 2026-11-28 11:47 (bf16, 16k tokens): +2-6% at head dim 128, -2% to
-// +3% at 64; TL_ORDER lost 3-8% at 128 and is off.
+// +3% at 64; TL_ORDER lost 3-8% at 128 and is off. (Issuing the next step's S^T and dP^T at the
+// end of a step, behind its dK, was measured at 11:50 and removed: 128 spill bytes at head dim 128
+// and 0.60-0.68x of this kernel's speed at both head dims.)
 #ifndef KFORGE_FMHA_BWD_SM90_TL_STMATRIX
 #define KFORGE_FMHA_BWD_SM90_TL_STMATRIX 1
 #endif
-// TL_PRE (off): the next step's S^T and dP^T are issued at the end of a step, behind its dK
-// (after the dQ adds), instead of at the top of the next one.
-#ifndef KFORGE_FMHA_BWD_SM90_TL_PRE
-#define KFORGE_FMHA_BWD_SM90_TL_PRE 0
-#endif
-constexpr bool kTlPre = KFORGE_FMHA_BWD_SM90_TL_PRE != 0;
 constexpr bool kTlOrder = KFORGE_FMHA_BWD_SM90_TL_ORDER != 0;
 constexpr bool kTlStm = KFORGE_FMHA_BWD_SM90_TL_STMATRIX != 0;
 
@@ -235,12 +231,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_commit();
   };
-  if (kTlPre && n_iter > 0) issue_sdp(0);
 
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it % NS;
     const int dsb = it & 1;
-    if constexpr (!kTlPre) issue_sdp(it);
+    issue_sdp(it);
 
     const int h = h_first + it / m_count;
     const int m_block = m_first + it % m_count;
@@ -404,12 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_reduce_add_2d(&maps.dq, sdq + kDqTmaWarpBytes / 2, dcol0 + 32, row);
       bulk_commit_group();
     }
-    if (kTlPre && it + 1 < n_iter) {
-      issue_sdp(it + 1);
-      asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory");  // dK done
-    } else {
-      wgmma_wait0();  // dK done: da is free
-    }
+    wgmma_wait0();  // dK done: da is free
     keep(da);
 #pragma unroll
     for (int dh = 0; dh < KH; ++dh) keep(dk[dh]);
