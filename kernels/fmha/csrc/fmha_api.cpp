@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fmha_bwd_config.h"
+#include "fmha_bwd_sm90_loads.h"
 #include "fmha_params.h"
 #include "fmha_paths.h"
 #include "kforge_fmha.h"

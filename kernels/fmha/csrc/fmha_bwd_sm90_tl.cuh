@@ -23,6 +23,8 @@
 //    dQ = dS K is issued, dV waited for; dK += dS^T Q is issued and runs under dQ's adds.
 #pragma once
 
+#include "fmha_bwd_sm90_loads.h"
+
 namespace kforge_fmha {
 
 // The tensor maps of one TL launch (a __grid_constant__ kernel parameter).
@@ -431,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 }
 
-// KFORGE_FMHA_BWD_SM90_LOADS: fmha_params.h's bwd_sm90_loads_is.
+// KFORGE_FMHA_BWD_SM90_LOADS: fmha_bwd_sm90_loads.h.
 inline bool tl_off() { return bwd_sm90_loads_is("cpasync"); }
 inline bool tl_required() { return bwd_sm90_loads_is("tma"); }
 

@@ -5,9 +5,6 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
-#include <cstdlib>
-#include <cstring>
-
 namespace kforge_fmha {
 
 struct FwdParams {
@@ -122,14 +119,6 @@ template <typename T, int HDIM>
 bool bwd_sm90_available();
 template <typename T, int HDIM, bool CAUSAL>
 cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
-// KFORGE_FMHA_BWD_SM90_LOADS (read at every call, for A/B runs and tests): "cpasync" runs the
-// sm_90a backward's cp.async kernel (fmha_bwd_sm90.cuh) where the TMA-loads kernel
-// (fmha_bwd_sm90_tl.cuh) would run; "tma" makes a call the TMA-loads kernel cannot take fail
-// instead of falling back (fmha_api.cpp refuses varlen and seqlen_q % 4 != 0 with a message).
-inline bool bwd_sm90_loads_is(const char* want) {
-  const char* v = std::getenv("KFORGE_FMHA_BWD_SM90_LOADS");
-  return v != nullptr && std::strcmp(v, want) == 0;
-}
 
 // The sm_90a (wgmma) kernel for head dim 128, fmha_fwd_sm90.cuh. sm90_available() says whether
 // the current device runs its sm_90a body; defined in fmha_fwd_{fp16,bf16}_hdim128.cu.
