@@ -52,6 +52,18 @@ namespace sm90bwd {
 #ifndef KFORGE_FMHA_BWD_SM90_TL_STMATRIX
 #define KFORGE_FMHA_BWD_SM90_TL_STMATRIX 1
 #endif
+// TL_DEFER_DQ: where a step's dQ adds go (H200 profile of 2026-11-28 11:58: the staging stores,
+// the proxy fence that waits for them and the issue of the TMA reductions were about a fifth of
+// the TL kernel's warp stall samples, between one step's products and the next's).
+//   0: at the end of the step (stores, fence, reductions);
+//   1: all of it at the next step, right after its S^T and dP^T are issued (the tile is held in
+//      32 registers across the loop: ptxas spills about 116 bytes at head dim 128);
+//   2: the stores at the end of the step, the fence and the reductions at the next step after
+//      its S^T and dP^T are issued (the stores have landed by then, so the fence is short).
+#ifndef KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ
+#define KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ 2
+#endif
+constexpr int kTlDeferDq = KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ;
 constexpr bool kTlOrder = KFORGE_FMHA_BWD_SM90_TL_ORDER != 0;
 constexpr bool kTlStm = KFORGE_FMHA_BWD_SM90_TL_STMATRIX != 0;
 
@@ -234,10 +246,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
   };
 
+  // dQ's adds: fmha_bwd_sm90.cuh's DQ_TMA boxes (this warp's 16 rows from workspace row `row`).
+  const uint32_t sdq = sbase + S::kOffDq + (wg * 4 + warp) * kDqTmaWarpBytes;
+  const int dcol0 = HDIM == 128 ? wg * 64 : 0;
+  auto stage_dq = [&](const float (&v)[32]) {  // the tile into this warp's staging boxes
+    if (lane == 0) bulk_wait_read_all();  // the last reductions have read them
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        st_shared_f32x2(sdq + (j / 4) * (kDqTmaWarpBytes / 2) + (g + 8 * r) * 128 +
+                            (((2 * (j % 4) + t / 2) ^ g) << 4) + (t % 2) * 8,
+                        v[4 * j + 2 * r], v[4 * j + 2 * r + 1]);
+      }
+    }
+  };
+  auto reduce_dq = [&](int row) {  // the staged boxes added to the accumulator
+    fence_proxy_async();  // the generic-proxy stores, visible to the TMA unit
+    __syncwarp();
+    if (lane == 0) {
+      tma_reduce_add_2d(&maps.dq, sdq, dcol0, row);
+      tma_reduce_add_2d(&maps.dq, sdq + kDqTmaWarpBytes / 2, dcol0 + 32, row);
+      bulk_commit_group();
+    }
+  };
+  [[maybe_unused]] float dq_prev[32];  // TL_DEFER_DQ 1: the step before's dQ tile
+  int row_prev = 0;                    // TL_DEFER_DQ 1, 2: its first workspace row
+
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it % NS;
     const int dsb = it & 1;
     issue_sdp(it);
+    if (kTlDeferDq != 0 && it > 0) {
+      if constexpr (kTlDeferDq == 1) stage_dq(dq_prev);
+      reduce_dq(row_prev);
+    }
 
     const int h = h_first + it / m_count;
     const int m_block = m_first + it % m_count;
@@ -342,7 +386,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // warpgroup's 64 keys).
     constexpr int kDqSteps = HDIM == 128 ? BN / 16 : 4;
     const int ks0 = HDIM == 128 ? 0 : wg * 4;
-    const int dcol0 = HDIM == 128 ? wg * 64 : 0;
     float dq[32];
     wgmma_fence();
 #pragma unroll
@@ -380,33 +423,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     keep(dq);
 
-    // dQ's adds: fmha_bwd_sm90.cuh's DQ_TMA boxes.
-    const uint32_t sdq = sbase + S::kOffDq + (wg * 4 + warp) * kDqTmaWarpBytes;
-    if (lane == 0) bulk_wait_read_all();
-    __syncwarp();
+    const int dq_row = static_cast<int>(h * p.rows + s.ws_row) + r0 + warp * 16;
+    if constexpr (kTlDeferDq == 1) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        st_shared_f32x2(sdq + (j / 4) * (kDqTmaWarpBytes / 2) + (g + 8 * r) * 128 +
-                            (((2 * (j % 4) + t / 2) ^ g) << 4) + (t % 2) * 8,
-                        dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-      }
+      for (int i = 0; i < 32; ++i) dq_prev[i] = dq[i];
+    } else {
+      stage_dq(dq);
     }
-    fence_proxy_async();
-    __syncwarp();
-    if (lane == 0) {
-      const int row = static_cast<int>(h * p.rows + s.ws_row) + r0 + warp * 16;
-      tma_reduce_add_2d(&maps.dq, sdq, dcol0, row);
-      tma_reduce_add_2d(&maps.dq, sdq + kDqTmaWarpBytes / 2, dcol0 + 32, row);
-      bulk_commit_group();
-    }
+    if constexpr (kTlDeferDq == 0) reduce_dq(dq_row);
+    row_prev = dq_row;
     wgmma_wait0();  // dK done: da is free
     keep(da);
 #pragma unroll
     for (int dh = 0; dh < KH; ++dh) keep(dk[dh]);
   }
 
+  if (kTlDeferDq != 0 && n_iter > 0) {
+    if constexpr (kTlDeferDq == 1) stage_dq(dq_prev);
+    reduce_dq(row_prev);
+  }
   bulk_wait_all();  // shared memory stays valid until the reductions end
 
   const float scale = p.softmax_scale;
