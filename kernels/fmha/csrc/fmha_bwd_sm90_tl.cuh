@@ -274,6 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   [[maybe_unused]] float dq_prev[32];  // TL_DEFER_DQ 1: the step before's dQ tile
   int row_prev = 0;                    // TL_DEFER_DQ 1, 2: its first workspace row
 
+  int h = h_first, m_block = m_first;  // step it's query head and block (no divisions a step)
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it % NS;
     const int dsb = it & 1;
@@ -283,8 +284,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       reduce_dq(row_prev);
     }
 
-    const int h = h_first + it / m_count;
-    const int m_block = m_first + it % m_count;
     const int r0 = m_block * BM;
     const float* lse_s = sLse + buf * BM;
     const float* d_s = sD + buf * BM;
@@ -436,6 +435,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     keep(da);
 #pragma unroll
     for (int dh = 0; dh < KH; ++dh) keep(dk[dh]);
+    if (++m_block == m_total) {
+      m_block = m_first;
+      ++h;
+    }
   }
 
   if (kTlDeferDq != 0 && n_iter > 0) {
