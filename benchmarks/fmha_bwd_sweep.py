@@ -200,6 +200,8 @@ SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
     "tl-nostm": ([SM90_TL_NOSTM], "TL kernel: the dS^T tile stored with 4-byte stores (the stmatrix.x4 "
                                   "stores are the default since 2026-11-28 11:47)"),
     "tl-order-nostm": ([SM90_TL_ORDER, SM90_TL_NOSTM], "tl-order + tl-nostm"),
+    "tl-epi0": (["KFORGE_FMHA_BWD_SM90_TL_EPILOGUE=0"], "TL kernel: dK and dV stored from the accumulators "
+                                                       "(4-byte stores), not through shared memory"),
     "tl-dq0": (["KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ=0"], "TL kernel: a step's dQ stores, proxy fence and TMA "
                                                       "reductions at the end of the step"),
     "tl-dq1": (["KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ=1"], "TL kernel: a step's dQ tile held in registers and "

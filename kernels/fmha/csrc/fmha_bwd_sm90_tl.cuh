@@ -64,6 +64,13 @@ namespace sm90bwd {
 #define KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ 2
 #endif
 constexpr int kTlDeferDq = KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ;
+// TL_EPILOGUE (on): dK and dV leave through shared memory (stmatrix into the K and V tiles, then
+// 16-byte rows to global memory) when their pointers and row strides are 16-byte aligned, instead
+// of 4-byte stores from the accumulators (a CTA's last act; it matters most for short sequences).
+#ifndef KFORGE_FMHA_BWD_SM90_TL_EPILOGUE
+#define KFORGE_FMHA_BWD_SM90_TL_EPILOGUE 1
+#endif
+constexpr bool kTlEpilogue = KFORGE_FMHA_BWD_SM90_TL_EPILOGUE != 0;
 constexpr bool kTlOrder = KFORGE_FMHA_BWD_SM90_TL_ORDER != 0;
 constexpr bool kTlStm = KFORGE_FMHA_BWD_SM90_TL_STMATRIX != 0;
 
@@ -450,6 +457,50 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float scale = p.softmax_scale;
   T* gdK = static_cast<T*>(p.dk) + s.dk + kv_head * p.dk_head_stride;
   T* gdV = static_cast<T*>(p.dv) + s.dv + kv_head * p.dv_head_stride;
+  if (kTlEpilogue &&
+      ((reinterpret_cast<uintptr_t>(gdK) | reinterpret_cast<uintptr_t>(gdV) |
+        static_cast<uintptr_t>(p.dk_row_stride * 2) | static_cast<uintptr_t>(p.dv_row_stride * 2)) &
+       15) == 0) {
+    __syncthreads();  // every wgmma reading K and V has completed (the other warpgroup's too)
+    // dK (scaled) and dV into the K and V tiles, in their swizzled layout: 8x8 matrix (j, r) of a
+    // 64-column half is rows key_l + 8 r (this warp's), columns 8 j ..; x4 call c: j = 2 c + i / 2,
+    // r = i % 2 for matrix i (lane l addresses row l % 8 of matrix l / 8).
+    const int mi = lane / 8, row = lane % 8;
+    const uint32_t krow = (wg * 64 + warp * 16 + 8 * (mi % 2) + row) * 128;
+#pragma unroll
+    for (int dh = 0; dh < KH; ++dh) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const uint32_t off = dh * S::kKvHalf + krow + (((2 * c + mi / 2) ^ row) << 4);
+        uint32_t rk[4], rv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = 2 * c + i / 2, r = i % 2;
+          rk[i] = Mma<T>::pack(dk[dh][4 * j + 2 * r] * scale, dk[dh][4 * j + 2 * r + 1] * scale);
+          rv[i] = Mma<T>::pack(dv[dh][4 * j + 2 * r], dv[dh][4 * j + 2 * r + 1]);
+        }
+        sm90tma::stmatrix_x4(sK + off, rk[0], rk[1], rk[2], rk[3]);
+        sm90tma::stmatrix_x4(sV + off, rv[0], rv[1], rv[2], rv[3]);
+      }
+    }
+    __syncthreads();
+    // Rows out, 16 bytes a thread and row (load_swz's walk, backwards).
+    constexpr int kChunks = HDIM / 8;
+    constexpr int kRowsPerPass = kThreads / kChunks;
+    const int cc = tid % kChunks;
+    const int r0e = tid / kChunks;
+#pragma unroll
+    for (int i = 0; i < BN / kRowsPerPass; ++i) {
+      const int r = r0e + i * kRowsPerPass;
+      if (n0 + r < sk) {
+        const uint32_t src = (cc / 8) * S::kKvHalf + r * 128 + (((cc % 8) ^ (r % 8)) << 4);
+        const int64_t key = n0 + r;
+        *reinterpret_cast<float4*>(gdK + key * p.dk_row_stride + cc * 8) = ld_shared_f32x4(sK + src);
+        *reinterpret_cast<float4*>(gdV + key * p.dv_row_stride + cc * 8) = ld_shared_f32x4(sV + src);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = n0 + key_l + 8 * r;
