@@ -1,4 +1,7 @@
-// Hopper (sm_90a) backward main kernel: wgmma for every product, (d_qk, d_v) = (64, 64) and
+// Hopper (sm_90a) backward main kernel on cp.async loads. Since 2026-11-28 fixed-length calls with
+// seqlen_q % 4 == 0 run fmha_bwd_sm90_tl.cuh's TMA-loads kernel instead (launch_bwd_sm90 below tries
+// it first); this one runs varlen calls, the other lengths, and KFORGE_FMHA_BWD_SM90_LOADS=cpasync.
+// wgmma for every product, (d_qk, d_v) = (64, 64) and
 // (128, 128), fp16 and bf16, fixed-length and varlen, causal (bottom-right aligned) or not,
 // GQA / MQA. The preprocess (D, LSE * log2(e), dQ accumulator zeroed) and convert (dQ = scale *
 // dQ_accum) kernels are the portable ones of fmha_bwd_kernel.cuh; fmha_api.cpp picks this path

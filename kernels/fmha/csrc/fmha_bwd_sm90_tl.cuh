@@ -20,7 +20,14 @@
 //  - The order of FlashAttention-3's step (hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp, the same
 //    structure, written anew here): S^T and dP^T; P^T once S^T is in; dS^T once dP^T is in (in
 //    registers and to shared memory); then dV += P^T dO is issued, and runs under the barrier;
-//    dQ = dS K is issued, dV waited for; dK += dS^T Q is issued and runs under dQ's adds.
+//    dQ = dS K is issued, dV waited for; dK += dS^T Q is issued and runs under dQ's stores.
+//  - dQ's adds straddle two steps (TL_DEFER_DQ 2): a step stores its dQ tile to the warp's staging
+//    boxes; the next step, once its S^T and dP^T are issued, fences the stores and issues the TMA
+//    reductions (the last step's after the loop).
+//  - dK and dV leave through shared memory (TL_EPILOGUE): stmatrix into the K and V tiles, then
+//    16-byte rows.
+// Measurements: docs/benchmarks/fmha-bwd.md, "Seventh run" (H200: 1.01-1.03x SDPA cuDNN's backward
+// at bf16 head dim 128, 2k-16k, causal and not; the cp.async kernel was 0.65-0.73x).
 #pragma once
 
 #include "fmha_bwd_sm90_loads.h"
@@ -45,10 +52,10 @@ namespace sm90bwd {
 #define KFORGE_FMHA_BWD_SM90_TL_ORDER 0
 #endif
 // TL_STMATRIX (on): the dS^T tile goes to shared memory as 4 stmatrix.x4 a thread instead of 16
-// 4-byte stores. H200 sweep of 2026-11-28 11:47 (bf16, 16k tokens): +2-6% at head dim 128, -2% to
+// 4-byte stores. H200 sweep of 2026-11-28 11:47 (bf16, 16k tokens): +1-6% at head dim 128, -2% to
 // +3% at 64; TL_ORDER lost 3-8% at 128 and is off. (Issuing the next step's S^T and dP^T at the
 // end of a step, behind its dK, was measured at 11:50 and removed: 128 spill bytes at head dim 128
-// and 0.60-0.68x of this kernel's speed at both head dims.)
+// and 0.63-0.66x of this kernel's speed there, 0.80-0.81x at 64.)
 #ifndef KFORGE_FMHA_BWD_SM90_TL_STMATRIX
 #define KFORGE_FMHA_BWD_SM90_TL_STMATRIX 1
 #endif
@@ -60,6 +67,7 @@ namespace sm90bwd {
 //      32 registers across the loop: ptxas spills about 116 bytes at head dim 128);
 //   2: the stores at the end of the step, the fence and the reductions at the next step after
 //      its S^T and dP^T are issued (the stores have landed by then, so the fence is short).
+// H200 sweep of 2026-11-28 12:03 at head dim 128: 2 is +1-4% over 0; 1 is -14 to -18%.
 #ifndef KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ
 #define KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ 2
 #endif
@@ -67,6 +75,7 @@ constexpr int kTlDeferDq = KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ;
 // TL_EPILOGUE (on): dK and dV leave through shared memory (stmatrix into the K and V tiles, then
 // 16-byte rows to global memory) when their pointers and row strides are 16-byte aligned, instead
 // of 4-byte stores from the accumulators (a CTA's last act; it matters most for short sequences).
+// H200 sweep of 2026-11-28 12:10 at head dim 128, 2k and 4k: +1-4%.
 #ifndef KFORGE_FMHA_BWD_SM90_TL_EPILOGUE
 #define KFORGE_FMHA_BWD_SM90_TL_EPILOGUE 1
 #endif
