@@ -228,6 +228,129 @@ __device__ __forceinline__ void load_swz(uint32_t sbase, const T* g, int64_t str
   }
 }
 
+// The first 64-row query block that sees the key block at n0 (fmha_bwd_kernel.cuh's rule: causal,
+// bottom-right aligned; m_total when none does).
+template <bool CAUSAL>
+__device__ __forceinline__ int first_query_block(int sq, int sk, int n0, int m_total) {
+  if (!CAUSAL) return 0;
+  const int r_min = max(0, n0 - (sk - sq));
+  return r_min >= sq ? m_total : r_min / kBlockM;
+}
+
+// P^T = exp2(S^T * scale * log2(e) - LSE * log2(e)) in place: accumulator entry 4 j + 2 r + e is
+// key n0 + key_l + 8 r, query column 8 j + 2 t + e of the step's rows r0 ..; where the key block
+// crosses sk or the causal diagonal, the keys past sk and above the diagonal get 0.
+template <bool CAUSAL>
+__device__ __forceinline__ void softmax_pt(float (&st)[32], const float* lse_s, float scale_log2,
+                                           int n0, int key_l, int r0, int t, int sq, int sk) {
+  const bool masked = n0 + kBlockN > sk || (CAUSAL && n0 + kBlockN - 1 > r0 + sk - sq);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int col = 8 * j + 2 * t;
+    const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = n0 + key_l + 8 * r;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = detail::fast_exp2(fmaf(st[4 * j + 2 * r + e], scale_log2, -(e ? l.y : l.x)));
+        if (masked) {
+          const int row = r0 + col + e;
+          if (key >= sk || (CAUSAL && key > row + sk - sq)) x = 0.f;
+        }
+        st[4 * j + 2 * r + e] = x;
+      }
+    }
+  }
+}
+
+// An m64 accumulator as wgmma's register A operand: k-step kk = query columns 16 kk .. 16 kk + 15
+// = accumulator n-tiles 2 kk and 2 kk + 1 (the mma.m16n8k16 A-fragment order).
+template <typename T>
+__device__ __forceinline__ void pack_a(const float (&x)[32], uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    a[kk][0] = detail::Mma<T>::pack(x[8 * kk + 0], x[8 * kk + 1]);
+    a[kk][1] = detail::Mma<T>::pack(x[8 * kk + 2], x[8 * kk + 3]);
+    a[kk][2] = detail::Mma<T>::pack(x[8 * kk + 4], x[8 * kk + 5]);
+    a[kk][3] = detail::Mma<T>::pack(x[8 * kk + 6], x[8 * kk + 7]);
+  }
+}
+
+// dK * scale and dV of this thread's keys key0 and key0 + 8 (those below sk) from the
+// accumulators, in the input dtype, 4 bytes a store.
+template <typename T, int KH>
+__device__ __forceinline__ void store_dkdv(const float (&dk)[KH][32], const float (&dv)[KH][32],
+                                           T* gdK, T* gdV, int64_t dk_row_stride,
+                                           int64_t dv_row_stride, int key0, int sk, int t,
+                                           float scale) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + 8 * r;
+    if (key < sk) {
+      T* rk = gdK + static_cast<int64_t>(key) * dk_row_stride + 2 * t;
+      T* rv = gdV + static_cast<int64_t>(key) * dv_row_stride + 2 * t;
+#pragma unroll
+      for (int dh = 0; dh < KH; ++dh) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          *reinterpret_cast<uint32_t*>(rk + dh * 64 + j * 8) = detail::Mma<T>::pack(
+              dk[dh][4 * j + 2 * r] * scale, dk[dh][4 * j + 2 * r + 1] * scale);
+          *reinterpret_cast<uint32_t*>(rv + dh * 64 + j * 8) =
+              detail::Mma<T>::pack(dv[dh][4 * j + 2 * r], dv[dh][4 * j + 2 * r + 1]);
+        }
+      }
+    }
+  }
+}
+
+// wgmma descriptors' k-steps (16-byte units): K-major, k-step kk at half kk / 4, byte 32 (kk % 4) of
+// the row; MN-major, 16 rows of 128 bytes further.
+__device__ __forceinline__ uint64_t kmajor_step(int kk, uint64_t half_units) {
+  return (kk / 4) * half_units + (kk % 4) * 2;
+}
+constexpr uint64_t kRows16Units = (16 * 128) >> 4;
+
+// S^T = K_wg Q^T, then dP^T = V_wg dO^T: two wgmma groups of HDIM / 16 k-steps, m64n64k16, both
+// operands K-major in shared memory (k_a, v_a: this warpgroup's 64 rows of K and V; q_b, do_b:
+// the step's Q and dO buffers).
+template <typename T, int HDIM>
+__device__ __forceinline__ void issue_st_dp(float (&st)[32], float (&dp)[32], uint64_t k_a,
+                                            uint64_t v_a, uint64_t q_b, uint64_t do_b,
+                                            uint64_t kv_half_units, uint64_t q_half_units) {
+  using sm90::Wgmma;
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < HDIM / 16; ++kk) {
+    Wgmma<T>::template ss_first<64>(st, k_a + kmajor_step(kk, kv_half_units),
+                                    q_b + kmajor_step(kk, q_half_units), kk > 0);
+  }
+  sm90::wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < HDIM / 16; ++kk) {
+    Wgmma<T>::template ss_first<64>(dp, v_a + kmajor_step(kk, kv_half_units),
+                                    do_b + kmajor_step(kk, q_half_units), kk > 0);
+  }
+  sm90::wgmma_commit();
+}
+
+// acc[dh] += A B over 64 rows of the step (4 k-steps): A from registers (pack_a's order), B read
+// MN-major from `b` (a Q or dO buffer: column half dh at dh * half_units); one wgmma group. dV +=
+// P^T dO and dK += dS^T Q.
+template <typename T, int KH>
+__device__ __forceinline__ void issue_rs(float (&acc)[KH][32], const uint32_t (&a)[4][4], uint64_t b,
+                                         uint64_t half_units) {
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+    for (int dh = 0; dh < KH; ++dh) {
+      sm90::Wgmma<T>::rs(acc[dh], a[kk], b + dh * half_units + kk * kRows16Units);
+    }
+  }
+  sm90::wgmma_commit();
+}
+
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 
 // DQT: dQ's adds by TMA reductions (DQ_TMA, dq_map used) or as DQ_SMEM says (dq_map unused).
@@ -241,7 +364,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int BN = kBlockN;
   constexpr int BM = kBlockM;
   constexpr int KH = S::kHalves;
-  constexpr int KSTEPS = HDIM / 16;  // k-steps of S^T and dP^T (over the head dim)
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
@@ -271,13 +393,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n0 = n_block * BN;
   if (n0 >= sk) return;
 
-  // The query blocks that see this key block (fmha_bwd_kernel.cuh's rule).
+  // The query blocks that see this key block.
   const int m_total = (sq + BM - 1) / BM;
-  int m_first = 0;
-  if (CAUSAL) {
-    const int r_min = max(0, n0 - (sk - sq));
-    m_first = r_min >= sq ? m_total : r_min / BM;
-  }
+  const int m_first = first_query_block<CAUSAL>(sq, sk, n0, m_total);
   const int m_count = m_total - m_first;
   const int n_iter = m_count * p.head_ratio;  // (query head of the group, query block) pairs
   const int h_first = kv_head * p.head_ratio;
@@ -341,10 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint64_t kQTileU = S::kQTile >> 4;
   constexpr uint64_t kQHalfU = S::kQHalf >> 4;
   constexpr uint64_t kKvHalfU = S::kKvHalf >> 4;
-  constexpr uint64_t kRows16U = (16 * 128) >> 4;
-  auto kmaj = [](int kk, uint64_t half_units) -> uint64_t {
-    return (kk / 4) * half_units + (kk % 4) * 2;
-  };
+  constexpr uint64_t kRows16U = kRows16Units;
 
   const float scale_log2 = p.scale_log2;
   const int key_l = wg * 64 + warp * 16 + g;  // this thread's first key in the block (+8)
@@ -366,64 +481,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // S^T = K_wg Q^T, then dP^T = V_wg dO^T: two groups.
     float st[32], dp[32];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
-      Wgmma<T>::template ss_first<64>(st, k_a + kmaj(kk, kKvHalfU),
-                                      q_desc + buf * kQTileU + kmaj(kk, kQHalfU), kk > 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
-      Wgmma<T>::template ss_first<64>(dp, v_a + kmaj(kk, kKvHalfU),
-                                      do_desc + buf * kQTileU + kmaj(kk, kQHalfU), kk > 0);
-    }
-    wgmma_commit();
+    issue_st_dp<T, HDIM>(st, dp, k_a, v_a, q_desc + buf * kQTileU, do_desc + buf * kQTileU, kKvHalfU,
+                         kQHalfU);
     wgmma_wait1();  // S^T done; dP^T may still run
     keep(st);
 
-    // P^T: accumulator entry 4 j + 2 r + e is key key_l + 8 r, query column 8 j + 2 t + e.
-    const bool masked = n0 + BN > sk || (CAUSAL && n0 + BN - 1 > r0 + sk - sq);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = 8 * j + 2 * t;
-      const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int key = n0 + key_l + 8 * r;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float x = fast_exp2(fmaf(st[4 * j + 2 * r + e], scale_log2, -(e ? l.y : l.x)));
-          if (masked) {
-            const int row = r0 + col + e;
-            if (key >= sk || (CAUSAL && key > row + sk - sq)) x = 0.f;
-          }
-          st[4 * j + 2 * r + e] = x;
-        }
-      }
-    }
+    softmax_pt<CAUSAL>(st, lse_s, scale_log2, n0, key_l, r0, t, sq, sk);  // P^T
 
     // P^T's A fragments (DK_SS: live until the step's last wait, dV reads them asynchronously).
     uint32_t pa[4][4];
     // dV += P^T dO: P^T as the register A operand (k-step kk = query columns 16 kk .. 16 kk +
     // 15 = accumulator n-tiles 2 kk and 2 kk + 1, the mma.m16n8k16 A-fragment order).
     {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        pa[kk][0] = Mma<T>::pack(st[8 * kk + 0], st[8 * kk + 1]);
-        pa[kk][1] = Mma<T>::pack(st[8 * kk + 2], st[8 * kk + 3]);
-        pa[kk][2] = Mma<T>::pack(st[8 * kk + 4], st[8 * kk + 5]);
-        pa[kk][3] = Mma<T>::pack(st[8 * kk + 6], st[8 * kk + 7]);
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-        for (int dh = 0; dh < KH; ++dh) {
-          Wgmma<T>::rs(dv[dh], pa[kk], do_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
-        }
-      }
-      wgmma_commit();
+      pack_a<T>(st, pa);
+      issue_rs<T, KH>(dv, pa, do_desc + buf * kQTileU, kQHalfU);
       if constexpr (kDkSs) {
         wgmma_wait1();  // dP^T done; dV runs on while dS is computed (pa held until it ends)
         keep(dp);
@@ -484,16 +555,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if constexpr (HDIM == 128) named_sync(1, kThreads);  // the other warpgroup's dS^T too
     } else {
-      // dK += dS^T Q.
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-        for (int dh = 0; dh < KH; ++dh) {
-          Wgmma<T>::rs(dk[dh], da[kk], q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
-        }
-      }
-      wgmma_commit();
+      issue_rs<T, KH>(dk, da, q_desc + buf * kQTileU, kQHalfU);  // dK += dS^T Q
 
       // dS^T visible to the async proxy, then to the warpgroup(s) that read it.
       fence_proxy_async();
@@ -649,27 +711,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // dK (scaled) and dV of this thread's keys, in the input dtype (zero where no query sees the
   // key block).
-  const float scale = p.softmax_scale;
   T* gdK = static_cast<T*>(p.dk) + s.dk + kv_head * p.dk_head_stride;
   T* gdV = static_cast<T*>(p.dv) + s.dv + kv_head * p.dv_head_stride;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = n0 + key_l + 8 * r;
-    if (key < sk) {
-      T* rk = gdK + static_cast<int64_t>(key) * p.dk_row_stride + 2 * t;
-      T* rv = gdV + static_cast<int64_t>(key) * p.dv_row_stride + 2 * t;
-#pragma unroll
-      for (int dh = 0; dh < KH; ++dh) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          *reinterpret_cast<uint32_t*>(rk + dh * 64 + j * 8) =
-              Mma<T>::pack(dk[dh][4 * j + 2 * r] * scale, dk[dh][4 * j + 2 * r + 1] * scale);
-          *reinterpret_cast<uint32_t*>(rv + dh * 64 + j * 8) =
-              Mma<T>::pack(dv[dh][4 * j + 2 * r], dv[dh][4 * j + 2 * r + 1]);
-        }
-      }
-    }
-  }
+  store_dkdv<T, KH>(dk, dv, gdK, gdV, p.dk_row_stride, p.dv_row_stride, n0 + key_l, sk, t,
+                    p.softmax_scale);
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 }
 

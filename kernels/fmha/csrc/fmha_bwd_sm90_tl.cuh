@@ -136,7 +136,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int BN = kBlockN;
   constexpr int BM = kBlockM;
   constexpr int KH = S::kHalves;
-  constexpr int KSTEPS = HDIM / 16;
   constexpr int NS = S::kStages;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -169,11 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (n0 >= sk) return;
 
   const int m_total = (sq + BM - 1) / BM;
-  int m_first = 0;
-  if (CAUSAL) {
-    const int r_min = max(0, n0 - (sk - sq));
-    m_first = r_min >= sq ? m_total : r_min / BM;
-  }
+  const int m_first = first_query_block<CAUSAL>(sq, sk, n0, m_total);
   const int m_count = m_total - m_first;
   const int n_iter = m_count * p.head_ratio;
   const int h_first = kv_head * p.head_ratio;
@@ -234,10 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint64_t kQHalfU = S::kQHalf >> 4;
   constexpr uint64_t kKvHalfU = S::kKvHalf >> 4;
   constexpr uint64_t kDsTileU = S::kDsTile >> 4;
-  constexpr uint64_t kRows16U = (16 * 128) >> 4;
-  auto kmaj = [](int kk, uint64_t half_units) -> uint64_t {
-    return (kk / 4) * half_units + (kk % 4) * 2;
-  };
+  constexpr uint64_t kRows16U = kRows16Units;
 
   const float scale_log2 = p.scale_log2;
   const int key_l = wg * 64 + warp * 16 + g;
@@ -247,19 +239,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_sdp = [&](int it) {
     const int buf = it % NS;
     mbar_wait(sBar + buf * 8, (it / NS) & 1);  // step it's Q, dO, LSE and D have landed
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
-      Wgmma<T>::template ss_first<64>(st, k_a + kmaj(kk, kKvHalfU),
-                                      q_desc + buf * kQTileU + kmaj(kk, kQHalfU), kk > 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS; ++kk) {
-      Wgmma<T>::template ss_first<64>(dp, v_a + kmaj(kk, kKvHalfU),
-                                      do_desc + buf * kQTileU + kmaj(kk, kQHalfU), kk > 0);
-    }
-    wgmma_commit();
+    issue_st_dp<T, HDIM>(st, dp, k_a, v_a, q_desc + buf * kQTileU, do_desc + buf * kQTileU, kKvHalfU,
+                         kQHalfU);
   };
 
   // dQ's adds: fmha_bwd_sm90.cuh's DQ_TMA boxes (this warp's 16 rows from workspace row `row`).
@@ -307,26 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait1();  // S^T done; dP^T may still run
     keep(st);
 
-    // P^T (fmha_bwd_sm90.cuh's rule and masks).
-    const bool masked = n0 + BN > sk || (CAUSAL && n0 + BN - 1 > r0 + sk - sq);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = 8 * j + 2 * t;
-      const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int key = n0 + key_l + 8 * r;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float x = fast_exp2(fmaf(st[4 * j + 2 * r + e], scale_log2, -(e ? l.y : l.x)));
-          if (masked) {
-            const int row = r0 + col + e;
-            if (key >= sk || (CAUSAL && key > row + sk - sq)) x = 0.f;
-          }
-          st[4 * j + 2 * r + e] = x;
-        }
-      }
-    }
+    softmax_pt<CAUSAL>(st, lse_s, scale_log2, n0, key_l, r0, t, sq, sk);  // P^T
 
     wgmma_wait0();  // dP^T done
     keep(dp);
@@ -364,33 +326,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // dV += P^T dO (P^T as the register A operand), running under the barrier below.
     uint32_t pa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      pa[kk][0] = Mma<T>::pack(st[8 * kk + 0], st[8 * kk + 1]);
-      pa[kk][1] = Mma<T>::pack(st[8 * kk + 2], st[8 * kk + 3]);
-      pa[kk][2] = Mma<T>::pack(st[8 * kk + 4], st[8 * kk + 5]);
-      pa[kk][3] = Mma<T>::pack(st[8 * kk + 6], st[8 * kk + 7]);
-    }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-      for (int dh = 0; dh < KH; ++dh) {
-        Wgmma<T>::rs(dv[dh], pa[kk], do_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
-      }
-    }
-    wgmma_commit();
-    if constexpr (kTlOrder) {  // dK += dS^T Q right behind dV
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-        for (int dh = 0; dh < KH; ++dh) {
-          Wgmma<T>::rs(dk[dh], da[kk], q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
-        }
-      }
-      wgmma_commit();
-    }
+    pack_a<T>(st, pa);
+    issue_rs<T, KH>(dv, pa, do_desc + buf * kQTileU, kQHalfU);
+    // dK += dS^T Q (dS^T from the registers, Q read MN-major): one wgmma group.
+    auto issue_dk = [&] { issue_rs<T, KH>(dk, da, q_desc + buf * kQTileU, kQHalfU); };
+    if constexpr (kTlOrder) issue_dk();  // right behind dV
 
     // dS^T visible to the async proxy; both warpgroups meet (every thread is past step it - 1).
     fence_proxy_async();
@@ -424,16 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int dh = 0; dh < KH; ++dh) keep(dv[dh]);
 
-      // dK += dS^T Q, running under dQ's adds.
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-        for (int dh = 0; dh < KH; ++dh) {
-          Wgmma<T>::rs(dk[dh], da[kk], q_desc + buf * kQTileU + dh * kQHalfU + kk * kRows16U);
-        }
-      }
-      wgmma_commit();
+      issue_dk();  // running under dQ's stores
       wgmma_wait1();  // dQ done
     }
     keep(dq);
@@ -510,24 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = n0 + key_l + 8 * r;
-    if (key < sk) {
-      T* rk = gdK + static_cast<int64_t>(key) * p.dk_row_stride + 2 * t;
-      T* rv = gdV + static_cast<int64_t>(key) * p.dv_row_stride + 2 * t;
-#pragma unroll
-      for (int dh = 0; dh < KH; ++dh) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          *reinterpret_cast<uint32_t*>(rk + dh * 64 + j * 8) =
-              Mma<T>::pack(dk[dh][4 * j + 2 * r] * scale, dk[dh][4 * j + 2 * r + 1] * scale);
-          *reinterpret_cast<uint32_t*>(rv + dh * 64 + j * 8) =
-              Mma<T>::pack(dv[dh][4 * j + 2 * r], dv[dh][4 * j + 2 * r + 1]);
-        }
-      }
-    }
-  }
+  store_dkdv<T, KH>(dk, dv, gdK, gdV, p.dk_row_stride, p.dv_row_stride, n0 + key_l, sk, t, scale);
 #endif  // KFORGE_FMHA_HAS_SM90_BODY
 }
 
