@@ -85,7 +85,11 @@ KFORGE_FMHA_API const char* kforge_fmha_built_archs(void);
  * "portable" runs the portable kernels; "sm90" the sm_90a one, at (head_dim_qk, head_dim_v) =
  * (64, 64) and (128, 128) on a GPU of compute capability 9.0 with a 90a build, else
  * KFORGE_FMHA_ERROR_UNSUPPORTED; unset or "default" the sm_90a kernel where "sm90" would run it,
- * else the portable one. deterministic != 0 runs the portable kernels on every path. The forwards
+ * else the portable one. deterministic != 0 runs the portable kernels on every path. The sm_90a
+ * backward has two main kernels, both reported as "bwd_sm90_wgmma": TMA loads for fixed-length
+ * calls with seqlen_q % 4 == 0, cp.async loads for the others; KFORGE_FMHA_BWD_SM90_LOADS, read at
+ * every call: "cpasync" runs the cp.async kernel everywhere, "tma" makes a call the TMA-loads
+ * kernel cannot take fail with KFORGE_FMHA_ERROR_UNSUPPORTED instead of falling back. The forwards
  * report "mma_sync" (portable), "sm90_wgmma" (sm_90a, hdim 128) or
  * one of the TMA kernels of sm_90a ("sm90_tma_overlap_dyn_fs", ...; kforge_fmha_path_kernel).
  * On compute capability 9.0 with a 90a build, the environment variable KFORGE_FMHA_SM90_PATH,
