@@ -21,7 +21,7 @@
 //    structure, written anew here): S^T and dP^T; P^T once S^T is in; dS^T once dP^T is in (in
 //    registers and to shared memory); then dV += P^T dO is issued, and runs under the barrier;
 //    dQ = dS K is issued, dV waited for; dK += dS^T Q is issued and runs under dQ's stores.
-//  - dQ's adds straddle two steps (TL_DEFER_DQ 2): a step stores its dQ tile to the warp's staging
+//  - dQ's adds straddle two steps (TL_DEFER_DQ): a step stores its dQ tile to the warp's staging
 //    boxes; the next step, once its S^T and dP^T are issued, fences the stores and issues the TMA
 //    reductions (the last step's after the loop).
 //  - dK and dV leave through shared memory (TL_EPILOGUE): stmatrix into the K and V tiles, then
@@ -59,19 +59,17 @@ namespace sm90bwd {
 #ifndef KFORGE_FMHA_BWD_SM90_TL_STMATRIX
 #define KFORGE_FMHA_BWD_SM90_TL_STMATRIX 1
 #endif
-// TL_DEFER_DQ: where a step's dQ adds go (H200 profile of 2026-11-28 11:58: the staging stores,
-// the proxy fence that waits for them and the issue of the TMA reductions were about a fifth of
-// the TL kernel's warp stall samples, between one step's products and the next's).
-//   0: at the end of the step (stores, fence, reductions);
-//   1: all of it at the next step, right after its S^T and dP^T are issued (the tile is held in
-//      32 registers across the loop: ptxas spills about 116 bytes at head dim 128);
-//   2: the stores at the end of the step, the fence and the reductions at the next step after
-//      its S^T and dP^T are issued (the stores have landed by then, so the fence is short).
-// H200 sweep of 2026-11-28 12:03 at head dim 128: 2 is +1-4% over 0; 1 is -14 to -18%.
+// TL_DEFER_DQ (on): a step's dQ tile is stored to the staging boxes at the end of the step, and
+// the proxy fence and the TMA reductions follow at the next step, after its S^T and dP^T are
+// issued (the stores have landed by then, so the fence is short); off: all of it at the end of
+// the step. H200 profile of 2026-11-28 11:58: the stores, the fence that waits for them and the
+// issue of the reductions were about a fifth of the warp stall samples, between one step's
+// products and the next's; sweep of 12:03 at head dim 128: +1-4%. (Holding the tile in registers
+// and doing all of it at the next step was -14 to -18% there, 116 spill bytes; removed.)
 #ifndef KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ
-#define KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ 2
+#define KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ 1
 #endif
-constexpr int kTlDeferDq = KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ;
+constexpr bool kTlDeferDq = KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ != 0;
 // TL_EPILOGUE (on): dK and dV leave through shared memory (stmatrix into the K and V tiles, then
 // 16-byte rows to global memory) when their pointers and row strides are 16-byte aligned, instead
 // of 4-byte stores from the accumulators (a CTA's last act; it matters most for short sequences).
@@ -268,18 +266,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       bulk_commit_group();
     }
   };
-  [[maybe_unused]] float dq_prev[32];  // TL_DEFER_DQ 1: the step before's dQ tile
-  int row_prev = 0;                    // TL_DEFER_DQ 1, 2: its first workspace row
+  int row_prev = 0;  // TL_DEFER_DQ: the first workspace row of the step before's staged tile
 
   int h = h_first, m_block = m_first;  // step it's query head and block (no divisions a step)
   for (int it = 0; it < n_iter; ++it) {
     const int buf = it % NS;
     const int dsb = it & 1;
     issue_sdp(it);
-    if (kTlDeferDq != 0 && it > 0) {
-      if constexpr (kTlDeferDq == 1) stage_dq(dq_prev);
-      reduce_dq(row_prev);
-    }
+    if (kTlDeferDq && it > 0) reduce_dq(row_prev);
 
     const int r0 = m_block * BM;
     const float* lse_s = sLse + buf * BM;
@@ -370,13 +364,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     keep(dq);
 
     const int dq_row = static_cast<int>(h * p.rows + s.ws_row) + r0 + warp * 16;
-    if constexpr (kTlDeferDq == 1) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) dq_prev[i] = dq[i];
-    } else {
-      stage_dq(dq);
-    }
-    if constexpr (kTlDeferDq == 0) reduce_dq(dq_row);
+    stage_dq(dq);
+    if constexpr (!kTlDeferDq) reduce_dq(dq_row);
     row_prev = dq_row;
     wgmma_wait0();  // dK done: da is free
     keep(da);
@@ -388,10 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  if (kTlDeferDq != 0 && n_iter > 0) {
-    if constexpr (kTlDeferDq == 1) stage_dq(dq_prev);
-    reduce_dq(row_prev);
-  }
+  if (kTlDeferDq && n_iter > 0) reduce_dq(row_prev);
   bulk_wait_all();  // shared memory stays valid until the reductions end
 
   const float scale = p.softmax_scale;
