@@ -204,6 +204,11 @@ SM90_VARIANTS: dict[str, tuple[list[str], str]] = {
                                                        "(4-byte stores), not through shared memory"),
     "tl-dq0": (["KFORGE_FMHA_BWD_SM90_TL_DEFER_DQ=0"], "TL kernel: a step's dQ stores, proxy fence and TMA "
                                                       "reductions at the end of the step"),
+}
+SM90_DEFAULT_VARIANTS = ["base", "dqrows", "red", "dkss"]
+# What each path compiles per variant (CMakeLists.txt's KFORGE_FMHA_SWEEP_UNITS), its main
+# kernel's units (a dry run compiles only these) and its default reference columns.
+PATHS = {
     "portable": {"units": "fmha_bwd_|fmha_api", "main": r"fmha_bwd_(fp16|bf16)_hdim",
                  "columns": "sdpa-flash", "kernel": "bwd_mma_sync", "accuracy": "custom_softmax_scale"},
     "sm90": {"units": "fmha_bwd_sm90_|fmha_api", "main": r"fmha_bwd_sm90_",
