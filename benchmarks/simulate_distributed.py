@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overhead", type=float, default=3.0, help="seconds per unit on the client and the wire (guess)")
     ap.add_argument("--client-cpus", type=int, default=16)
     ap.add_argument("--setup", type=float, default=5.0, help="seconds once per build (toolchain upload; guess)")
+    ap.add_argument("--shared-host", action="store_true",
+                    help="every server on one host (benchmarks/dist_cluster.py): contention at hosts x jobs busy")
+    ap.add_argument("--measured-jobs", help="a dist-jobs.json from benchmarks/dist_cluster.py: the per-unit "
+                    "overhead is its units' mean time outside the servers' compilers (measured, not guessed)")
     ap.add_argument("--split-units", action="store_true",
                     help="the cut build: flash-attn's forge.toml unit_split applied to the unit times (patch 0005)")
     args = ap.parse_args(argv)
@@ -66,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         curve = default_curve(args.cpus)
     units, source = unit_times(args, curve)
+    overhead_source = "a guess"
+    if args.measured_jobs:
+        outside = json.loads(Path(args.measured_jobs).read_text())["units"]["outside_compile"]
+        args.overhead = outside["sum"] / outside["n"]
+        overhead_source = f"measured: the mean of {outside['n']} units in {args.measured_jobs}"
     if args.split_units:
         from kforge.config.forge import load_forge
 
@@ -75,12 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         source += f"; cut by forge.toml's unit_split into {len(units)} units"
     local = makespan.simulate(units, args.jobs).makespan * curve.factor(args.jobs)
     print(f"SIMULATION, not a measurement. Units: {source}. Contention: {curve.source}.")
-    print(f"Overheads (inputs): {args.overhead:g} s per unit, {args.client_cpus} client cores, {args.setup:g} s setup.")
+    print(f"Overheads (inputs): {args.overhead:.2f} s per unit ({overhead_source}), {args.client_cpus} client cores, "
+          f"{args.setup:g} s setup." + (" All servers on one host: contention at hosts x jobs busy compiles."
+                                        if args.shared_host else ""))
     print(f"One host, no distribution, {args.jobs} jobs: {local:.0f} s (longest first).\n")
     print("| hosts | slots | simulated wall (s) | x one host |")
     print("|---:|---:|---:|---:|")
     for n in args.hosts:
-        sim = simulate_cluster(units, Cluster(n, args.jobs, args.overhead, args.client_cpus, args.setup), curve)
+        sim = simulate_cluster(units, Cluster(n, args.jobs, args.overhead, args.client_cpus, args.setup,
+                                              args.shared_host), curve)
         print(f"| {n} | {n * args.jobs} | {sim.makespan:.0f} | {local / sim.makespan:.2f} |")
     longest = max(s for _, s in units) * curve.factor(args.jobs)
     print(f"\nFloor: the longest unit alone takes {longest:.0f} s at c({args.jobs}); no host count goes below it.")

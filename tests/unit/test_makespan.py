@@ -84,3 +84,14 @@ def test_cluster_simulation_scales_until_the_longest_unit() -> None:
     assert bound.makespan == pytest.approx(65 * 10.0 / 2)  # the client's local part is the bottleneck
     with pytest.raises(ValueError, match="at least one host"):
         makespan.simulate_cluster(units, makespan.Cluster(0, 16), flat)
+
+
+def test_servers_on_one_host_slow_each_other_down() -> None:
+    rising = Contention(((16.0, 1.0), (64.0, 2.0)), "rising")
+    units = [(f"u{i}", 100.0) for i in range(64)]
+    apart = makespan.simulate_cluster(units, makespan.Cluster(4, 16), rising).makespan
+    shared = makespan.simulate_cluster(units, makespan.Cluster(4, 16, shared_host=True), rising).makespan
+    assert apart == pytest.approx(100.0)  # four hosts of 16 busy compiles each: c(16)
+    assert shared == pytest.approx(200.0)  # one host with 64 busy compiles: c(64)
+    one = makespan.simulate_cluster(units, makespan.Cluster(1, 16, shared_host=True), rising).makespan
+    assert one == pytest.approx(400.0)  # one server alone on the host: c(16), four rounds

@@ -5,7 +5,8 @@ What kforge's distributed builds are measured and tested on (``tests/integration
 address on ``127.0.0.1`` and its own port. A server started with ``cpus`` is pinned to them
 (``sched_setaffinity`` before it starts, inherited by its bubblewrap sandboxes and the compilers they run), and
 sccache-dist counts its job slots from that affinity, so N servers of C cores on one host act as N hosts of C
-cores that share the host's memory system.
+cores that share the host's memory system. Every log line carries milliseconds (``SCCACHE_LOG_MILLIS``), so
+:mod:`kforge.build.distlog` can time each job's steps (with ``client_log="debug"``).
 
 Processes run in the foreground (``SCCACHE_NO_DAEMON=1``: the scheduler daemonizes otherwise) with their logs
 in the cluster's folder. Servers need root, bubblewrap and overlayfs (sccache-dist's ``overlay`` builder):
@@ -85,7 +86,7 @@ class LocalCluster:
     """A scheduler and ``servers`` build servers on loopback under ``root``, and the client settings that use them."""
 
     def __init__(self, root: Path, *, servers: int = 2, cpus: Sequence[Sequence[int]] | None = None,
-                 search: str | None = None, log: str = "info") -> None:
+                 search: str | None = None, log: str = "info", client_log: str | None = None) -> None:
         sccache, dist, bwrap = tools(search)
         if not (sccache and dist and bwrap):
             raise RuntimeError(missing(search) or "sccache, sccache-dist or bwrap is missing")
@@ -95,6 +96,7 @@ class LocalCluster:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.log = log
+        self.client_log = client_log or log  # "debug": the per-job lines kforge.build.distlog reads
         self.cpus = [tuple(c) for c in cpus] if cpus is not None else [()] * servers
         self.procs: list[subprocess.Popen[bytes]] = []
         self.server_procs: list[subprocess.Popen[bytes]] = []
@@ -126,7 +128,7 @@ class LocalCluster:
             f'[dist.auth]\ntype = "token"\ntoken = "{CLIENT_TOKEN}"\n')
         self.env = {**_clean_env(), "SCCACHE_CONF": str(self.client_conf), "SCCACHE_DIR": str(self.root / "cache"),
                     "SCCACHE_SERVER_PORT": str(free_port()), "SCCACHE_ERROR_LOG": str(self.root / "client.log"),
-                    "SCCACHE_LOG": self.log, "KFORGE_COMPILER_CACHE": "sccache",
+                    "SCCACHE_LOG": self.client_log, "SCCACHE_LOG_MILLIS": "1", "KFORGE_COMPILER_CACHE": "sccache",
                     "PATH": os.pathsep.join([str(Path(self.sccache_bin).parent), os.environ.get("PATH", "")])}
 
     def client_env(self, **extra: str) -> dict[str, str]:
@@ -138,7 +140,8 @@ class LocalCluster:
         log = open(self.root / (log_name or f"{conf.stem}.log"), "wb")  # noqa: SIM115 (closed with the process)
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         proc = subprocess.Popen([self.dist_bin, what, "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT,
-                                env={**_clean_env(), "SCCACHE_LOG": self.log, "SCCACHE_NO_DAEMON": "1"},
+                                env={**_clean_env(), "SCCACHE_LOG": self.log, "SCCACHE_LOG_MILLIS": "1",
+                                     "SCCACHE_NO_DAEMON": "1"},
                                 start_new_session=True, preexec_fn=pin)  # noqa: PLW1509 (only sched_setaffinity)
         self.procs.append(proc)
         return proc

@@ -155,17 +155,21 @@ class Cluster:
     per_unit_overhead: float = 0.0  # seconds a unit spends on the client and the wire (preprocess, send, receive)
     client_cpus: int = 0  # cores of the client doing that local part; 0: not a bottleneck
     setup_seconds: float = 0.0  # once per build (toolchain upload to every server)
+    shared_host: bool = False  # every server on one host (benchmarks/dist_cluster.py): contention is c(hosts x jobs)
 
 
 def simulate_cluster(units: Sequence[tuple[str, float]], cluster: Cluster, curve: Contention) -> Schedule:
     """LPT over ``hosts x jobs`` slots, each unit at its uncontended time x ``c(jobs)`` plus the per-unit overhead.
+
+    With ``shared_host`` the servers share one host's memory system, and the curve is read at every busy compile
+    of the host (``hosts x jobs``), as the curve is measured (host-wide).
 
     The client's local part is a second bound: ``sum(overhead) / client_cpus``. A simulation, not a
     measurement: the overheads are inputs (see benchmarks/simulate_distributed.py for the defaults).
     """
     if cluster.hosts < 1 or cluster.jobs < 1:
         raise ValueError(f"a cluster needs at least one host and one job, not {cluster.hosts} x {cluster.jobs}")
-    factor = curve.factor(cluster.jobs)
+    factor = curve.factor(cluster.hosts * cluster.jobs if cluster.shared_host else cluster.jobs)
     schedule = simulate([(n, s * factor + cluster.per_unit_overhead) for n, s in units], cluster.hosts * cluster.jobs)
     client_bound = (len(units) * cluster.per_unit_overhead / cluster.client_cpus) if cluster.client_cpus else 0.0
     makespan = cluster.setup_seconds + max(schedule.makespan, client_bound)
