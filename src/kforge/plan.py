@@ -20,7 +20,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from kforge.build import unitsplit
+from kforge.build import distplan, unitsplit
 from kforge.build.host import HostFacts
 from kforge.build.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
 from kforge.build.jobs import JobChoice, choose_jobs, jobs_sentence, order_line
@@ -111,6 +111,7 @@ class Plan:
     ninja_shim: bool = False  # kforge's ninja shim goes in front (a POSIX host, not a container): jobs.order applies
     reproducible: Reproducibility | None = None  # kforge.build.reproducible: seed and path maps every build of it gets
     binary: BinaryPolicy | None = None  # kforge.config.binarypolicy: which archs get PTX; host debug info stripped or kept
+    dist: distplan.DistCluster | None = None  # the sccache-dist cluster the compiles go to (None: none)
 
     @property
     def id(self) -> str:
@@ -171,6 +172,7 @@ class Plan:
             "provisioning": {**self.provisioning.to_dict(), "index_url": self.index_url, "find_links": self.find_links}
             if self.provisioning else None,
             "reproducible": self.reproducible.to_dict() if self.reproducible else None,
+            "distribute": self.dist.to_dict() if self.dist else None,
         }
 
     def to_json(self) -> str:
@@ -205,6 +207,7 @@ class Plan:
               if self.provisioning and self.provisioning.env_needed else []),
             *(["  uv          NOT FOUND, and this plan makes a uv environment: pip install uv (kforge's dev extra has it)"]
               if self.provisioning and self.provisioning.env_needed and not self.uv else []),
+            *([f"  distribute  {self.dist.line()}"] if self.dist else []),
             f"  jobs        MAX_JOBS={self.jobs.max_jobs} {threads}: "
             + (self.jobs.reason if verbose else jobs_sentence(self.jobs)),
             f"  order       {order_line(self.jobs)}",
@@ -255,11 +258,12 @@ def make_plan(forge: Forge, target: Target, host: HostFacts, options: PlanOption
     platform = forge.platforms[target.platform]
     profile = profile_name(project, options.profile)
     toolchain, archs = _toolchain(forge, project, target, host, options)
-    jobs = _jobs(project, host, options, job_profile, archs, project.units(profile))
+    backend = _backend(options.backend or project.backend)
+    dist = host.dist if backend != "cibuildwheel" and platform.os != "windows" else None  # a container has no cluster
+    jobs = _jobs(project, host, options, job_profile, archs, project.units(profile), dist)
     variant = Variant(cuda=Version(f"{toolchain.cuda.major}.{toolchain.cuda.minor}"), python=toolchain.python,
                       torch=toolchain.torch if project.torch_abi else None)
     local_version = local_version_label(project, target.archs, toolchain.cuda, toolchain.torch)
-    backend = _backend(options.backend or project.backend)
     binary = binary_policy(project, ptx=options.ptx, strip_debug=options.strip_debug, platform_os=platform.os, backend=backend)
     env = _env(project, platform, profile, archs, toolchain, jobs, host, local_version, options.env, binary)
     ctx = PatchContext(platform=target.platform, archs=tuple(a.sm for a in archs),
@@ -301,7 +305,7 @@ def make_plan(forge: Forge, target: Target, host: HostFacts, options: PlanOption
         # the nvcc wrapper (installed unless enforcement is off; a POSIX script outside containers) maps device paths
         reproducible=plan_reproducibility(project.name, forge.root, platform.os,
                                           **wrapper_reach(enforce.wrapper, backend, enforce.mode)),
-        binary=binary,
+        binary=binary, dist=dist,
     )
 
 
@@ -385,24 +389,19 @@ def _toolchain(forge: Forge, project: Project, target: Target, host: HostFacts,
         )
     torch = None
     if options.torch is not None:
-        torch = parse_version(options.torch, _from(options, "torch"), "torch")
+        torch = parse_version(options.torch, BY_NAME["torch"].flag, "torch")
         if not project.torch_abi:
-            raise ConfigError(f"{_from(options, 'torch')}={options.torch} asks for a torch variant, and {project.name} "
+            raise ConfigError(f"{BY_NAME['torch'].flag}={options.torch} asks for a torch variant, and {project.name} "
                               "is torch-free (torch_abi = false): its wheel serves every torch",
                               fix="drop --torch (and unset KFORGE_TORCH) for this project")
     elif project.torch_abi:
         torch = (Version(host.torch_version.public) if native and host.torch_version else None) or (
             forge.toolchains.torch[0] if forge.toolchains.torch else None)
-    python = parse_python(options.python, _from(options, "python")) if options.python else host.python
+    python = parse_python(options.python, BY_NAME["python"].flag) if options.python else host.python
     return Toolchain(cuda=cuda, cuda_from=cuda_from, min_cuda=min_cuda, installed_cuda=host.cuda_version,
                      nvcc_path=host.nvcc_path, uses_installed=same_as_installed,
                      action=_cuda_action(forge, target, host, cuda, native, same_as_installed),
                      torch=torch, python=python), archs
-
-
-def _from(options: PlanOptions, name: str) -> str:
-    """The name a user wrote an option under, for errors (the flag; the variable says the same)."""
-    return BY_NAME[name].flag
 
 
 def _cuda_action(forge: Forge, target: Target, host: HostFacts, cuda: Version, native: bool, same: bool) -> str:
@@ -420,11 +419,12 @@ def _cuda_action(forge: Forge, target: Target, host: HostFacts, cuda: Version, n
 
 
 def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobProfile, archs: tuple[Arch, ...],
-          units: int | None) -> JobChoice:
+          units: int | None, dist: distplan.DistCluster | None = None) -> JobChoice:
     """The job choice, with ``--env MAX_JOBS=..`` / ``NVCC_THREADS=..`` / ``<threads_env>=..`` read back into it.
 
     The profile is taken to the plan's arch count first (nvcc threads only pay with more than one arch); ``units``
-    is the build's compile-unit count from forge.toml (the build profile's, else the project's), if declared."""
+    is the build's compile-unit count from forge.toml (the build profile's, else the project's), if declared. With an
+    sccache-dist cluster that answered (``dist``), the cores are the cluster's and the memory this host's."""
     profile = for_arch_count(profile, max(1, len(archs)), archs=tuple(a.major * 10 + a.minor for a in archs))
     max_jobs, threads = options.max_jobs, options.nvcc_threads
     if options.env.get("MAX_JOBS", "").strip():
@@ -432,10 +432,11 @@ def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobP
     for var in dict.fromkeys((GENERIC_THREADS, project.threads_env)):  # the project's own name wins
         if options.env.get(var, "").strip():
             threads = parse_value(BY_NAME["nvcc_threads"], options.env[var], f"--env {var}")
+    res = host.resources if dist is None or not dist.cpus else replace(
+        host.resources, cpus=dist.cpus, source=f"{host.resources.source}; cpus: the sccache-dist cluster's")
     choice, split = unitsplit.decide(
         project.unit_split, options.split_units or "auto", profile, units,
-        lambda prof, n: choose_jobs(host.resources, prof, override_max_jobs=max_jobs, override_nvcc_threads=threads,
-                                    units=n))
+        lambda prof, n: choose_jobs(res, prof, override_max_jobs=max_jobs, override_nvcc_threads=threads, units=n))
     return replace(choice, thread_vars=tuple(dict.fromkeys((GENERIC_THREADS, project.threads_env))),
                    split_line=split.line if split else "", split_env=tuple(split.env.items()) if split else ())
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from kforge.build import toolchain
+from kforge.build import distplan, toolchain
 from kforge.build.venv import find_uv
 from kforge.cuda.arch import Arch, host_arch
 from kforge.errors import KforgeError, ToolchainError
@@ -158,6 +158,7 @@ class HostFacts:
     gpu_name: str | None = None
     uv: str | None = None  # uv's path, which a variant environment is made with (None: not found)
     glibc: str | None = None  # "2.36": the C library wheels linked here need (None: not glibc)
+    dist: distplan.DistCluster | None = None  # the sccache-dist cluster this build's compiles go to (None: none)
 
     @property
     def cpus(self) -> int:
@@ -233,7 +234,7 @@ def detect_host(environ: Mapping[str, str], *, python: str | None = None, probe_
         uv: str | None = find_uv(environ)
     except ToolchainError:
         uv = None
-    return facts.with_(gpu_arch=gpu, gpu_name=name, uv=uv, glibc=detect_glibc())
+    return facts.with_(gpu_arch=gpu, gpu_name=name, uv=uv, glibc=detect_glibc(), dist=distplan.detect(environ))
 
 
 def detect_glibc(confstr: Callable[[str], str | None] | None = None) -> str | None:
