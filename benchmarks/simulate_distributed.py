@@ -40,10 +40,23 @@ def unit_times(args: argparse.Namespace, curve: Contention) -> tuple[list[tuple[
         units = [(Path(u["output"]).name, float(u["seconds"]) / factor) for u in data["units"]]
         return units, (f"measured: {len(units)} units of {args.report}, divided by c({args.measured_at_jobs}) = "
                        f"{factor:.2f}")
+    return seed_units(), ("flash-attn's seed (kforge.build.profiles.SEEDS): the 73 unit times of one H200 build at 16 "
+                          "jobs, divided by the default c(16)")
+
+
+def seed_units() -> list[tuple[str, float]]:
+    """flash-attn's 73 seed unit times (uncontended seconds), one entry a unit."""
     seed = profiles.SEEDS["flash-attn"]
-    units = [(glob if n == 1 else f"{glob}#{i}", seconds) for glob, seconds, n in seed.seed_units for i in range(n)]
-    return units, ("flash-attn's seed (kforge.build.profiles.SEEDS): the 73 unit times of one H200 build at 16 jobs, "
-                   "divided by the default c(16)")
+    return [(glob if n == 1 else f"{glob}#{i}", seconds) for glob, seconds, n in seed.seed_units for i in range(n)]
+
+
+def cut(units: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """The cut build's units: flash-attn's forge.toml unit_split applied (patch 0005)."""
+    from kforge.config.forge import load_forge
+
+    rule = load_forge(Path(__file__).resolve().parents[1]).projects["flash-attn"].unit_split
+    assert rule is not None
+    return list(unitsplit.cut(units, rule))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,11 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overhead = outside["sum"] / outside["n"]
         overhead_source = f"measured: the mean of {outside['n']} units in {args.measured_jobs}"
     if args.split_units:
-        from kforge.config.forge import load_forge
-
-        rule = load_forge(Path(__file__).resolve().parents[1]).projects["flash-attn"].unit_split
-        assert rule is not None
-        units = list(unitsplit.cut(units, rule))
+        units = cut(units)
         source += f"; cut by forge.toml's unit_split into {len(units)} units"
     local = makespan.simulate(units, args.jobs).makespan * curve.factor(args.jobs)
     print(f"SIMULATION, not a measurement. Units: {source}. Contention: {curve.source}.")
