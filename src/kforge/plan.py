@@ -299,8 +299,7 @@ def make_plan(forge: Forge, target: Target, host: HostFacts, options: PlanOption
                                   host_torch=host.torch_version, cuda_how=toolchain.action,
                                   cuda_present=toolchain.uses_installed, build_requires=project.build_requires,
                                   container=_image(backend, platform.os, options)),
-        index_url=options.index_url, find_links=options.find_links,
-        repairer=repairer_name(platform.os), uv=host.uv,
+        index_url=options.index_url, find_links=options.find_links, repairer=repairer_name(platform.os), uv=host.uv,
         ninja_shim=platform.os != "windows" and backend != "cibuildwheel",  # a sh script on this host's PATH
         # the nvcc wrapper (installed unless enforcement is off; a POSIX script outside containers) maps device paths
         reproducible=plan_reproducibility(project.name, forge.root, platform.os,
