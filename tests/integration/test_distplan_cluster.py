@@ -41,4 +41,4 @@ def test_plan_sizes_the_jobs_by_the_clusters_cpus(tmp_path: Path):
     plan = json.loads(out.stdout)
     assert plan["distribute"]["servers"] == 1 and plan["distribute"]["cpus"] == 1
     assert plan["jobs"]["max_jobs"] == 1  # the cluster's one cpu, not this host's cores
-    assert f"scheduler http://{cluster.sched}" in text and "1 servers, 1 cpus" in text
+    assert f"scheduler http://{cluster.sched}" in text and "1 server, 1 cpu;" in text

@@ -49,7 +49,8 @@ class DistCluster:
         """The plan's ``distribute`` line."""
         where = f"sccache-dist, scheduler {self.scheduler} (SCCACHE_CONF={self.conf})"
         if self.cpus:
-            return (f"{where}: {self.servers} servers, {self.cpus} cpus; nvcc's cudafe++, cicc and ptxas steps and the "
+            counts = f"{self.servers} server{'s' * (self.servers != 1)}, {self.cpus} cpu{'s' * (self.cpus != 1)}"
+            return (f"{where}: {counts}; nvcc's cudafe++, cicc and ptxas steps and the "
                     "host compiles run there, preprocessing, fatbinary and the link here; jobs sized for the cluster's "
                     "cpus and this host's memory (a step that falls back compiles here)")
         return (f"{where}: its cores are unknown ({self.error}); jobs sized for this host as without it; "
