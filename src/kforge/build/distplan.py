@@ -120,7 +120,10 @@ def detect(environ: Mapping[str, str], *, timeout: float = STATUS_TIMEOUT) -> Di
                 break
             time.sleep(0.5)  # a new daemon connects to the scheduler in the background: "NotConnected" at first
     finally:
-        subprocess.run([str(sccache[1]), "--stop-server"], env=env, capture_output=True, check=False, timeout=30)
+        try:
+            subprocess.run([str(sccache[1]), "--stop-server"], env=env, capture_output=True, check=False, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # a daemon that does not stop exits by itself when idle (SCCACHE_IDLE_TIMEOUT); the plan goes on
     if isinstance(answer, tuple) and answer[1] > 0:
         return DistCluster(url, conf, answer[0], answer[1])
     why = answer if isinstance(answer, str) else "the scheduler has no server"
