@@ -63,6 +63,12 @@ class DistCluster:
 
 def scheduler_of(environ: Mapping[str, str]) -> tuple[str, str] | None:
     """(scheduler URL, SCCACHE_CONF) when a build with this environment compiles through sccache-dist, else None."""
+    found = _dist(environ)
+    return found[:2] if found else None
+
+
+def _dist(environ: Mapping[str, str]) -> tuple[str, str, Path] | None:
+    """:func:`scheduler_of`, with the sccache the build would run."""
     conf = environ.get("SCCACHE_CONF", "").strip()
     if not conf:
         return None
@@ -76,7 +82,7 @@ def scheduler_of(environ: Mapping[str, str]) -> tuple[str, str] | None:
         url = distclient.scheduler(tomllib.loads(Path(conf).read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None  # the build's distclient.prepare names the unreadable file
-    return (url, conf) if url else None
+    return (url, conf, chosen[1]) if url else None
 
 
 def parse_status(text: str) -> tuple[int, int] | str:
@@ -97,12 +103,10 @@ def parse_status(text: str) -> tuple[int, int] | str:
 
 def detect(environ: Mapping[str, str], *, timeout: float = STATUS_TIMEOUT) -> DistCluster | None:
     """The cluster this build would compile on (None: no distribution), with its servers and cpus if it answers."""
-    found = scheduler_of(environ)
+    found = _dist(environ)
     if found is None:
         return None
-    url, conf = found
-    sccache = _choose_cache(environ, shutil.which)
-    assert sccache is not None
+    url, conf, sccache = found
     env = {**environ, "SCCACHE_SERVER_PORT": str(free_port()), "SCCACHE_CONF": conf}
     env.pop("SCCACHE_ERROR_LOG", None)
     deadline = time.monotonic() + timeout
@@ -110,7 +114,7 @@ def detect(environ: Mapping[str, str], *, timeout: float = STATUS_TIMEOUT) -> Di
     try:
         while True:
             try:
-                out = subprocess.run([str(sccache[1]), "--dist-status"], env=env, capture_output=True, text=True,
+                out = subprocess.run([str(sccache), "--dist-status"], env=env, capture_output=True, text=True,
                                      timeout=max(1.0, deadline - time.monotonic()))
                 answer = parse_status(out.stdout) if out.returncode == 0 else f"sccache exit {out.returncode}: " \
                     f"{(out.stderr or out.stdout).strip()[-200:]}"
@@ -121,7 +125,7 @@ def detect(environ: Mapping[str, str], *, timeout: float = STATUS_TIMEOUT) -> Di
             time.sleep(0.5)  # a new daemon connects to the scheduler in the background: "NotConnected" at first
     finally:
         try:
-            subprocess.run([str(sccache[1]), "--stop-server"], env=env, capture_output=True, check=False, timeout=30)
+            subprocess.run([str(sccache), "--stop-server"], env=env, capture_output=True, check=False, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             pass  # a daemon that does not stop exits by itself when idle (SCCACHE_IDLE_TIMEOUT); the plan goes on
     if isinstance(answer, tuple) and answer[1] > 0:
