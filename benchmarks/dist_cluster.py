@@ -36,6 +36,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -99,8 +100,9 @@ def compare(local: dict, dist: dict) -> dict:
     a = (local.get("binaries") or {}).get("cubins") or {}
     b = (dist.get("binaries") or {}).get("cubins") or {}
     differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    twins = sum((Counter(a.values()) & Counter(b.values())).values())  # a build that cut other units names them apart
     return {"local_run": local.get("run"), "dist_run": dist.get("run"), "cubins_local": len(a), "cubins_dist": len(b),
-            "cubins_identical": bool(a) and not differ, "differ": differ[:20],
+            "cubins_identical": bool(a) and not differ, "differ": differ[:20], "cubins_with_a_local_twin": twins,
             "wheel_identical": (local.get("binaries") or {}).get("wheel_sha256")
             == (dist.get("binaries") or {}).get("wheel_sha256")}
 

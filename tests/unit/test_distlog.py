@@ -84,3 +84,17 @@ def test_read_gives_every_job(tmp_path: Path):
     (tmp_path / "s.log").write_text(SCHEDULER)
     out = distlog.read(tmp_path / "c.log", tmp_path / "s.log")
     assert [j["tag"] for j in out["job_list"]] == ["a.module_id", "b.sm_90a.cubin"] and "units" not in out
+
+
+def test_finished_units_are_those_whose_host_compile_came_back():
+    done_o = CLIENT + (
+        "[2026-11-28T14:13:46.000Z DEBUG sccache::compiler::compiler] [d.o]: Requesting allocation\n"
+        "[2026-11-28T14:13:46.010Z DEBUG sccache::compiler::compiler] [d.o]: Running job\n"
+        "[2026-11-28T14:13:48.229Z DEBUG sccache::compiler::compiler] fetched [(\"/tmp/sccache_nvcc3/d.o\", "
+        "\"Size: 900->300\")]\n"
+        "[2026-11-28T14:13:48.300Z DEBUG sccache::compiler::compiler] [e.o]: Requesting allocation\n"
+        "[2026-11-28T14:13:48.310Z DEBUG sccache::compiler::compiler] [e.o]: Running job\n")
+    done = distlog.finished_units(distlog.client_jobs(done_o))
+    # a's cudafe++ and b's ptxas came back but not their host compiles; c fell back; e is still on a server
+    assert done == {"d": pytest.approx(5.0, abs=1e-3)}  # seconds from the first request (a's, at 43.229)
+    assert distlog.finished_units([]) == {}

@@ -113,6 +113,14 @@ def client_jobs(text: str) -> list[ClientJob]:
     return jobs
 
 
+def finished_units(client: Sequence[ClientJob]) -> dict[str, float]:
+    """Units whose host compile (the last step nvcc distributes) came back: unit -> seconds from the first request.
+
+    A build that was stopped part way (a lease's end) is measured by this: how many units were done, and when."""
+    first = min((j.requested for j in client), default=0.0)
+    return {j.unit: round(j.fetched - first, 3) for j in client if j.step == "host compile" and j.fetched is not None}
+
+
 def scheduler_jobs(text: str) -> list[SchedulerJob]:
     """The scheduler's jobs, by the order they were created."""
     jobs: dict[int, SchedulerJob] = {}
