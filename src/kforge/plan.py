@@ -432,7 +432,8 @@ def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobP
         if options.env.get(var, "").strip():
             threads = parse_value(BY_NAME["nvcc_threads"], options.env[var], f"--env {var}")
     res = host.resources if dist is None or not dist.cpus else replace(
-        host.resources, cpus=dist.cpus, source=f"{host.resources.source}; cpus: the sccache-dist cluster's")
+        host.resources, cpus=dist.cpus, unit_overhead=distplan.UNIT_OVERHEAD,
+        source=f"{host.resources.source}; cpus: the sccache-dist cluster's")
     choice, split = unitsplit.decide(
         project.unit_split, options.split_units or "auto", profile, units,
         lambda prof, n: choose_jobs(res, prof, override_max_jobs=max_jobs, override_nvcc_threads=threads, units=n))

@@ -91,6 +91,14 @@ def test_the_plan_sizes_jobs_by_the_clusters_cpus_and_this_hosts_memory(forge):
     assert dist.jobs.max_jobs > 16 and "the sccache-dist cluster's" in dist.jobs.reason
     assert "  distribute  sccache-dist, scheduler http://10.0.0.1:10600" in dist.render()
     assert dist.to_dict()["distribute"]["cpus"] == 64
+    # every unit predicted longer by the measured time outside the servers, and the plan says so
+    assert f"{distplan.UNIT_OVERHEAD:.1f} s a unit outside the compilers" in dist.jobs.reason
+    assert "predicted 25.6 s longer" in dist.render()
+    bare = plan_for(forge, "flash-attn-sm90", h=host(resources=Resources(64, 500 * GiB, 512 * GiB)), max_jobs=64,
+                    split_units="on")
+    with_dist = plan_for(forge, "flash-attn-sm90", h=host(resources=Resources(16, 500 * GiB, 512 * GiB), dist=cluster),
+                         max_jobs=64, split_units="on")
+    assert with_dist.jobs.predicted_seconds > bare.jobs.predicted_seconds + distplan.UNIT_OVERHEAD - 1
     small = plan_for(forge, "flash-attn-sm90", h=host(resources=Resources(16, 20 * GiB, 32 * GiB), dist=cluster))
     assert small.jobs.max_jobs * 6 * GiB <= 20 * GiB  # a fallback compiles here: this host's memory still bounds it
     given = plan_for(forge, "flash-attn-sm90", h=host(dist=cluster), max_jobs=8)

@@ -328,6 +328,15 @@ def test_override_gets_a_prediction_too() -> None:
     assert choice.predicted_seconds == pytest.approx(200.0)
 
 
+def test_a_per_unit_overhead_lengthens_every_unit_it_schedules() -> None:
+    units = _measured({"a.o": 100.0, "b.o": 100.0, "c.o": 100.0})
+    plain = jobs.choose_jobs(_host(16, 125), units, override_max_jobs=2)
+    host = dataclasses.replace(_host(16, 125), unit_overhead=25.0)
+    slow = jobs.choose_jobs(host, units, override_max_jobs=2)
+    assert slow.predicted_seconds == pytest.approx(plain.predicted_seconds + 2 * 25.0)  # two units on one slot
+    assert "25.0 s a unit outside the compilers" in slow.reason
+
+
 def test_flash_attn_seed_is_the_h200_builds_unit_times() -> None:
     assert len(FA.seed_units) == 73 and all(n == 1 for _, _, n in FA.seed_units)
     at_16 = sum(sec for _, sec, _ in FA.seed_units) * makespan.DEFAULT_FULL_LOAD_FACTOR

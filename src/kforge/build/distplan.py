@@ -34,6 +34,15 @@ else:  # pragma: no cover
 #: Seconds the scheduler's status may take (the throwaway daemon's start and its first connection included).
 STATUS_TIMEOUT = 10.0
 
+#: Seconds a distributed unit spends outside the servers' compilers, added to every unit the plan schedules on a
+#: cluster: the client's preprocessing and fatbinary, sccache's packaging, the queue and the wire. Measured, for
+#: flash-attn's units (2026-11-28, one 64-core host, ``kforge.build.distlog``): a mean of 25.6 s over 126 units
+#: through 4 servers of 16 cores (the client unpinned), 22.1 s over 72 through 2 (the client on 16 cores of its
+#: own); with it the model predicted ninja within 5% and 1% (470 s against 494.0, 726 against 720.1), without it
+#: the plan's 414 s was 16% low (docs/distributed.md). One project's units; smaller units spend less (2.4 s a unit
+#: of fmha on the CPU machine), so the plan's prediction is long for them, which changes its choice little.
+UNIT_OVERHEAD = 25.6
+
 
 @dataclass(frozen=True)
 class DistCluster:
@@ -52,7 +61,8 @@ class DistCluster:
             counts = f"{self.servers} server{'s' * (self.servers != 1)}, {self.cpus} cpu{'s' * (self.cpus != 1)}"
             return (f"{where}: {counts}; nvcc's cudafe++, cicc and ptxas steps and the "
                     "host compiles run there, preprocessing, fatbinary and the link here; jobs sized for the cluster's "
-                    "cpus and this host's memory (a step that falls back compiles here)")
+                    f"cpus and this host's memory (a step that falls back compiles here); every unit predicted "
+                    f"{UNIT_OVERHEAD:.1f} s longer for its time outside the servers (measured on flash-attn's units)")
         return (f"{where}: its cores are unknown ({self.error}); jobs sized for this host as without it; "
                 "--max-jobs gives the cluster's slots")
 

@@ -35,11 +35,13 @@ class Resources:
     mem_available: int  # bytes, usable now (MemAvailable, or the cgroup's room if lower)
     mem_total: int  # bytes
     source: str = "given"
+    unit_overhead: float = 0.0  # seconds a unit spends outside the compilers that run it (a cluster's client and wire)
 
     def describe(self) -> str:
+        extra = f"; {self.unit_overhead:.1f} s a unit outside the compilers" if self.unit_overhead else ""
         return (
             f"{self.cpus} cpus, {self.mem_available / GB:.1f} GB available of "
-            f"{self.mem_total / GB:.1f} GB ({self.source})"
+            f"{self.mem_total / GB:.1f} GB ({self.source}{extra})"
         )
 
 

@@ -160,19 +160,20 @@ def _work(profile: JobProfile, cpus: int, units: int | None) -> _Work:
 
 
 def predict(profile: JobProfile, cpus: int, jobs: int, threads: int, *,
-            units: int | None = None) -> tuple[float, Schedule | None, str]:
+            units: int | None = None, overhead: float = 0.0) -> tuple[float, Schedule | None, str]:
     """(predicted seconds, the simulated schedule if per-unit times exist, how it was predicted) for ``jobs`` x ``threads``.
 
     Without per-unit times or a unit count the number is seconds per unit at steady state, not a makespan.
+    ``overhead`` is added to every unit, uncontended (a cluster's client steps and the wire: :mod:`distplan`).
     """
     curve = contention(profile, cpus)
     p = max(1, min(threads, profile.arch_count))
     scale = thread_factor(profile, threads) * curve.factor(jobs * p)
     work = _work(profile, cpus, units)
     if work.units:
-        schedule = simulate([(k, v * scale) for k, v in work.units], jobs)
+        schedule = simulate([(k, v * scale + overhead) for k, v in work.units], jobs)
         return schedule.makespan, schedule, work.how
-    t_unit = profile.unit_seconds * scale
+    t_unit = profile.unit_seconds * scale + overhead
     if work.count:
         return max(t_unit, work.count * t_unit / jobs), None, work.how
     return t_unit / jobs, None, work.how
@@ -205,7 +206,7 @@ def choose_jobs(
     for t in range(1, max(1, profile.arch_count) + 1):
         p = max(1, min(t, profile.arch_count))
         for jobs in range(1, _fit(host, profile, budget, t) + 1):
-            seconds, schedule, how = predict(profile, host.cpus, jobs, t, units=units)
+            seconds, schedule, how = predict(profile, host.cpus, jobs, t, units=units, overhead=host.unit_overhead)
             candidates.append((seconds, jobs * p, jobs, t, how, schedule))
     if not candidates:  # not even one single-thread unit fits: run one and say so
         need = unit_memory(profile, 1)
@@ -252,7 +253,7 @@ def _overridden(host, profile, budget, what, jobs, threads, units) -> JobChoice:
     if mem > budget:
         warn = (f"; WARNING: estimated {mem / GB:.1f} GB exceeds the {budget / GB:.1f} GB available "
                 f"after headroom; an OOM is retried once with half the jobs")
-    seconds, _, how = predict(profile, host.cpus, jobs, t, units=units)
+    seconds, _, how = predict(profile, host.cpus, jobs, t, units=units, overhead=host.unit_overhead)
     makespan = how.startswith(("LPT", "estimate"))
     said = f"predicted makespan {seconds:.0f} s ({how})" if makespan else f"predicted {seconds:.1f} s per unit ({how})"
     return JobChoice(jobs, t, f"{jobs} jobs x {t} nvcc threads (user override){warn}: {said}; {what}",
