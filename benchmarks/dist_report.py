@@ -7,7 +7,8 @@ the whole build and ninja, the steps compiled on the servers and the distributio
 byte-identical to one of the local build's (by content: a build that cut fewer units has cubins the other has not),
 the units' measured time outside the servers' compilers, and two PREDICTIONS of ninja's time by
 :func:`kforge.build.makespan.simulate_cluster` (all servers on one host: contention at every busy compile): one with the
-guessed 3 s a unit written before the runs, one with that run's measured overhead. Predictions are labelled as such.
+guessed 3 s a unit written before the runs, one with that run's measured overhead. Predictions are labelled as such,
+and made for flash-attn targets only (the model's unit times are flash-attn's seed).
 
 A run that was stopped before it finished (no result.json: the lease ended) gets a row from its plan.json and its client
 log: the units done and when it stopped, a lower bound. With ``--extrapolate-from RUN`` (a finished run of the same
@@ -99,8 +100,17 @@ def stopped_row(run: Path, servers: int, cores: int, reference: dict | None) -> 
     return f"{jobs.get('max_jobs')} {'cut' if split else 'whole'}", "stopped", ninja
 
 
+def _target(result: dict, plan: dict) -> str:
+    """The run's target: plan.json's, else the one in result.json's kforge command line."""
+    if plan.get("target"):
+        return str(plan["target"])
+    words = str(result.get("command") or "").split()
+    return words[words.index("build") + 1] if "build" in words[:-1] else ""
+
+
 def row(run: Path, host_cpus: int, local: dict | None, reference: dict | None = None) -> str:
     result, cluster = _load(run / "result.json"), _load(run / "cluster.json")
+    seeded = _target(result, _load(run / "plan.json")).startswith("flash-attn-")  # the model has flash-attn's seed
     jobs_file = _load(run / "dist-jobs.json")
     servers, cores = _shape(run, cluster)
     outside = (jobs_file.get("units") or {}).get("outside_compile") or {}
@@ -125,9 +135,10 @@ def row(run: Path, host_cpus: int, local: dict | None, reference: dict | None = 
         return simulate_cluster(units, Cluster(servers, cores, overhead, client_cpus, SETUP, shared_host=True),
                                 curve).makespan
 
+    guessed = f"{predict(GUESS):.0f} s" if seeded else "- (no seed for this target)"
     return (f"| {servers} x {cores} | {who} | {whole} | {ninja} | {steps} | {cubins_same(local or {}, result)} | "
-            f"{f'{measured:.1f} s' if measured is not None else '-'} | {predict(GUESS):.0f} s | "
-            f"{f'{predict(measured):.0f} s' if measured is not None else '-'} |")
+            f"{f'{measured:.1f} s' if measured is not None else '-'} | {guessed} | "
+            f"{f'{predict(measured):.0f} s' if measured is not None and seeded else '-'} |")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,8 @@ def run_dir(tmp_path: Path, name: str, *, split: bool, outside: float | None) ->
         "wall_seconds": 500.0, "ninja_wall_seconds": 440.0, "units": 127 if split else 73,
         "split": f"FLASH_ATTN_KFORGE_SPLIT_UNITS={int(split)}: ...",
         "sccache": {"dist_compiles": {"a": 300, "b": 208}, "dist_errors": 1},
-        "binaries": {"cubins": {"x.cubin": "h1", "y.cubin": "h2", "z.cubin": "h9"}}}))
+        "binaries": {"cubins": {"x.cubin": "h1", "y.cubin": "h2", "z.cubin": "h9"}},
+        "command": "python3 -m kforge build flash-attn-sm90 --max-jobs 64"}))
     (d / "cluster.json").write_text(json.dumps({"servers": 4, "cpus_per_server": 16, "client_max_jobs": 64,
                                                 "client_cpus": None}))
     if outside is not None:
@@ -74,7 +75,7 @@ CLIENT = """\
 def test_a_stopped_run_is_a_lower_bound_with_a_labelled_extrapolation(report, tmp_path: Path):
     d = tmp_path / "dist1x16-1"  # no result.json nor cluster.json: the lease ended under it
     d.mkdir()
-    (d / "plan.json").write_text(json.dumps({"jobs": {"max_jobs": 15, "split": "FLASH_ATTN_KFORGE_SPLIT_UNITS=0: ..",
+    (d / "plan.json").write_text(json.dumps({"target": "flash-attn-sm90", "jobs": {"max_jobs": 15, "split": "FLASH_ATTN_KFORGE_SPLIT_UNITS=0: ..",
                                                       "order": [["u1.o", 1], ["u2.o", 1], ["u3.o", 1]]}}))
     (d / "sccache-client.log").write_text(CLIENT)
     reference = {"job_list": [{"unit": "u1", "compile": 50.0}, {"unit": "u2", "compile": 100.0},
@@ -86,3 +87,11 @@ def test_a_stopped_run_is_a_lower_bound_with_a_labelled_extrapolation(report, tm
     assert cells[4] == "-" and cells[8] == "-"  # no server counts, no measured overhead
     no_ref = [c.strip() for c in report.row(d, 64, None).strip("|").split("|")]
     assert no_ref[3] == "> 40 s (stopped: 1 of 3 units done)"  # without a reference: the bound alone
+
+
+def test_a_target_without_the_models_seed_gets_no_prediction(report, tmp_path: Path):
+    d = run_dir(tmp_path, "dist1x1-1", split=False, outside=2.2)
+    result = json.loads((d / "result.json").read_text())
+    (d / "result.json").write_text(json.dumps({**result, "command": "python3 -m kforge build fmha-sm90 --max-jobs 1"}))
+    cells = [c.strip() for c in report.row(d, 2, None).strip("|").split("|")]
+    assert cells[6:] == ["2.2 s", "- (no seed for this target)", "-"]  # measured, but flash-attn's units predict nothing
