@@ -13,26 +13,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from packaging.version import Version
 
-from kforge.build import distplan, unitsplit
+from kforge.build import distplan
 from kforge.build.host import HostFacts
 from kforge.build.image import OFFICIAL_IMAGE, image_platform_tag, is_kforge_image
-from kforge.build.jobs import JobChoice, choose_jobs, jobs_sentence, order_line
-from kforge.build.profiles import JobProfile, for_arch_count
+from kforge.build.jobs import JobChoice, jobs_sentence, order_line
+from kforge.build.profiles import JobProfile
 from kforge.build.reproducible import Reproducibility, plan_reproducibility, wrapper_reach
-from kforge.build.toolchain import host_include_env
 from kforge.config.binarypolicy import BinaryPolicy, binary_policy
-from kforge.config.forge import normalise_env_value, ptxas_threads
+from kforge.config.forge import ptxas_threads
 from kforge.config.knowledge import require_current_knowledge
-from kforge.config.model import BACKEND_NAMES, ArchKnob, Forge, GpuTests, Platform, Project
-from kforge.config.options import BY_NAME, PlanOptions, parse_value
-from kforge.config.profilearchs import profile_conflict
+from kforge.config.model import BACKEND_NAMES, Forge, GpuTests, Project
+from kforge.config.options import BY_NAME, PlanOptions
 from kforge.config.repairpolicy import TORCH_LIBRARIES, RepairPolicy, default_policy
 from kforge.config.source import GitSource, LocalSource, SdistSource, Source
 from kforge.config.targets import Target
@@ -40,9 +37,10 @@ from kforge.config.variant import Provisioning, Variant, parse_python, parse_ver
 from kforge.config.wheelname import local_version_label
 from kforge.cuda.arch import Arch, as_cuda_version, require_supported
 from kforge.cuda.enforce import ArchEnforcement, plan_enforcement
-from kforge.cuda.render import default_variant, render_gencode, render_knob
-from kforge.errors import ArchError, ConfigError, TargetError, ToolchainError, did_you_mean
+from kforge.cuda.render import default_variant, render_gencode
+from kforge.errors import ConfigError, TargetError, ToolchainError, did_you_mean
 from kforge.fsutil import work_root
+from kforge.planenv import build_env, plan_jobs
 from kforge.platformfloor import FloorDecision, parse_glibc, plan_floor
 from kforge.sources.series import PatchContext, Series, load_series, series_hash
 from kforge.wheels.repair import repairer_name
@@ -52,7 +50,6 @@ __all__ = ["PROVISIONABLE_FROM", "Plan", "PlanOptions", "Toolchain", "make_plan"
 #: The lowest CUDA kforge can provision from PyPI (12.x ships ptxas only, no nvcc).
 PROVISIONABLE_FROM = Version("13.0")
 #: The generic thread variable every plan sets (a project may add its own name: ``threads_env``).
-GENERIC_THREADS = "NVCC_THREADS"
 
 
 @dataclass(frozen=True)
@@ -66,6 +63,11 @@ class Toolchain:
     torch: Version | None  # torch the wheel is built against (torch-ABI projects only)
     python: str
     uses_installed: bool = False  # the installed nvcc (host.nvcc_path) is the one this plan builds with
+
+    @property
+    def toolkit(self) -> tuple[Version, bool]:
+        """(the CUDA, whether it is the installed one): what the build environment needs of the toolchain."""
+        return self.cuda, self.uses_installed
 
 
 @dataclass(frozen=True)
@@ -260,12 +262,12 @@ def make_plan(forge: Forge, target: Target, host: HostFacts, options: PlanOption
     toolchain, archs = _toolchain(forge, project, target, host, options)
     backend = _backend(options.backend or project.backend)
     dist = host.dist if backend != "cibuildwheel" and platform.os != "windows" else None  # a container has no cluster
-    jobs = _jobs(project, host, options, job_profile, archs, project.units(profile), dist)
+    jobs = plan_jobs(project, host, options, job_profile, archs, project.units(profile), dist)
     variant = Variant(cuda=Version(f"{toolchain.cuda.major}.{toolchain.cuda.minor}"), python=toolchain.python,
                       torch=toolchain.torch if project.torch_abi else None)
     local_version = local_version_label(project, target.archs, toolchain.cuda, toolchain.torch)
     binary = binary_policy(project, ptx=options.ptx, strip_debug=options.strip_debug, platform_os=platform.os, backend=backend)
-    env = _env(project, platform, profile, archs, toolchain, jobs, host, local_version, options.env, binary)
+    env = build_env(project, platform, profile, archs, toolchain.toolkit, jobs, host, local_version, options.env, binary)
     ctx = PatchContext(platform=target.platform, archs=tuple(a.sm for a in archs),
                        upstream_version=project.upstream_version)
     series = load_series(project.patches)
@@ -415,69 +417,6 @@ def _cuda_action(forge: Forge, target: Target, host: HostFacts, cuda: Version, n
         return action
     return (f"from the system: /usr/local/cuda-{cuda} (CUDA 12.x has no nvcc on PyPI); the build fails naming it "
             f"when it is not installed: then install the CUDA {cuda} toolkit there, or point CUDA_HOME at it")
-
-
-def _jobs(project: Project, host: HostFacts, options: PlanOptions, profile: JobProfile, archs: tuple[Arch, ...],
-          units: int | None, dist: distplan.DistCluster | None = None) -> JobChoice:
-    """The job choice, with ``--env MAX_JOBS=..`` / ``NVCC_THREADS=..`` / ``<threads_env>=..`` read back into it.
-
-    The profile is taken to the plan's arch count first (nvcc threads only pay with more than one arch); ``units``
-    is the build's compile-unit count from forge.toml (the build profile's, else the project's), if declared. With an
-    sccache-dist cluster that answered (``dist``), the cores are the cluster's and the memory this host's."""
-    profile = for_arch_count(profile, max(1, len(archs)), archs=tuple(a.major * 10 + a.minor for a in archs))
-    max_jobs, threads = options.max_jobs, options.nvcc_threads
-    if options.env.get("MAX_JOBS", "").strip():
-        max_jobs = parse_value(BY_NAME["max_jobs"], options.env["MAX_JOBS"], "--env MAX_JOBS")
-    for var in dict.fromkeys((GENERIC_THREADS, project.threads_env)):  # the project's own name wins
-        if options.env.get(var, "").strip():
-            threads = parse_value(BY_NAME["nvcc_threads"], options.env[var], f"--env {var}")
-    res = host.resources if dist is None or not dist.cpus else replace(
-        host.resources, cpus=dist.cpus, unit_overhead=distplan.UNIT_OVERHEAD,
-        source=f"{host.resources.source}; cpus: the sccache-dist cluster's")
-    choice, split = unitsplit.decide(
-        project.unit_split, options.split_units or "auto", profile, units,
-        lambda prof, n: choose_jobs(res, prof, override_max_jobs=max_jobs, override_nvcc_threads=threads, units=n))
-    return replace(choice, thread_vars=tuple(dict.fromkeys((GENERIC_THREADS, project.threads_env))),
-                   split_line=split.line if split else "", split_env=tuple(split.env.items()) if split else ())
-
-
-def _env(project: Project, platform: Platform, profile: str | None, archs: tuple[Arch, ...], toolchain: Toolchain,
-         jobs: JobChoice, host: HostFacts, local_version: str | None, extra: Mapping[str, str],
-         binary: BinaryPolicy) -> Mapping[str, str]:
-    """The build environment, in cascade order: platform, project, profile, arch knobs (with the PTX policy), jobs,
-    toolkit, --env."""
-    env: dict[str, str] = {**platform.env, **project.env}
-    if profile is not None:
-        if clash := profile_conflict(project, profile, archs):
-            raise ConfigError(clash, why="the wheel would lack those kernels (the doctor would refuse it after the build)",
-                              fix=f"build this target with another profile, or use profile {profile} for targets "
-                              "without those archs")
-        env.update(project.profiles[profile].env)
-    for knob in project.arch_knobs:
-        _check_knob_keeps_variants(project, knob, archs)
-        env.update(render_knob(knob, archs, toolchain.cuda, ptx=binary.render_ptx))
-    env.update(jobs.env())
-    if toolchain.uses_installed and host.cuda_home:
-        env["CUDA_HOME"] = host.cuda_home
-        if host.nvcc_path:
-            env["CUDACXX"] = host.nvcc_path
-        env.update(host_include_env(host.cuda_home, toolchain.cuda))  # a toolchain fact, for every project
-    if local_version and project.local_version_env:
-        env[project.local_version_env] = local_version
-    env.update(extra)
-    # --env NVCC_THREADS / <threads_env> were folded into the choice: every thread variable now agrees with it
-    env.update({var: str(jobs.nvcc_threads) for var in jobs.thread_vars})
-    return MappingProxyType(dict(sorted((k.strip(), normalise_env_value(v)) for k, v in env.items())))
-
-
-def _check_knob_keeps_variants(project: Project, knob: ArchKnob, archs: tuple[Arch, ...]) -> None:
-    if knob.format == "numbers" and any(a.variant for a in archs if knob.only is None or a.major * 10 + a.minor in knob.only):
-        raise ArchError(
-            f"{project.name} cannot build {' '.join(a.sm for a in archs if a.variant)}: its {knob.env} takes plain "
-            "arch numbers, so the variant would be dropped and the wheel would lack it",
-            fix=f"ask for the plain arch (e.g. {project.name}-sm{archs[0].major * 10 + archs[0].minor}), "
-            "or give the project a knob that carries variants",
-        )
 
 
 def _backend(name: str) -> str:

@@ -22,7 +22,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("build",),
     ("doctor",),
     ("wheels",),
-    ("plan", "buildinputs", "verified", "platformfloor"),
+    ("plan", "planenv", "buildinputs", "verified", "platformfloor"),
     ("backends", "preflight", "gputest"),
     ("pipeline",),
     ("release", "ci"),
