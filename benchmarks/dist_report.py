@@ -59,6 +59,18 @@ def cubins_same(local: dict, result: dict) -> str:
     return f"{matched} of {len(b)}"
 
 
+def _cut(split_line: object) -> bool:
+    """Whether a plan's split line (``FLASH_ATTN_KFORGE_SPLIT_UNITS=1: ...``) says the units were cut."""
+    return str(split_line or "").split(":")[0].endswith("=1")
+
+
+def _stop(client: list[distlog.ClientJob]) -> float:
+    """Seconds from the client's first request to its last logged event (0 with no job)."""
+    if not client:
+        return 0.0
+    return max(j.fetched or j.running or j.requested for j in client) - min(j.requested for j in client)
+
+
 def _shape(run: Path, cluster: dict) -> tuple[int, int]:
     if cluster.get("servers"):
         return int(cluster["servers"]), int(cluster["cpus_per_server"])
@@ -74,8 +86,7 @@ def extrapolate(client: list[distlog.ClientJob], reference: dict, slots: int) ->
         per_unit[j["unit"]] = per_unit.get(j["unit"], 0.0) + (j.get("compile") or 0.0)
     if not client or not per_unit or slots <= 0:
         return None
-    first = min(j.requested for j in client)
-    stop = max(j.fetched or j.running or j.requested for j in client) - first
+    first, stop = min(j.requested for j in client), _stop(client)
     done = distlog.finished_units(client)
     started: dict[str, float] = {}
     for j in client:
@@ -91,9 +102,8 @@ def stopped_row(run: Path, servers: int, cores: int, reference: dict | None) -> 
     client = distlog.client_jobs(log.read_text(errors="replace")) if log.is_file() else []
     done = distlog.finished_units(client)
     total = len({j["unit"] for j in (reference or {}).get("job_list") or []}) or len(jobs.get("order") or [])
-    stop = (max(j.fetched or j.running or j.requested for j in client) - min(j.requested for j in client)) if client else 0
-    split = str(jobs.get("split") or "").split(":")[0].endswith("=1")
-    ninja = f"> {stop:.0f} s (stopped: {len(done)} of {total} units done)"
+    split = _cut(jobs.get("split"))
+    ninja = f"> {_stop(client):.0f} s (stopped: {len(done)} of {total} units done)"
     guess = extrapolate(client, reference, servers * cores) if reference else None
     if guess is not None:
         ninja += f"; EXTRAPOLATED ≈ {guess:.0f} s"
@@ -118,7 +128,7 @@ def row(run: Path, host_cpus: int, local: dict | None, reference: dict | None = 
     client_cpus = len(cluster.get("client_cpus") or []) or host_cpus  # pinned, or the whole host
     sc = result.get("sccache") or {}
     if result:
-        split = str(result.get("split") or "").split(":")[0].endswith("=1")
+        split = _cut(result.get("split"))
         wall, local_wall = result.get("wall_seconds"), (local or {}).get("wall_seconds")
         who = f"{cluster.get('client_max_jobs')} {'cut' if split else 'whole'} ({result.get('units')} units)"
         whole = f"{wall} s ({f'{wall / local_wall:.2f}x' if wall and local_wall else '-'})"

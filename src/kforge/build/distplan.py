@@ -38,9 +38,10 @@ STATUS_TIMEOUT = 10.0
 #: cluster: the client's preprocessing and fatbinary, sccache's packaging, the queue and the wire. Measured, for
 #: flash-attn's units (2026-11-28, one 64-core host, ``kforge.build.distlog``): a mean of 25.6 s over 126 units
 #: through 4 servers of 16 cores (the client unpinned), 22.1 s over 72 through 2 (the client on 16 cores of its
-#: own); with it the model predicted ninja within 5% and 1% (470 s against 494.0, 726 against 720.1), without it
-#: the plan's 414 s was 16% low (docs/distributed.md). One project's units; smaller units spend less (2.4 s a unit
-#: of fmha on the CPU machine), so the plan's prediction is long for them, which changes its choice little.
+#: own). With it the plan predicts 465 s and 731 s for those two builds (ninja took 494.0 and 720.1 s; the same jobs
+#: and cut as before), without it it said 414 s for the first (docs/distributed.md). One project's units; smaller
+#: units spend less (2.4 s a unit of fmha on the CPU machine), so the plan's prediction is long for them, which
+#: changes its choice little.
 UNIT_OVERHEAD = 25.6
 
 
