@@ -153,6 +153,9 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
                        "KFORGE_FMHA_BWD_64_BM=32", "KFORGE_FMHA_BWD_64_QS=32"],
                       "(64,64): warp pairs of 64-key slabs, 4 warps, 128 keys x 32 queries; "
                       "76,288 B (the default)"),
+    "ptbf16": (["KFORGE_FMHA_BWD_PT_BF16=1"],
+               "warp pairs: P^T handed over in the input dtype (half the bytes; dS^T from the "
+               "rounded P^T)"),
     "prev": (["KFORGE_FMHA_BWD_192_KUNROLL=1", "KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
              "wide-ku1 + fullload0: the kernel before the address-math changes (but for the step "
              "counters, which replace a division with the same values); time with --head-dims "

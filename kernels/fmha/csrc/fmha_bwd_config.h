@@ -167,6 +167,13 @@ static_assert(KFORGE_FMHA_BWD_DQ_BULK >= 0 && KFORGE_FMHA_BWD_DQ_BULK <= 2 &&
                   KFORGE_FMHA_BWD_128_DQ_BULK >= 0 && KFORGE_FMHA_BWD_128_DQ_BULK <= 2,
               "KFORGE_FMHA_BWD_DQ_BULK: 0, 1 or 2");
 
+// Warp pairs: P^T handed over from role 0 to role 1 in fp32 (0, default) or in the input dtype
+// (1: the packed fragments role 0 makes for dV anyway; half the bytes, but dS^T = P^T (dP^T - D)
+// then starts from the rounded P^T, unlike FlashAttention-2's).
+#ifndef KFORGE_FMHA_BWD_PT_BF16
+#define KFORGE_FMHA_BWD_PT_BF16 0
+#endif
+
 // Diagnostics for tuning sweeps only: the gradients are WRONG with any bit set. A bit removes
 // one part of every step of the portable main kernel, so that a sweep times what the rest costs:
 // 1, the dQ adds (the dQ product stays); 2, the whole dQ product and its adds; 4 (warp pairs),

@@ -164,6 +164,20 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 }
 #endif
 
+// Two packed 2-byte pairs (Mma<T>::pack's layout) back to four floats.
+template <typename T>
+__device__ __forceinline__ float4 unpack4(uint2 u) {
+  float2 lo, hi;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+    hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  } else {
+    lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  }
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 // Warp pairs: the P^T hand-over between the two warps of a slab (named barrier id, 64 threads).
 __device__ __forceinline__ void pair_arrive(int id) {
   asm volatile("bar.arrive %0, 64;\n" ::"r"(id) : "memory");
@@ -646,6 +660,10 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
         // 32 + l (consecutive lanes, consecutive 16 bytes: no bank conflicts).
         float4* px = reinterpret_cast<float4*>(smem_raw + S::kOffPx) +
                      (slab * (kCols / QS) + sl) * (MT * NTS * 32) + lane;
+        // KFORGE_FMHA_BWD_PT_BF16: the same tile in the input dtype, 8 bytes a lane (the packed
+        // A fragments role 0 computes for dV anyway), at the same base.
+        uint2* pxh = reinterpret_cast<uint2*>(smem_raw + S::kOffPx) +
+                     (slab * (kCols / QS) + sl) * (MT * NTS * 32) + lane;
         uint32_t fa[MT][NTS / 2][4];  // P^T (role 0) or dS^T (role 1) as A fragments
         if (role == 0) {
           // P^T, masked where the block holds the end of the keys or crosses the causal diagonal.
@@ -668,13 +686,15 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
                   xs[mt][j][2 * r + e] = x;
                 }
               }
-              if constexpr (!(KFORGE_FMHA_BWD_DIAG & 4)) {
+              if constexpr (!(KFORGE_FMHA_BWD_DIAG & 4) && !KFORGE_FMHA_BWD_PT_BF16) {
                 px[(mt * NTS + j) * 32] =
                     make_float4(xs[mt][j][0], xs[mt][j][1], xs[mt][j][2], xs[mt][j][3]);
               }
             }
           }
-          if constexpr (!(KFORGE_FMHA_BWD_DIAG & 4)) pair_arrive(1 + slab);
+          if constexpr (!(KFORGE_FMHA_BWD_DIAG & 4) && !KFORGE_FMHA_BWD_PT_BF16) {
+            pair_arrive(1 + slab);
+          }
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -686,8 +706,15 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
                   fa[mt][kk][2 * hi + r] =
                       Mma<T>::pack(xs[mt][2 * kk + hi][2 * r], xs[mt][2 * kk + hi][2 * r + 1]);
                 }
+                if constexpr (KFORGE_FMHA_BWD_PT_BF16 && !(KFORGE_FMHA_BWD_DIAG & 4)) {
+                  pxh[(mt * NTS + 2 * kk + hi) * 32] =
+                      make_uint2(fa[mt][kk][2 * hi], fa[mt][kk][2 * hi + 1]);
+                }
               }
             }
+          }
+          if constexpr (!(KFORGE_FMHA_BWD_DIAG & 4) && KFORGE_FMHA_BWD_PT_BF16) {
+            pair_arrive(1 + slab);
           }
         } else {
           // dS^T = P^T (dP^T - D), as A fragments for dK and in shared memory for dQ.
@@ -702,7 +729,8 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
 #pragma unroll
               for (int mt = 0; mt < MT; ++mt) {
                 const float4 pt = (KFORGE_FMHA_BWD_DIAG & 4) ? make_float4(1.f, 1.f, 1.f, 1.f)
-                                                             : px[(mt * NTS + j) * 32];
+                                  : KFORGE_FMHA_BWD_PT_BF16 ? unpack4<T>(pxh[(mt * NTS + j) * 32])
+                                                            : px[(mt * NTS + j) * 32];
                 const float pv[4] = {pt.x, pt.y, pt.z, pt.w};
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
