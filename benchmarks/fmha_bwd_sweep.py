@@ -153,6 +153,19 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
                        "KFORGE_FMHA_BWD_64_BM=32", "KFORGE_FMHA_BWD_64_QS=32"],
                       "(64,64): warp pairs of 64-key slabs, 4 warps, 128 keys x 32 queries; "
                       "76,288 B (the default)"),
+    "wide": (["KFORGE_FMHA_BWD_128_WIDE=1"],
+             "(128,128): the wide-step kernel (fmha_bwd_wide.cuh): 8 warps, 64 keys x 64 queries a "
+             "step, every product split over the 8 warps (FlashAttention-2's 99 KiB structure)"),
+    "wide-vreg": (["KFORGE_FMHA_BWD_128_WIDE=1", "KFORGE_FMHA_BWD_WIDE_VREG=1"],
+                  "wide, each warp's V fragments held in registers (64 a thread) for dP"),
+    "wide-vreg2": (["KFORGE_FMHA_BWD_128_WIDE=1", "KFORGE_FMHA_BWD_WIDE_VREG=2"],
+                   "wide-vreg, P and dS in V's place, dO double-buffered: two barriers a step"),
+    "wide-vreg2-o1": (["KFORGE_FMHA_BWD_128_WIDE=1", "KFORGE_FMHA_BWD_WIDE_VREG=2",
+                       "KFORGE_FMHA_BWD_WIDE_ORDER=1"],
+                      "wide-vreg2, dQ and its adds first, then dV, dK"),
+    "wide-vreg2-o2": (["KFORGE_FMHA_BWD_128_WIDE=1", "KFORGE_FMHA_BWD_WIDE_VREG=2",
+                       "KFORGE_FMHA_BWD_WIDE_ORDER=2"],
+                      "wide-vreg2, dV, then dQ and its adds, then dK"),
     "ptbf16": (["KFORGE_FMHA_BWD_PT_BF16=1"],
                "warp pairs: P^T handed over in the input dtype (half the bytes; dS^T from the "
                "rounded P^T)"),

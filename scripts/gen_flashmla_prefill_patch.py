@@ -31,7 +31,10 @@ PATCH = ROOT / "patches" / "flashmla" / "0015-sm120-dense-prefill-kernels-copied
 DEST = "csrc/sm120/prefill/dense"
 
 # The portable kernels and what they include: no sm90 header (wgmma, TMA), no fmha_paths.*, no C API.
-HEADERS = ("fmha_params.h", "fmha_manifest.h", "fmha_fwd_kernel.cuh", "fmha_bwd_config.h", "fmha_bwd_kernel.cuh")
+# fmha_bwd_wide.cuh is compiled only with KFORGE_FMHA_BWD_128_WIDE=1 (not FlashMLA's build), but carried
+# so that every include of the headers resolves in FlashMLA's tree whatever the knobs.
+HEADERS = ("fmha_params.h", "fmha_manifest.h", "fmha_fwd_kernel.cuh", "fmha_bwd_config.h", "fmha_bwd_kernel.cuh",
+           "fmha_bwd_wide.cuh")
 DTYPES = (("bf16", "__nv_bfloat16"), ("fp16", "__half"))
 PAIRS = ((192, 128), (128, 128))
 

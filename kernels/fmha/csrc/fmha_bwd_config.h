@@ -174,6 +174,22 @@ static_assert(KFORGE_FMHA_BWD_DQ_BULK >= 0 && KFORGE_FMHA_BWD_DQ_BULK <= 2 &&
 #define KFORGE_FMHA_BWD_PT_BF16 0
 #endif
 
+// (128, 128): 1, the wide-step kernel (fmha_bwd_wide.cuh: 8 warps, 64 keys x 64 queries a step,
+// every product split over the 8 warps) for calls that are not deterministic; 0, the warp pairs.
+#ifndef KFORGE_FMHA_BWD_128_WIDE
+#define KFORGE_FMHA_BWD_128_WIDE 0
+#endif
+// The wide-step kernel's variants: KFORGE_FMHA_BWD_WIDE_VREG 1, each warp's V fragments in
+// registers (64 a thread at head dim 128) for dP; 2, that, with P and dS in V's place and two dO
+// buffers (two barriers a step instead of three). KFORGE_FMHA_BWD_WIDE_ORDER: the products after
+// P and dS, 0 dV, dK, dQ; 1 dQ (its adds first), dV, dK; 2 dV, dQ, dK.
+#ifndef KFORGE_FMHA_BWD_WIDE_VREG
+#define KFORGE_FMHA_BWD_WIDE_VREG 0
+#endif
+#ifndef KFORGE_FMHA_BWD_WIDE_ORDER
+#define KFORGE_FMHA_BWD_WIDE_ORDER 0
+#endif
+
 // Diagnostics for tuning sweeps only: the gradients are WRONG with any bit set. A bit removes
 // one part of every step of the portable main kernel, so that a sweep times what the rest costs:
 // 1, the dQ adds (the dQ product stays); 2, the whole dQ product and its adds; 4 (warp pairs),

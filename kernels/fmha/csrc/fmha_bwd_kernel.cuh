@@ -1281,11 +1281,32 @@ cudaError_t launch_bwd_convert(const BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+#if KFORGE_FMHA_BWD_128_WIDE
+#include "fmha_bwd_wide.cuh"
+#endif
+
 template <typename T, int HDIM_QK, int HDIM_V, bool CAUSAL>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   using S = BwdShape<HDIM_QK, HDIM_V>;
   cudaError_t err = launch_bwd_preprocess<T, HDIM_QK, HDIM_V>(p, stream);
   if (err != cudaSuccess) return err;
+#if KFORGE_FMHA_BWD_128_WIDE
+  if constexpr (HDIM_QK == 128 && HDIM_V == 128) {
+    if (p.dq_semaphore == nullptr) {  // the deterministic mode keeps fmha_bwd_kernel
+      using W = BwdWide<HDIM_QK>;
+      const int n_wide = (p.seqlen_k + W::kBlockN - 1) / W::kBlockN;
+      if (n_wide > 0) {
+        err = detail::raise_smem_limit_once<fmha_bwd_wide_kernel<T, HDIM_QK, CAUSAL>>(W::kSmemBytes);
+        if (err != cudaSuccess) return err;
+        fmha_bwd_wide_kernel<T, HDIM_QK, CAUSAL>
+            <<<dim3(n_wide, p.num_heads_k, p.batch), W::kThreads, W::kSmemBytes, stream>>>(p);
+        err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+      }
+      return launch_bwd_convert<T, HDIM_QK, HDIM_V>(p, stream);
+    }
+  }
+#endif
   const int n_ctas = (p.seqlen_k + S::kBlockN - 1) / S::kBlockN;
   if (n_ctas > 0) {
     auto kernel = fmha_bwd_kernel<T, HDIM_QK, HDIM_V, CAUSAL>;
@@ -1300,6 +1321,14 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
 
 }  // namespace kforge_fmha
 
+// The wide-step kernel's launch manifest record, in builds that have it (KFORGE_FMHA_BWD_128_WIDE).
+#if KFORGE_FMHA_BWD_128_WIDE
+#define KFORGE_FMHA_BWD_WIDE_ENTRY(HDIM_QK, HDIM_V) \
+  , {"fmha_bwd_wide_kernel", kforge_fmha::bwd_wide_smem(HDIM_QK, HDIM_V)}
+#else
+#define KFORGE_FMHA_BWD_WIDE_ENTRY(HDIM_QK, HDIM_V)
+#endif
+
 // One compile unit per (element type, head-dim pair): both masks, and the launch manifest.
 #define KFORGE_FMHA_INSTANTIATE_BWD(T, HDIM_QK, HDIM_V)                                        \
   template cudaError_t kforge_fmha::launch_bwd_preprocess<T, HDIM_QK, HDIM_V>(                 \
@@ -1311,4 +1340,5 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   template cudaError_t kforge_fmha::launch_bwd<T, HDIM_QK, HDIM_V, true>(                      \
       const kforge_fmha::BwdParams&, cudaStream_t);                                            \
   [[maybe_unused]] static __device__ const KforgeLaunchSmem kforge_launch_smem[] = {           \
-      {"fmha_bwd_kernel", kforge_fmha::BwdShape<HDIM_QK, HDIM_V>::kSmemBytes}};
+      {"fmha_bwd_kernel", kforge_fmha::BwdShape<HDIM_QK, HDIM_V>::kSmemBytes}                  \
+      KFORGE_FMHA_BWD_WIDE_ENTRY(HDIM_QK, HDIM_V)};
