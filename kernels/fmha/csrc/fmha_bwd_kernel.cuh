@@ -342,6 +342,41 @@ __device__ __forceinline__ BwdSeq bwd_seq(const BwdParams& p, int b) {
   return s;
 }
 
+// The first query block (of BM rows) that sees key n0: 0, or (causal, bottom-right aligned) the
+// block of the first row that does; m_total when none does.
+template <bool CAUSAL>
+__device__ __forceinline__ int bwd_first_query_block(int n0, int sq, int sk, int bm, int m_total) {
+  if (!CAUSAL) return 0;
+  const int r_min = max(0, n0 - (sk - sq));
+  return r_min >= sq ? m_total : r_min / bm;
+}
+
+// The key block's K and V rows (from key n0 of kv_head) into shared memory, rows past the keys
+// zero-filled (one cp.async group is left open: the caller commits).
+template <int BN, int HDIM_QK, int HDIM_V, int NT, typename T>
+__device__ __forceinline__ void load_kv_block(T* sK, T* sV, const BwdParams& p, const BwdSeq& s,
+                                              int kv_head, int n0, int tid) {
+  const T* gK = static_cast<const T*>(p.k) + s.k + kv_head * p.k_head_stride +
+                static_cast<int64_t>(n0) * p.k_row_stride;
+  const T* gV = static_cast<const T*>(p.v) + s.v + kv_head * p.v_head_stride +
+                static_cast<int64_t>(n0) * p.v_row_stride;
+  load_tile<BN, HDIM_QK, NT>(sK, gK, p.k_row_stride, s.sk - n0, tid);
+  load_tile<BN, HDIM_V, NT>(sV, gV, p.v_row_stride, s.sk - n0, tid);
+}
+
+// LSE * log2(e) and D of query rows r0 .. r0 + BM of head h into sLse, sD (threads 0 .. BM - 1),
+// zero past the sequence.
+template <int BM>
+__device__ __forceinline__ void load_lse_d(float* sLse, float* sD, const BwdParams& p,
+                                           const BwdSeq& s, int h, int r0, int tid) {
+  if (tid < BM) {
+    const bool valid = r0 + tid < s.sq;
+    const int64_t w = h * p.rows + s.ws_row + r0 + tid;
+    cp_async4(smem_addr(sLse + tid), valid ? p.lse_log2 + w : p.lse_log2, valid);
+    cp_async4(smem_addr(sD + tid), valid ? p.dpsum + w : p.dpsum, valid);
+  }
+}
+
 }  // namespace detail
 
 // ---- 1. preprocess --------------------------------------------------------------------------
@@ -484,21 +519,12 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   // The query blocks that see this key block: all, or (causal) from the block of the first row
   // that sees key n0.
   const int m_total = (sq + BM - 1) / BM;
-  int m_first = 0;
-  if (CAUSAL) {
-    const int r_min = max(0, n0 - (sk - sq));
-    m_first = r_min >= sq ? m_total : r_min / BM;
-  }
+  const int m_first = bwd_first_query_block<CAUSAL>(n0, sq, sk, BM, m_total);
   const int m_count = m_total - m_first;
   const int n_iter = m_count * p.head_ratio;  // (query head of the group, query block) pairs
   const int h_first = kv_head * p.head_ratio;
 
-  const T* gK = static_cast<const T*>(p.k) + s.k + kv_head * p.k_head_stride +
-                static_cast<int64_t>(n0) * p.k_row_stride;
-  const T* gV = static_cast<const T*>(p.v) + s.v + kv_head * p.v_head_stride +
-                static_cast<int64_t>(n0) * p.v_row_stride;
-  load_tile<BN, HDIM_QK, NTHREADS>(sK, gK, p.k_row_stride, sk - n0, tid);
-  load_tile<BN, HDIM_V, NTHREADS>(sV, gV, p.v_row_stride, sk - n0, tid);
+  load_kv_block<BN, HDIM_QK, HDIM_V, NTHREADS>(sK, sV, p, s, kv_head, n0, tid);
   cp_async_commit();
 
   // Q, dO, LSE * log2(e) and D of step `it` into buffer `buf`. Rows past the sequence are
@@ -523,12 +549,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       load_query_tile<BM, HDIM_V, NTHREADS>(sDo + buf * BM * HDIM_V, gDo, p.do_row_stride, sq - r0,
                                             tid);
     }
-    if (tid < BM) {
-      const bool valid = r0 + tid < sq;
-      const int64_t w = h * p.rows + s.ws_row + r0 + tid;
-      cp_async4(smem_addr(sLse + buf * BM + tid), valid ? p.lse_log2 + w : p.lse_log2, valid);
-      cp_async4(smem_addr(sD + buf * BM + tid), valid ? p.dpsum + w : p.dpsum, valid);
-    }
+    load_lse_d<BM>(sLse + buf * BM, sD + buf * BM, p, s, h, r0, tid);
   };
   if (n_iter > 0) {
     load_step(h_first, m_first * BM, 0);

@@ -82,20 +82,11 @@ __global__ void __launch_bounds__(BwdWide<HDIM>::kThreads, 1)
   // The query blocks that see this key block (causal: from the block of the first row that sees
   // key n0), for each query head of the group.
   const int m_total = (sq + BM - 1) / BM;
-  int m_first = 0;
-  if (CAUSAL) {
-    const int r_min = max(0, n0 - (sk - sq));
-    m_first = r_min >= sq ? m_total : r_min / BM;
-  }
+  const int m_first = bwd_first_query_block<CAUSAL>(n0, sq, sk, BM, m_total);
   const int n_iter = (m_total - m_first) * p.head_ratio;
   const int h_first = kv_head * p.head_ratio;
 
-  const T* gK = static_cast<const T*>(p.k) + s.k + kv_head * p.k_head_stride +
-                static_cast<int64_t>(n0) * p.k_row_stride;
-  const T* gV = static_cast<const T*>(p.v) + s.v + kv_head * p.v_head_stride +
-                static_cast<int64_t>(n0) * p.v_row_stride;
-  load_tile<BN, HDIM, NT>(sK, gK, p.k_row_stride, sk - n0, tid);
-  load_tile<BN, HDIM, NT>(sV, gV, p.v_row_stride, sk - n0, tid);
+  load_kv_block<BN, HDIM, HDIM, NT>(sK, sV, p, s, kv_head, n0, tid);
   cp_async_commit();
 
   // Q, LSE log2e and D of a step into buffer `buf`; dO into its one buffer. Rows past the sequence
@@ -105,12 +96,7 @@ __global__ void __launch_bounds__(BwdWide<HDIM>::kThreads, 1)
     const T* gQ = static_cast<const T*>(p.q) + s.q + h * p.q_head_stride +
                   static_cast<int64_t>(r0) * p.q_row_stride;
     load_query_tile<BM, HDIM, NT>(sQ + buf * BM * HDIM, gQ, p.q_row_stride, sq - r0, tid);
-    if (tid < BM) {
-      const bool valid = r0 + tid < sq;
-      const int64_t w = h * p.rows + s.ws_row + r0 + tid;
-      cp_async4(smem_addr(sLse + buf * BM + tid), valid ? p.lse_log2 + w : p.lse_log2, valid);
-      cp_async4(smem_addr(sD + buf * BM + tid), valid ? p.dpsum + w : p.dpsum, valid);
-    }
+    load_lse_d<BM>(sLse + buf * BM, sD + buf * BM, p, s, h, r0, tid);
   };
   auto load_do = [&](int h, int r0, int buf) {
     const T* gDo = static_cast<const T*>(p.dout) + s.dout + h * p.do_head_stride +
