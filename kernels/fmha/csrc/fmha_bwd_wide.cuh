@@ -13,10 +13,14 @@
 //   B  dV += P^T dO and dK += dS^T Q, warp (wk, wd) = (warp % 2, warp / 2): 32 keys x 32 columns,
 //      P^T and dS^T read with ldmatrix.trans from the [query][key] tiles.
 //   C  dQ = dS K, warp (wk, wd): 32 queries x 32 columns, added to the fp32 accumulator.
-// Three barriers a step: the step's tiles are in (and the step before is done with P, dS and the
-// other Q buffer), P and dS are written, every warp is done with dO (its one buffer is refilled for
-// the next step under C). Shared memory (2-byte elements): K, V, two Q buffers, one dO buffer, P and
-// dS, LSE and D of two steps: exactly sm_120's 101,376 bytes at head dim 128.
+// (B and C in the order KFORGE_FMHA_BWD_WIDE_ORDER says.) Three barriers a step: the step's tiles are
+// in (and the step before is done with P, dS and the other Q buffer), P and dS are written, every
+// warp is done with dO (its one buffer is refilled for the next step under dK and dQ). Shared memory
+// (2-byte elements): K, V, two Q buffers, one dO buffer, P and dS, LSE and D of two steps: exactly
+// sm_120's 101,376 bytes at head dim 128. KFORGE_FMHA_BWD_WIDE_VREG=2 moves V to registers, P and dS
+// into its place and gives dO a second buffer instead (two barriers a step; the same bytes).
+// Measured (H200, 2026-11-28): correct (252 portable cases), 0.91-0.97x the warp pairs at best, so off
+// (docs/benchmarks/fmha-bwd.md, "Eighth run").
 #pragma once
 
 template <int HDIM>
