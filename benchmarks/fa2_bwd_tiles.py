@@ -16,7 +16,8 @@ Columns (backward alone, median of --runs interleaved rounds, benchmarks/timing.
 fa2-h100 (FlashAttention-2's tile for 144 KiB+ at head dims 64 and 128, 136 KiB+ at 192), fa2-99k (its tile
 below that), kforge-portable (kforge_fmha.attention's autograd with KFORGE_FMHA_BWD_PATH=portable),
 sdpa-flash (torch's FlashAttention-2 build, autograd). The FlashAttention-2 tiles are called
-directly (no autograd: about 50 us less host work a call than the other two columns). bf16; at
+directly, without autograd (their host cost a call was not measured; timing.py's GPU lead keeps a
+round's launch cost out of its first call). bf16; at
 (192, 128) the FlashAttention-2 columns run (192, 192) and TFLOP/s count each column's own work.
 Gradients of the fa2 columns are compared with SDPA flash's (same dims) before timing.
 """
@@ -34,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # fmha_bwd (FLOPs, gradient diffs), timing
 SOURCE = HERE / "fa2_tiles" / "fa2_tiles.cu"
 NVCC_FLAGS = ["-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
               "--expt-extended-lambda", "--use_fast_math", "-Xptxas", "-v",
@@ -67,8 +69,10 @@ def check_tree(fa2_src: Path) -> str | None:
 
 
 def bwd_flops(b: int, h: int, s: int, d_qk: int, d_v: int, causal: bool) -> float:
-    f = 2.0 * b * h * s * s * (d_qk + d_v) * 2.5
-    return f / 2 if causal else f
+    """The backward's FLOPs, counted as benchmarks/fmha_bwd.py counts them."""
+    from fmha_bwd import MODE_FACTOR, attention_flops
+
+    return attention_flops(b, h, s, d_qk, d_v, causal) * MODE_FACTOR["bwd"]
 
 
 def render(meta: dict, rows: list[dict]) -> str:
@@ -89,7 +93,7 @@ def render(meta: dict, rows: list[dict]) -> str:
         lines.append(f"| ({r['d_qk']}, {r['d_v']}) | {'yes' if r['causal'] else 'no'} | {r['seqlen']} | "
                      + " | ".join(cells) + f" | {ratio('kforge-portable', 'fa2-99k')} | "
                      f"{ratio('kforge-portable', 'fa2-h100')} | {ratio('fa2-99k', 'fa2-h100')} | "
-                     f"{r['diff']} |")
+                     f"{r['diff']:.1e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -99,11 +103,16 @@ def render(meta: dict, rows: list[dict]) -> str:
 def run(args) -> int:
     import torch
 
-    sys.path.insert(0, str(HERE))
     if not torch.cuda.is_available():
         print("fa2_bwd_tiles: no CUDA GPU; this benchmark needs one.", file=sys.stderr)
         return 2
-    lib = ctypes.CDLL(str(args.lib))
+    try:
+        lib = ctypes.CDLL(str(args.lib))
+        lib.fa2t_bwd, lib.fa2t_smem  # noqa: B018 (both symbols must be there)
+    except (OSError, AttributeError) as exc:
+        print(f"fa2_bwd_tiles: {args.lib} is not the harness library ({exc}); build it with "
+              "`python benchmarks/fa2_bwd_tiles.py build --fa2-src TREE --out LIB`.", file=sys.stderr)
+        return 2
     lib.fa2t_bwd.restype = ctypes.c_int
     lib.fa2t_bwd.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 11 + [ctypes.c_int] * 5 + [
         ctypes.c_float, ctypes.c_void_p]
@@ -112,7 +121,9 @@ def run(args) -> int:
     for d, v in smem["99k"].items():
         if v > LIMIT_99K:
             print(f"fa2_bwd_tiles: FlashAttention-2's small tile at head dim {d} takes {v} bytes, "
-                  f"over {LIMIT_99K}", file=sys.stderr)
+                  f"over {LIMIT_99K}: this flash-attention tree's tiles are not the ones "
+                  "benchmarks/fa2_tiles/fa2_tiles.cu names; build the harness from a tree whose "
+                  "flash_bwd_launch_template.h picks those tiles, or update them there.", file=sys.stderr)
             return 1
     rows = []
     for d_qk, d_v in args.pairs:
@@ -121,10 +132,10 @@ def run(args) -> int:
                 row = bench_shape(lib, d_qk, d_v, causal, s, args)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                diff = float(row["diff"])
-                if diff > args.max_diff:
-                    print(f"fa2_bwd_tiles: FlashAttention-2's tiles differ from SDPA flash by {diff:.1e} "
-                          f"(over {args.max_diff}) at {row}", file=sys.stderr)
+                if row["diff"] > args.max_diff:
+                    print(f"fa2_bwd_tiles: FlashAttention-2's tiles differ from SDPA flash by {row['diff']:.1e} "
+                          f"(over --max-diff {args.max_diff}) at {row}: the harness does not compute "
+                          "the same backward; no ratio is reported.", file=sys.stderr)
                     return 1
                 torch.cuda.empty_cache()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -207,7 +218,7 @@ def bench_shape(lib, d_qk: int, d_v: int, causal: bool, s: int, args) -> dict:
         dims = (d_qk, d_v) if c == "kforge-portable" else (fa_d, fa_d)
         tflops[c] = bwd_flops(b, heads, s, *dims, causal) / (ms * 1e-3) / 1e12 if isinstance(ms, float) else ms
     return {"d_qk": d_qk, "d_v": d_v, "causal": causal, "seqlen": s, "batch": b, "heads": heads,
-            "ms": timed, "tflops": tflops, "diff": f"{diff:.1e}"}
+            "ms": timed, "tflops": tflops, "diff": diff}
 
 
 def main(argv=None) -> int:
