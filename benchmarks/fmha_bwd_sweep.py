@@ -169,6 +169,12 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
     "ptbf16": (["KFORGE_FMHA_BWD_PT_BF16=1"],
                "warp pairs: P^T handed over in the input dtype (half the bytes; dS^T from the "
                "rounded P^T)"),
+    "pairs192": (["KFORGE_FMHA_BWD_192_WARP_PAIRS=1"],
+                 "(192,128) / (128,192): warp pairs of 16-key slabs (one warp S^T, P^T, dV; the "
+                 "other dP^T, dS^T, dK), 8 warps, 64 keys x 32 queries; 95,488 B"),
+    "pairs192-qs16": (["KFORGE_FMHA_BWD_192_WARP_PAIRS=1", "KFORGE_FMHA_BWD_192_QS=16"],
+                      "pairs192 in two query slices of 16 (fewer registers live, fragments of "
+                      "K / V reloaded per slice)"),
     "prev": (["KFORGE_FMHA_BWD_192_KUNROLL=1", "KFORGE_FMHA_BWD_FULL_TILE_LOADS=0"],
              "wide-ku1 + fullload0: the kernel before the address-math changes (but for the step "
              "counters, which replace a division with the same values); time with --head-dims "

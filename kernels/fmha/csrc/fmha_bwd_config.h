@@ -32,8 +32,8 @@ struct BwdTile {
   int dq_warps_m = 0;   // dQ = dS K: warps along the query rows (16-row tiles), the rest along
                         // the columns; 0, as many as the block's row tiles (at most warps). Fewer
                         // means more row tiles a warp: each K fragment feeds that many mma
-  int warp_pairs = 0;   // 1: warp pairs (split 2, d_qk == d_v): the two warps of a slab share its
-                        // 16 slab_mtiles keys and all of the step's query columns; one computes
+  int warp_pairs = 0;   // 1: warp pairs (split 2; slab_mtiles 1 if d_qk != d_v): the two warps of
+                        // a slab share its 16 slab_mtiles keys and all of the step's query columns; one computes
                         // S^T, P^T and holds dV, the other dP^T, dS^T and holds dK, P^T handed
                         // over through shared memory in fp32 (4 BLOCK_N x BLOCK_M bytes). Every
                         // fragment a warp loads feeds slab_mtiles m-tiles, whole rows of dK / dV
@@ -123,6 +123,17 @@ struct BwdTile {
 #ifndef KFORGE_FMHA_BWD_192_KUNROLL
 #define KFORGE_FMHA_BWD_192_KUNROLL 64
 #endif
+// The wide pairs: 1, warp pairs (BwdTile::warp_pairs) with 16-key slabs: of the two warps of a
+// slab, one computes S^T (d_qk) and P^T and holds whole dV rows (d_v), the other dP^T (d_v) and
+// dS^T and holds whole dK rows (d_qk), so each role runs the same mma count; 8 warps, 64 keys x
+// 32 queries (95,488 B). 0, two warps a slab with half of the dK and dV columns each (92,672 B).
+#ifndef KFORGE_FMHA_BWD_192_WARP_PAIRS
+#define KFORGE_FMHA_BWD_192_WARP_PAIRS 0
+#endif
+// Their query slice (BwdTile::query_slice): the whole block with warp pairs, 16 without.
+#ifndef KFORGE_FMHA_BWD_192_QS
+#define KFORGE_FMHA_BWD_192_QS (KFORGE_FMHA_BWD_192_WARP_PAIRS ? 32 : 16)
+#endif
 
 // Q and dO tiles whose rows are all in the sequence (every query block but a sequence's last)
 // load without load_tile's per-chunk bound and zero-fill select: 1 (default); 0, every tile with
@@ -206,8 +217,10 @@ inline constexpr BwdTile kBwdTiles[] = {
      KFORGE_FMHA_BWD_128_QS, KFORGE_FMHA_BWD_128_KUNROLL, KFORGE_FMHA_BWD_128_MT,
      KFORGE_FMHA_BWD_128_DOBUF, KFORGE_FMHA_BWD_128_DQWM, KFORGE_FMHA_BWD_128_WARP_PAIRS,
      KFORGE_FMHA_BWD_128_DQ_BULK},
-    {192, 128, 8, 2, 32, 16, KFORGE_FMHA_BWD_192_KUNROLL},
-    {128, 192, 8, 2, 32, 16, KFORGE_FMHA_BWD_192_KUNROLL},
+    {192, 128, 8, 2, 32, KFORGE_FMHA_BWD_192_QS, KFORGE_FMHA_BWD_192_KUNROLL, 1, 2, 0,
+     KFORGE_FMHA_BWD_192_WARP_PAIRS},
+    {128, 192, 8, 2, 32, KFORGE_FMHA_BWD_192_QS, KFORGE_FMHA_BWD_192_KUNROLL, 1, 2, 0,
+     KFORGE_FMHA_BWD_192_WARP_PAIRS},
 };
 inline constexpr int kNumBwdTiles = sizeof(kBwdTiles) / sizeof(kBwdTiles[0]);
 

@@ -84,8 +84,8 @@ struct BwdShape {
   static_assert(kSplit == 1 || kSplit == 2, "one or two warps per 16-key slab");
   static_assert(kMt == 1 || (kMt == 2 && kSplit == 2) || (kPairs && kMt == 4),
                 "32-key slabs: two warps a slab (64 with warp pairs)");
-  static_assert(!kPairs || (kSplit == 2 && HDIM_QK == HDIM_V && kTile.do_buffers == 2),
-                "warp pairs: two warps a slab, d_qk == d_v, two dO buffers");
+  static_assert(!kPairs || (kSplit == 2 && kTile.do_buffers == 2 && (HDIM_QK == HDIM_V || kMt == 1)),
+                "warp pairs: two warps a slab, two dO buffers; 16-key slabs when d_qk != d_v");
   static_assert(kDoBufs == 2 || (kDoBufs == 1 && kSplit == 2), "one dO buffer: SPLIT 2 only");
   static_assert(kQuerySlice % 16 == 0 && (kBlockM / (kPairs ? 1 : kSplit)) % kQuerySlice == 0,
                 "query slice");
@@ -184,6 +184,29 @@ __device__ __forceinline__ void pair_arrive(int id) {
 }
 __device__ __forceinline__ void pair_sync(int id) {
   asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
+}
+
+// Warp pairs, the second product: acc[mt][0 .. DT) += F B over the slice's query columns, F
+// (P^T or dS^T) as A fragments and B ([query][d] rows of ROW elements: dO or Q) transposed by
+// ldmatrix; acc has DTA >= DT n-tiles (the larger of the pair's two rows).
+template <typename T, int DT, int ROW, int MT, int NTS, int DTA>
+__device__ __forceinline__ void pair_second_product(float (&acc)[MT][DTA][4],
+                                                    const uint32_t (&fa)[MT][NTS / 2][4],
+                                                    uint32_t b2, int c0, const SwzCols& t_cols) {
+  constexpr int ES = static_cast<int>(sizeof(T));
+#pragma unroll
+  for (int kk = 0; kk < ((KFORGE_FMHA_BWD_DIAG & 8) ? 0 : NTS / 2); ++kk) {
+#pragma unroll
+    for (int dd = 0; dd < DT / 2; ++dd) {
+      uint32_t bv[4];
+      ldsm_x4_t(bv, b2 + (c0 + kk * 16) * ROW * ES + t_cols.at(dd));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Mma<T>::run(acc[mt][2 * dd], fa[mt][kk], bv[0], bv[1]);
+        Mma<T>::run(acc[mt][2 * dd + 1], fa[mt][kk], bv[2], bv[3]);
+      }
+    }
+  }
 }
 
 __device__ __forceinline__ int ld_acquire(const int* p) {
@@ -476,7 +499,7 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
   constexpr bool kPairs = S::kPairs;  // warp pairs: one accumulator a warp, dV or dK (whole rows)
   constexpr int DTQ = kPairs ? 1 : HDIM_QK / 8 / SPLIT;  // n-tiles of this warp's dK columns
   constexpr int DTV = kPairs ? 1 : HDIM_V / 8 / SPLIT;   // n-tiles of this warp's dV columns
-  constexpr int DTP = HDIM_V / 8;                        // warp pairs: n-tiles of a whole row
+  constexpr int DTP = (HDIM_QK > HDIM_V ? HDIM_QK : HDIM_V) / 8;  // warp pairs: n-tiles, a row
   constexpr int kCols = kPairs ? BM : BM / SPLIT;  // query columns of S^T this warp computes
   constexpr int ES = static_cast<int>(sizeof(T));
   constexpr uint32_t kQBuf = BM * HDIM_QK * ES;  // bytes of one Q buffer
@@ -643,12 +666,13 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
       const int c0 = cw + sl * QS;  // first query column of the slice
       if constexpr (kPairs) {
         // Warp pairs. Role 0 (warp < kSlabs): X = S^T = K_w Q^T, P^T, handed over, dV += P^T dO.
-        // Role 1: X = dP^T = V_w dO^T, P^T taken over, dS^T, dK += dS^T Q. Both products of a
-        // role have the same shape (d_qk == d_v), so the code is shared and the operands are
-        // picked by the role: every fragment feeds the MT m-tiles of the slab.
+        // Role 1: X = dP^T = V_w dO^T, P^T taken over, dS^T, dK += dS^T Q. With d_qk == d_v both
+        // products of a role have the same shape, so the code is shared and the operands are
+        // picked by the role; with d_qk != d_v each role runs its own shapes (the pair still
+        // balances: S^T and dK have d_qk, dP^T and dV d_v). Every fragment feeds the MT m-tiles.
         const int role = half;
         const int slab = warp % S::kSlabs;
-        const uint32_t a1 = role ? v_a : k_a;
+        const uint32_t a1 = role ? v_a : k_a;  // (d_qk == d_v)
         const uint32_t b1 = role ? do_b + buf * kDoBuf : q_b + buf * kQBuf;
         float xs[MT][NTS][4];
 #pragma unroll
@@ -659,24 +683,31 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
             for (int e = 0; e < 4; ++e) xs[mt][j][e] = 0.f;
           }
         }
-#pragma unroll(kKUnroll)
-        for (int kk = 0; kk < KQ; ++kk) {
-          uint32_t a[MT][4];
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            ldsm_x4(a[mt], a1 + mt * 16 * HDIM_QK * ES + a_cols.at_dyn(kk));
-          }
-#pragma unroll
-          for (int np = 0; np < NTS / 2; ++np) {
-            uint32_t bq[4];
-            ldsm_x4(bq, b1 + (c0 + np * 16) * HDIM_QK * ES + b_cols.at_dyn(kk));
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              Mma<T>::run(xs[mt][2 * np], a[mt], bq[0], bq[1]);
-              Mma<T>::run(xs[mt][2 * np + 1], a[mt], bq[2], bq[3]);
-            }
-          }
+        // X = A_w B^T over KS k-steps of rows ROW elements long; every fragment feeds the MT
+        // m-tiles. (A macro, not a function: the d_qk == d_v kernels keep the SASS they had.)
+#define KFORGE_BWD_PAIR_X(KS, ROW, A1, B1)                                           \
+  _Pragma("unroll(kKUnroll)") for (int kk = 0; kk < (KS); ++kk) {                  \
+    uint32_t a[MT][4];                                                             \
+    _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                            \
+      ldsm_x4(a[mt], (A1) + mt * 16 * (ROW) * ES + a_cols.at_dyn(kk));             \
+    }                                                                              \
+    _Pragma("unroll") for (int np = 0; np < NTS / 2; ++np) {                       \
+      uint32_t bq[4];                                                              \
+      ldsm_x4(bq, (B1) + (c0 + np * 16) * (ROW) * ES + b_cols.at_dyn(kk));         \
+      _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                          \
+        Mma<T>::run(xs[mt][2 * np], a[mt], bq[0], bq[1]);                          \
+        Mma<T>::run(xs[mt][2 * np + 1], a[mt], bq[2], bq[3]);                      \
+      }                                                                            \
+    }                                                                              \
+  }
+        if constexpr (HDIM_QK == HDIM_V) {
+          KFORGE_BWD_PAIR_X(KQ, HDIM_QK, a1, b1)
+        } else if (role) {
+          KFORGE_BWD_PAIR_X(KV, HDIM_V, v_a, do_b + buf * kDoBuf)
+        } else {
+          KFORGE_BWD_PAIR_X(KQ, HDIM_QK, k_a, q_b + buf * kQBuf)
         }
+#undef KFORGE_BWD_PAIR_X
         // The hand-over tile of this slab and slice: float4 (mt, j) of lane l at (mt NTS + j)
         // 32 + l (consecutive lanes, consecutive 16 bytes: no bank conflicts).
         float4* px = reinterpret_cast<float4*>(smem_raw + S::kOffPx) +
@@ -767,19 +798,15 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           }
         }
         // dV += P^T dO (role 0) or dK += dS^T Q (role 1): [query][d] tiles, transposed.
-        const uint32_t b2 = role ? q_t + buf * kQBuf : do_t + buf * kDoBuf;
-#pragma unroll
-        for (int kk = 0; kk < ((KFORGE_FMHA_BWD_DIAG & 8) ? 0 : NTS / 2); ++kk) {
-#pragma unroll
-          for (int dd = 0; dd < DTP / 2; ++dd) {
-            uint32_t bv[4];
-            ldsm_x4_t(bv, b2 + (c0 + kk * 16) * HDIM_V * ES + t_cols.at(dd));
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              Mma<T>::run(dkv[mt][2 * dd], fa[mt][kk], bv[0], bv[1]);
-              Mma<T>::run(dkv[mt][2 * dd + 1], fa[mt][kk], bv[2], bv[3]);
-            }
-          }
+        if constexpr (HDIM_QK == HDIM_V) {
+          pair_second_product<T, DTP, HDIM_V, MT, NTS>(
+              dkv, fa, role ? q_t + buf * kQBuf : do_t + buf * kDoBuf, c0, t_cols);
+        } else if (role) {
+          pair_second_product<T, HDIM_QK / 8, HDIM_QK, MT, NTS>(dkv, fa, q_t + buf * kQBuf, c0,
+                                                                t_cols);
+        } else {
+          pair_second_product<T, HDIM_V / 8, HDIM_V, MT, NTS>(dkv, fa, do_t + buf * kDoBuf, c0,
+                                                              t_cols);
         }
       } else {
 
@@ -1247,8 +1274,10 @@ __global__ void __launch_bounds__(BwdShape<HDIM_QK, HDIM_V>::kThreads, 1)
           T* row = out + static_cast<int64_t>(key) * stride + 2 * (lane % 4);
 #pragma unroll
           for (int j = 0; j < DTP; ++j) {
-            *reinterpret_cast<uint32_t*>(row + j * 8) =
-                Mma<T>::pack(dkv[mt][j][2 * r] * sc, dkv[mt][j][2 * r + 1] * sc);
+            if (HDIM_QK == HDIM_V || j < (half ? HDIM_QK : HDIM_V) / 8) {
+              *reinterpret_cast<uint32_t*>(row + j * 8) =
+                  Mma<T>::pack(dkv[mt][j][2 * r] * sc, dkv[mt][j][2 * r + 1] * sc);
+            }
           }
         }
       }
