@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import random
+import statistics
 import sys
 
 # (name, env, applies to h_q): every variant runs with FLASH_MLA_FORCE_PORT=1 on top of its env.
@@ -38,6 +39,9 @@ VARIANTS = [
     # a later move of the max (fewer O rescales; the fp32 accumulators take 2^12 and 2^15 with room to spare)
     ("thr12", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "12"}, lambda h_q: h_q >= 64),
     ("thr15", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "15"}, lambda h_q: h_q >= 64),
+    # the 4-warp KSPLIT kernel with five of its nine k-steps of Q in registers instead of four
+    ("qreg5", {"FLASH_MLA_PORT_QREG": "5"}, lambda h_q: h_q >= 64),
+    ("qreg5-thr12", {"FLASH_MLA_PORT_QREG": "5", "FLASH_MLA_PORT_RESCALE_THRESHOLD": "12"}, lambda h_q: h_q >= 64),
 ]
 PORT_ENV = (
     "FLASH_MLA_FORCE_PORT",
@@ -84,7 +88,22 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--no-variants", action="store_true", help="time only wgmma and the port's default")
+    parser.add_argument("--h-q", help="only the shapes with these h_q, e.g. 64,128")
+    parser.add_argument("--variants", help="only these variants, e.g. thr12,qreg5 (default: all that apply)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds over a shape's implementations, interleaved; each time is the median of the "
+                             "rounds' do_bench medians (default 1)")
     args = parser.parse_args(argv)
+    try:
+        only_h_q = {int(x) for x in args.h_q.split(",")} if args.h_q else None
+    except ValueError:
+        parser.error(f"--h-q {args.h_q!r}: a comma-separated list of head counts, e.g. 64,128")
+    known = {name for name, _, _ in VARIANTS}
+    only_variants = set(args.variants.split(",")) if args.variants else None
+    if only_variants is not None and not only_variants <= known:
+        parser.error(f"--variants: unknown {sorted(only_variants - known)}; known: {', '.join(sorted(known))}")
+    if args.repeat < 1:
+        parser.error("--repeat: at least 1")
 
     import flash_mla
     import torch
@@ -94,6 +113,8 @@ def main(argv=None) -> int:
     dev = torch.cuda.get_device_name()
     rows = []
     for b, h_q, s_k in SHAPES:
+        if only_h_q is not None and h_q not in only_h_q:
+            continue
         q, k_cache, block_table, seqlens, mean_len = make_inputs(torch, b, h_q, s_k)
         res = {"batch": b, "h_q": h_q, "mean_seqlen": round(mean_len, 1)}
         outs = {}
@@ -102,9 +123,10 @@ def main(argv=None) -> int:
             impls += [
                 (f"sm120_mma_port_{name}", {"FLASH_MLA_FORCE_PORT": "1", **env})
                 for name, env, applies in VARIANTS
-                if applies(h_q)
+                if applies(h_q) and (only_variants is None or name in only_variants)
             ]
-        for impl, env in impls:
+        times = {impl: [] for impl, _ in impls}
+        for impl, env in [x for _ in range(args.repeat) for x in impls]:
             for key in PORT_ENV:
                 os.environ.pop(key, None)
             os.environ.update(env)
@@ -116,13 +138,20 @@ def main(argv=None) -> int:
 
             outs[impl] = run()[0].float()
             torch.cuda.synchronize()
-            ms = triton.testing.do_bench(run, warmup=25, rep=200, return_mode="median")
+            times[impl].append(triton.testing.do_bench(run, warmup=25, rep=200, return_mode="median"))
+            if len(times[impl]) < args.repeat:
+                continue
+            ms = statistics.median(times[impl])
             nbytes = b * (h_q * 576 * 2 + mean_len * 576 * 2 + h_q * 512 * 2)
             flops = b * h_q * (2 * 576 * mean_len + 2 * mean_len * 512)
-            res[impl] = {"us": ms * 1e3, "GBps": nbytes / (ms * 1e-3) / 1e9, "TFLOPs": flops / (ms * 1e-3) / 1e12}
+            res[impl] = {"us": ms * 1e3, "us_rounds": [t * 1e3 for t in times[impl]],
+                         "GBps": nbytes / (ms * 1e-3) / 1e9, "TFLOPs": flops / (ms * 1e-3) / 1e12}
             if impl != "sm90_wgmma":
                 res[impl]["max_abs_diff"] = (outs["sm90_wgmma"] - outs[impl]).abs().max().item()
                 res[impl]["bw_ratio"] = res[impl]["GBps"] / res["sm90_wgmma"]["GBps"]
+                # the median of the rounds' own ratios (wgmma and this implementation timed in the same round)
+                res[impl]["bw_ratio_of_rounds"] = statistics.median(
+                    w / t for w, t in zip(times["sm90_wgmma"], times[impl], strict=True))
         for key in PORT_ENV:
             os.environ.pop(key, None)
         res["max_abs_diff"] = res["sm120_mma_port"]["max_abs_diff"]
