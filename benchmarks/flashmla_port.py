@@ -39,9 +39,8 @@ VARIANTS = [
     # a later move of the max (fewer O rescales; the fp32 accumulators take 2^12 and 2^15 with room to spare)
     ("thr12", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "12"}, lambda h_q: h_q >= 64),
     ("thr15", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "15"}, lambda h_q: h_q >= 64),
-    # the 4-warp KSPLIT kernel with five of its nine k-steps of Q in registers instead of four
-    ("qreg5", {"FLASH_MLA_PORT_QREG": "5"}, lambda h_q: h_q >= 64),
-    ("qreg5-thr12", {"FLASH_MLA_PORT_QREG": "5", "FLASH_MLA_PORT_RESCALE_THRESHOLD": "12"}, lambda h_q: h_q >= 64),
+    # the 4-warp KSPLIT kernel with four of its nine k-steps of Q in registers (the default until 2026-11-28: five)
+    ("qreg4", {"FLASH_MLA_PORT_QREG": "4"}, lambda h_q: h_q >= 64),
 ]
 PORT_ENV = (
     "FLASH_MLA_FORCE_PORT",
