@@ -12,7 +12,8 @@ Time: triton.testing.do_bench median. Bytes and FLOPs as upstream's test counts 
 The two outputs are also compared (max abs difference) so a fast wrong kernel shows.
 
 Besides the port's default, A/B variants of it run through the env switches its dispatch reads
-(FLASH_MLA_PORT_BLOCK_M, _KSPLIT, _QREG, _RESCALE_THRESHOLD, _LEGACY_GRID: see docs/flashmla-sm120-port.md);
+(FLASH_MLA_PORT_BLOCK_M, _KSPLIT, _QREG, _RESCALE_THRESHOLD, _LEGACY_GRID, _ONE_CTA_PER_SM: see
+docs/flashmla-sm120-port.md);
 --no-variants times only the default. _LEGACY_GRID only changes anything once the dispatch sizes
 num_sm_parts with sm120::mma_num_sm_parts (the row says "same grid" otherwise).
 """
@@ -41,6 +42,10 @@ VARIANTS = [
     ("thr15", {"FLASH_MLA_PORT_RESCALE_THRESHOLD": "15"}, lambda h_q: h_q >= 64),
     # the 4-warp KSPLIT kernel with four of its nine k-steps of Q in registers (the default until 2026-11-28: five)
     ("qreg4", {"FLASH_MLA_PORT_QREG": "4"}, lambda h_q: h_q >= 64),
+    # sm_120's occupancy on Hopper: every port CTA alone on its SM (sm_120 has 100 KB of shared memory a SM and each
+    # port CTA takes 84-101 KB); with bm64 / bm32w8 (one CTA a SM on Hopper already) it compares the kernels there
+    ("one-cta", {"FLASH_MLA_PORT_ONE_CTA_PER_SM": "1"}, lambda h_q: True),
+    ("one-cta-bm16", {"FLASH_MLA_PORT_ONE_CTA_PER_SM": "1", "FLASH_MLA_PORT_BLOCK_M": "16"}, lambda h_q: h_q == 32),
 ]
 PORT_ENV = (
     "FLASH_MLA_FORCE_PORT",
@@ -49,6 +54,7 @@ PORT_ENV = (
     "FLASH_MLA_PORT_QREG",
     "FLASH_MLA_PORT_RESCALE_THRESHOLD",
     "FLASH_MLA_PORT_LEGACY_GRID",
+    "FLASH_MLA_PORT_ONE_CTA_PER_SM",
 )
 
 SHAPES = [  # (batch, h_q, mean seqlen_k)
