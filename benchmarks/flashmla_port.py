@@ -46,6 +46,8 @@ VARIANTS = [
     # port CTA takes 84-101 KB); with bm64 / bm32w8 (one CTA a SM on Hopper already) it compares the kernels there
     ("one-cta", {"FLASH_MLA_PORT_ONE_CTA_PER_SM": "1"}, lambda h_q: True),
     ("one-cta-bm16", {"FLASH_MLA_PORT_ONE_CTA_PER_SM": "1", "FLASH_MLA_PORT_BLOCK_M": "16"}, lambda h_q: h_q == 32),
+    # the 4-warp KSPLIT kernel alone on its SM (one-cta picks the 8-warp 64-row kernel from 64 rows, as sm_120 does)
+    ("one-cta-bm32", {"FLASH_MLA_PORT_ONE_CTA_PER_SM": "1", "FLASH_MLA_PORT_BLOCK_M": "32"}, lambda h_q: h_q >= 64),
 ]
 PORT_ENV = (
     "FLASH_MLA_FORCE_PORT",
