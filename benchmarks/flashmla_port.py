@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--no-variants", action="store_true", help="time only wgmma and the port's default")
     parser.add_argument("--h-q", help="only the shapes with these h_q, e.g. 64,128")
-    parser.add_argument("--variants", help="only these variants, e.g. thr12,qreg5 (default: all that apply)")
+    parser.add_argument("--variants", help="only these variants, e.g. thr12,qreg4 (default: all that apply)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds over a shape's implementations, interleaved; each time is the median of the "
                              "rounds' do_bench medians (default 1)")

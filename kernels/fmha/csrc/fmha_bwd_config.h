@@ -32,12 +32,13 @@ struct BwdTile {
   int dq_warps_m = 0;   // dQ = dS K: warps along the query rows (16-row tiles), the rest along
                         // the columns; 0, as many as the block's row tiles (at most warps). Fewer
                         // means more row tiles a warp: each K fragment feeds that many mma
-  int warp_pairs = 0;   // 1: warp pairs (split 2; slab_mtiles 1 if d_qk != d_v): the two warps of
-                        // a slab share its 16 slab_mtiles keys and all of the step's query columns; one computes
-                        // S^T, P^T and holds dV, the other dP^T, dS^T and holds dK, P^T handed
-                        // over through shared memory in fp32 (4 BLOCK_N x BLOCK_M bytes). Every
-                        // fragment a warp loads feeds slab_mtiles m-tiles, whole rows of dK / dV
-                        // stay in one warp's registers, and no P^T tile is read with ldmatrix
+  int warp_pairs = 0;   // 1: warp pairs (split 2; slab_mtiles 1 if d_qk != d_v): the two warps
+                        // of a slab share its 16 slab_mtiles keys and all of the step's query
+                        // columns; one computes S^T, P^T and holds dV, the other dP^T, dS^T and
+                        // holds dK, P^T handed over through shared memory in fp32 (4 BLOCK_N x
+                        // BLOCK_M bytes). Every fragment a warp loads feeds slab_mtiles m-tiles,
+                        // whole rows of dK / dV stay in one warp's registers, and no P^T tile is
+                        // read with ldmatrix
   int dq_bulk = -1;     // dQ's adds (KFORGE_FMHA_BWD_DQ_BULK's modes); -1: that macro's value
 };
 
@@ -126,7 +127,8 @@ struct BwdTile {
 // The wide pairs: 1, warp pairs (BwdTile::warp_pairs) with 16-key slabs: of the two warps of a
 // slab, one computes S^T (d_qk) and P^T and holds whole dV rows (d_v), the other dP^T (d_v) and
 // dS^T and holds whole dK rows (d_qk), so each role runs the same mma count; 8 warps, 64 keys x
-// 32 queries (95,488 B). 0, two warps a slab with half of the dK and dV columns each (92,672 B).
+// 32 queries (95,488 B). 0, two warps a slab with half of the dK and dV columns each (92,672 B):
+// the default, since warp pairs ran 0.96-0.99x it at (192, 128) (H200, 2026-11-28, same run).
 #ifndef KFORGE_FMHA_BWD_192_WARP_PAIRS
 #define KFORGE_FMHA_BWD_192_WARP_PAIRS 0
 #endif
